@@ -1,0 +1,44 @@
+# make serve: set up on first use and serve on http://127.0.0.1:$(PORT)
+# make test:  set up with test extras and run the whole suite
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PORT ?= 8000
+SERVE_DEBS := bubblewrap graphviz g++
+TEST_DEBS := $(SERVE_DEBS) chromium
+
+.PHONY: serve test setup setup-test debs debs-test lint clean
+
+serve: setup
+	PORT=$(PORT) $(VENV)/bin/tvm-playground serve
+
+test: setup-test
+	$(VENV)/bin/ruff check webapp tests benchmarks
+	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+
+setup: debs $(VENV)/.installed
+setup-test: debs-test $(VENV)/.installed-test
+
+# Debian packages are installed only when running as root and only when missing.
+debs:
+	@bash scripts/install-debs.sh $(SERVE_DEBS)
+debs-test:
+	@bash scripts/install-debs.sh $(TEST_DEBS)
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	# torch first: the CPU build; any later "torch" requirement is then already satisfied
+	$(VENV)/bin/pip install --quiet torch==2.13.0
+	$(VENV)/bin/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+lint: setup-test
+	$(VENV)/bin/ruff check webapp tests benchmarks
+	$(VENV)/bin/ruff format --check webapp tests benchmarks
+
+clean:
+	rm -rf $(VENV) data

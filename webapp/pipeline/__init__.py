@@ -1,0 +1,1 @@
+"""The TVM work. Runs only inside the sandbox (see webapp/jobs/sandbox.py): `python -m webapp.pipeline JOB_DIR`."""

@@ -1,0 +1,167 @@
+"""Benchmark stage: TVM vs PyTorch eager vs ONNX Runtime on the same inputs and thread count,
+and the fidelity of TVM's outputs against the framework's fp32 reference.
+
+Every runtime is timed by the same harness (`measure`): one warm-up call, then repeated calls
+timed one by one with perf_counter, reported as min / median / p90.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from webapp.pipeline.importers import TensorSpec
+
+
+def bench_threads() -> int:
+    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of the model's shapes and dtypes, the same for every runtime."""
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            inputs[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+        elif dtype.kind == "b":
+            inputs[spec.name] = rng.integers(0, 2, spec.shape).astype(dtype)
+        else:
+            inputs[spec.name] = rng.integers(0, 10, spec.shape).astype(dtype)
+    return inputs
+
+
+def measure(fn: Callable[[], object], budget_s: float = 3.0, min_runs: int = 3, max_runs: int = 200) -> dict:
+    """Time fn: a warm-up call, then as many runs as fit in budget_s (within [min_runs, max_runs])."""
+    t0 = time.perf_counter()
+    fn()
+    warmup = time.perf_counter() - t0
+    runs = max(min_runs, min(max_runs, int(budget_s / max(warmup, 1e-6))))
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {
+        "median_ms": float(np.median(times)),
+        "p90_ms": float(np.percentile(times, 90)),
+        "min_ms": times[0],
+        "runs": runs,
+    }
+
+
+def flatten_outputs(out) -> list[np.ndarray]:
+    if isinstance(out, np.ndarray):
+        return [out]
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, (list, tuple)) or hasattr(out, "__len__"):
+        return [a for o in out for a in flatten_outputs(o)]
+    return [np.asarray(out)]
+
+
+# ---------------------------------------------------------------- runtimes
+
+
+def tvm_runner(executable, inputs: dict[str, np.ndarray]):
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
+    main = vm["main"]
+    return lambda: main(*args)
+
+
+def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    module = torch.export.load(str(pt2)).module()
+    args = [torch.from_numpy(a) for a in inputs.values()]
+
+    def run():
+        with torch.no_grad():
+            return module(*args)
+
+    return run
+
+
+def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
+    return lambda: session.run(None, feed)
+
+
+def torch_outputs(out) -> list[np.ndarray]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out.detach().numpy()]
+    return [a for o in out for a in torch_outputs(o)]
+
+
+# ---------------------------------------------------------------- fidelity
+
+
+def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bool) -> dict:
+    a = np.concatenate([o.astype(np.float64).ravel() for o in ours])
+    b = np.concatenate([r.astype(np.float64).ravel() for r in reference])
+    if a.shape != b.shape:
+        return {"error": f"output sizes differ: {a.size} vs {b.size} values"}
+    noise = float(np.sum((a - b) ** 2))
+    signal = float(np.sum(b**2))
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    result = {
+        "max_abs_err": float(np.max(np.abs(a - b))) if a.size else 0.0,
+        "cosine": float(np.dot(a, b) / norms) if norms > 0 else (1.0 if noise == 0 else 0.0),
+        "sqnr_db": (float(10 * math.log10(signal / noise)) if noise > 0 else None) if signal > 0 else None,
+        "top1_agree": None,
+    }
+    first, ref_first = ours[0], reference[0]
+    if classifier and first.ndim == 2 and first.shape[1] > 1:
+        result["top1_agree"] = float(np.mean(first.argmax(1) == ref_first.argmax(1)))
+    return result
+
+
+def is_classifier(outputs: list[TensorSpec]) -> bool:
+    """A single 2-D output [batch, classes] is read as class scores."""
+    return len(outputs) == 1 and len(outputs[0].shape) == 2 and isinstance(outputs[0].shape[1], int) \
+        and outputs[0].shape[1] > 1
+
+
+def benchmark(executable, inputs: dict[str, np.ndarray], outputs: list[TensorSpec], references: dict[str, Path],
+              device: str, budget_s: float = 3.0, report=lambda f: None) -> dict:
+    """references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has."""
+    threads = bench_threads()
+    classifier = is_classifier(outputs)
+    runners = {"tvm": tvm_runner(executable, inputs)}
+    if "pytorch" in references:
+        runners["pytorch"] = pytorch_runner(references["pytorch"], inputs, threads)
+    if "onnxruntime" in references:
+        runners["onnxruntime"] = onnxruntime_runner(references["onnxruntime"], inputs, threads)
+
+    rows, outs = [], {}
+    for i, (runtime, run) in enumerate(runners.items()):
+        out = run()
+        outs[runtime] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+        rows.append({"runtime": runtime, "variant": "fp32", "tuned": False, "device": device,
+                     "threads": threads, **measure(run, budget_s)})
+        report((i + 1) / len(runners))
+
+    fid = [{"variant": "fp32", "reference": ref, **fidelity(outs["tvm"], outs[ref], classifier)}
+           for ref in runners if ref != "tvm"]
+    return {"benchmarks": rows, "fidelity": fid, "threads": threads, "classifier": classifier}

@@ -1,0 +1,197 @@
+"""The built-in example models, defined in plain PyTorch with seeded random weights.
+
+torchvision is not installable next to the CPU torch build, so the classic
+architectures are written out here. `write_example_files` exports one model as
+`.pt2` (torch.export) and `.onnx`, the two formats a user can upload.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from webapp.catalog import EXAMPLES
+
+
+def conv_bn_relu(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1, relu: bool = True):
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    if relu:
+        layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            conv_bn_relu(3, 16), conv_bn_relu(16, 32, stride=2), conv_bn_relu(32, 64, stride=2)
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.features(x)), 1))
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        self.body = nn.Sequential(conv_bn_relu(cin, width, 3, stride), conv_bn_relu(width, width, relu=False))
+        self.shortcut = shortcut(cin, width * self.expansion, stride)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = width * self.expansion
+        self.body = nn.Sequential(
+            conv_bn_relu(cin, width, 1),
+            conv_bn_relu(width, width, 3, stride),
+            conv_bn_relu(width, cout, 1, relu=False),
+        )
+        self.shortcut = shortcut(cin, cout, stride)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+def shortcut(cin: int, cout: int, stride: int) -> nn.Module:
+    if stride == 1 and cin == cout:
+        return nn.Identity()
+    return conv_bn_relu(cin, cout, 1, stride, relu=False)
+
+
+class ResNet(nn.Module):
+    def __init__(self, block, blocks_per_stage: list[int], num_classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn_relu(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1))
+        stages, cin = [], 64
+        for i, n in enumerate(blocks_per_stage):
+            width = 64 * 2**i
+            for j in range(n):
+                stages.append(block(cin, width, 2 if (j == 0 and i > 0) else 1))
+                cin = width * block.expansion
+        self.stages = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int):
+        super().__init__()
+        hidden = cin * expand
+        layers = [conv_bn_relu(cin, hidden, 1)] if expand != 1 else []
+        layers += [conv_bn_relu(hidden, hidden, 3, stride, groups=hidden), conv_bn_relu(hidden, cout, 1, relu=False)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV2(nn.Module):
+    # (expansion, output channels, repeats, first stride), as in the paper
+    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        layers, cin = [conv_bn_relu(3, 32, 3, 2)], 32
+        for t, c, n, s in self.SETTINGS:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers.append(conv_bn_relu(cin, 1280, 1))
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(1280, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm encoder block with attention written out (matmul, softmax) so every op is visible."""
+
+    def __init__(self, dim: int = 256, heads: int = 4, mlp_ratio: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax(q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5, dim=-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
+BUILDERS = {
+    "mlp": MLP,
+    "cnn-small": SmallCNN,
+    "resnet18": lambda: ResNet(BasicBlock, [2, 2, 2, 2]),
+    "resnet50": lambda: ResNet(Bottleneck, [3, 4, 6, 3]),
+    "mobilenet-v2": MobileNetV2,
+    "transformer-block": TransformerBlock,
+}
+
+
+def build_example(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = BUILDERS[name]()
+    # Random BatchNorm statistics, so that the folded scales are not all ones.
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def example_input(name: str) -> torch.Tensor:
+    return torch.randn(*EXAMPLES[name].input_shape, generator=torch.Generator().manual_seed(1))
+
+
+def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
+    """Write `<name>.pt2` and `<name>.onnx` into out_dir; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, x = build_example(name), example_input(name)
+    pt2, onnx_path = out_dir / f"{name}.pt2", out_dir / f"{name}.onnx"
+    pt2_tmp, onnx_tmp = out_dir / f".{name}.partial.pt2", out_dir / f".{name}.partial.onnx"
+    with torch.no_grad():
+        torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
+        torch.onnx.export(
+            model, (x,), str(onnx_tmp), dynamo=False, input_names=["input"],
+            output_names=["output"], opset_version=17,
+        )
+    # rename last, so a reader never sees a half-written file
+    pt2_tmp.rename(pt2)
+    onnx_tmp.rename(onnx_path)
+    return pt2, onnx_path

@@ -1,0 +1,227 @@
+"""Import stage: an ONNX or torch.export (.pt2) file into a Relax IRModule."""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from webapp.pipeline.errors import StageError
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: list  # ints; a string for a dimension with no fixed size
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": self.shape, "dtype": self.dtype}
+
+
+@dataclass
+class ImportedModel:
+    mod: tvm.IRModule
+    framework: str  # "onnx" or "pytorch"
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    param_count: int
+    framework_ops: dict[str, int] = field(default_factory=dict)
+
+
+def import_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ImportedModel:
+    data = path.read_bytes()
+    if not data:
+        raise StageError("The model file is empty.")
+    if path.suffix == ".pt2":
+        return import_pt2(path, input_shapes or {})
+    return import_onnx(path, input_shapes or {})
+
+
+def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[int]:
+    """The concrete shape of one graph input, from the model or from the user's input_shapes."""
+    given = input_shapes.get(spec.name)
+    if given is not None:
+        if len(given) != len(spec.shape) or any(
+            isinstance(d, int) and d != g for d, g in zip(spec.shape, given, strict=False)
+        ):
+            raise StageError(
+                f"input_shapes gives {spec.name!r} the shape {list(given)}, but the model declares "
+                f"{spec.shape}."
+            )
+        return [int(g) for g in given]
+    if any(not isinstance(d, int) for d in spec.shape):
+        example = [d if isinstance(d, int) else 1 for d in spec.shape]
+        raise StageError(
+            f"Input {spec.name!r} has a dynamic dimension (shape {spec.shape}). Give its size with "
+            f'input_shapes, for example {{"{spec.name}": {example}}}.'
+        )
+    return list(spec.shape)
+
+
+def check_input_names(inputs: list[TensorSpec], input_shapes: dict) -> None:
+    unknown = sorted(set(input_shapes) - {i.name for i in inputs})
+    if unknown:
+        raise StageError(
+            f"input_shapes names {unknown}, which the model does not have; its inputs are "
+            f"{[i.name for i in inputs]}."
+        )
+
+
+# ---------------------------------------------------------------- ONNX
+
+
+def onnx_dtype(elem_type: int) -> str:
+    import onnx
+
+    return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+
+
+def onnx_value_spec(value) -> TensorSpec:
+    tensor_type = value.type.tensor_type
+    shape = [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+        for d in tensor_type.shape.dim
+    ]
+    return TensorSpec(value.name, shape, onnx_dtype(tensor_type.elem_type))
+
+
+def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        raise StageError(f"This is not a readable ONNX model (the file may be truncated or corrupt): {e}") from e
+    if not model.graph.node:
+        raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first_line = str(e).strip().splitlines()[0]
+        raise StageError(f"The ONNX model is not valid: {first_line}") from e
+
+    # Many exporters list the weights as graph inputs too: the real inputs are the rest.
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [onnx_value_spec(v) for v in model.graph.input if v.name not in initializers]
+    outputs = [onnx_value_spec(v) for v in model.graph.output]
+    check_input_names(inputs, input_shapes)
+    for spec in inputs:
+        spec.shape = fixed_shape(spec, input_shapes)
+
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    check_onnx_ops_supported(sorted(ops))
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(
+        model,
+        shape_dict={s.name: s.shape for s in inputs},
+        dtype_dict={s.name: s.dtype for s in inputs},
+        keep_params_in_input=False,
+    )
+    param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    return ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops)
+
+
+def check_onnx_ops_supported(op_types: list[str]) -> None:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    missing = [op for op in op_types if op not in _get_convert_map()]
+    if missing:
+        raise StageError(
+            f"TVM's ONNX importer does not support the operator{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} (used by this model)."
+        )
+
+
+# ---------------------------------------------------------------- PyTorch .pt2
+
+
+def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
+    import torch
+
+    if not zipfile.is_zipfile(path):
+        raise StageError("This .pt2 file is not a zip archive: it is not a torch.export.save() file.")
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:  # torch raises many kinds here; all mean "not a readable ExportedProgram"
+        raise StageError(
+            "This file is not a torch.export ExportedProgram (write one with torch.export.save): "
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        ) from e
+
+    inputs = pt2_inputs(ep)
+    check_input_names(inputs, input_shapes)
+    fixed = {s.name: fixed_shape(s, input_shapes) for s in inputs}
+
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod = bind_symbolic_dims(mod, fixed)
+    for spec in inputs:
+        spec.shape = fixed[spec.name]
+    param_count = sum(int(t.numel()) for t in ep.state_dict.values()) + sum(
+        int(t.numel()) for t in ep.constants.values() if isinstance(t, torch.Tensor)
+    )
+    ops: dict[str, int] = {}
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            name = getattr(node.target, "__name__", str(node.target))
+            ops[name] = ops.get(name, 0) + 1
+    return ImportedModel(mod, "pytorch", inputs, relax_outputs(mod, []), param_count, ops)
+
+
+def pt2_inputs(ep) -> list[TensorSpec]:
+    user_inputs = set(ep.graph_signature.user_inputs)
+    specs = []
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        val = node.meta.get("val")
+        if val is None or not hasattr(val, "shape"):
+            raise StageError(f"Input {node.name!r} is not a tensor; only tensor inputs are supported.")
+        shape = [int(d) if str(d).lstrip("-").isdigit() else str(d) for d in val.shape]
+        specs.append(TensorSpec(node.name, shape, str(val.dtype).replace("torch.", "")))
+    return specs
+
+
+def bind_symbolic_dims(mod: tvm.IRModule, shapes: dict[str, list[int]]) -> tvm.IRModule:
+    """Replace the symbolic dimensions of main's inputs with the sizes the user gave."""
+    bindings = {}
+    for param in mod["main"].params:
+        if param.name not in shapes or not isinstance(param.ty, relax.TensorType):
+            continue
+        for dim, size in zip(param.ty.shape.values, shapes[param.name], strict=False):
+            if isinstance(dim, tvm.tirx.Var):
+                bindings[dim.name] = size
+    if not bindings:
+        return mod
+    return relax.transform.BindSymbolicVars(bindings)(mod)
+
+
+# ---------------------------------------------------------------- shared
+
+
+def type_spec(name: str, ty) -> list[TensorSpec]:
+    if isinstance(ty, relax.TupleType):
+        return [s for i, f in enumerate(ty.fields) for s in type_spec(f"{name}[{i}]", f)]
+    if isinstance(ty, relax.TensorType):
+        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values] if ty.shape else []
+        return [TensorSpec(name, shape, str(ty.dtype))]
+    return [TensorSpec(name, [], str(ty))]
+
+
+def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorSpec]:
+    """Output specs from main's return type, named as the model declares them where it does."""
+    specs = type_spec("output", mod["main"].ret_ty)
+    for spec, decl in zip(specs, declared, strict=False):
+        spec.name = decl.name
+    return specs

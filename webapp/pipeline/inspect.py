@@ -1,0 +1,244 @@
+"""Inspect stage: what the compiler made, as files the result page shows.
+
+- the computation graph before and after fusion (JSON and a Graphviz SVG, shapes on the edges);
+- the TIR of every kernel, and its slice of the generated LLVM IR and assembly;
+- the whole LLVM IR / assembly module, and operator statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+from webapp.pipeline.optimize import relax_script
+
+CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
+
+
+# ---------------------------------------------------------------- graph
+
+
+def type_json(ty) -> dict:
+    if isinstance(ty, relax.TensorType):
+        shape = None
+        if ty.shape is not None and hasattr(ty.shape, "values"):
+            shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values]
+        return {"kind": "tensor", "shape": shape, "dtype": str(ty.dtype)}
+    if isinstance(ty, relax.TupleType):
+        return {"kind": "tuple", "fields": [type_json(f) for f in ty.fields]}
+    return {"kind": "other", "text": str(ty)}
+
+
+def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
+    """The dataflow graph of one Relax function: nodes (inputs, ops or kernels, output) and edges.
+
+    Constants (the weights) are not nodes: their shapes are listed on the node that uses them.
+    """
+    func = mod[func_name]
+    nodes: list[dict] = []
+    edges: list[dict] = []
+    producer: dict = {}
+
+    def add_node(**node) -> str:
+        node["id"] = f"n{len(nodes)}"
+        nodes.append(node)
+        return node["id"]
+
+    def sources(expr):
+        if isinstance(expr, relax.Tuple):
+            for field in expr.fields:
+                yield from sources(field)
+        elif expr in producer:
+            src = producer[expr]
+            if isinstance(src, list):
+                yield from src
+            else:
+                yield src
+
+    for param in func.params:
+        producer[param] = (add_node(kind="input", label=param.name, type=type_json(param.ty)), param.ty)
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            var, value = binding.var, binding.value
+            if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
+                src = producer[value.tuple_value]
+                producer[var] = src if isinstance(src, tuple) else src[int(value.index)]
+                producer[var] = (producer[var][0], var.ty)
+                continue
+            if isinstance(value, relax.Tuple):
+                producer[var] = list(sources(value))
+                continue
+            if isinstance(value, relax.Var) and value in producer:
+                producer[var] = producer[value]
+                continue
+            if not isinstance(value, relax.Call):
+                continue
+            op, args = value.op, list(value.args)
+            if isinstance(op, tvm.ir.Op) and op.name in CALL_TIR_OPS:
+                label, kind = args[0].name_hint, "kernel"
+                args = list(args[1].fields) if isinstance(args[1], relax.Tuple) else [args[1]]
+            elif isinstance(op, tvm.ir.Op):
+                label, kind = op.name.removeprefix("relax."), "op"
+            elif isinstance(op, tvm.ir.GlobalVar):
+                label, kind = op.name_hint, "kernel"
+            else:
+                label, kind = str(op), "op"
+            weights = [type_json(a.ty) for a in args if isinstance(a, tvm.ir.Constant)]
+            nid = add_node(kind=kind, label=label, var=var.name, type=type_json(var.ty), weights=weights)
+            for src_id, src_ty in sources(relax.Tuple(args) if args else relax.Tuple([])):
+                edges.append({"src": src_id, "dst": nid, "type": type_json(src_ty)})
+            producer[var] = (nid, var.ty)
+
+    out = add_node(kind="output", label="output", type=type_json(func.ret_ty))
+    for src_id, src_ty in sources(func.body.body):
+        edges.append({"src": src_id, "dst": out, "type": type_json(src_ty)})
+    return {"nodes": nodes, "edges": edges}
+
+
+def shape_text(t: dict) -> str:
+    if t.get("kind") == "tensor":
+        dims = "×".join(str(d) for d in (t["shape"] or [])) or "scalar"
+        return dims if t["dtype"] == "float32" else f"{dims} {t['dtype']}"
+    if t.get("kind") == "tuple":
+        return "(" + ", ".join(shape_text(f) for f in t["fields"]) + ")"
+    return t.get("text", "")
+
+
+NODE_STYLE = {
+    "input": 'shape=oval, style=filled, fillcolor="#d7ecff"',
+    "output": 'shape=oval, style=filled, fillcolor="#d7ecff"',
+    "op": 'shape=box, style="rounded,filled", fillcolor="#fff3c4"',
+    "kernel": 'shape=box, style="rounded,filled", fillcolor="#d9f2d9"',
+}
+
+
+def graph_dot(graph: dict, title: str) -> str:
+    def q(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = [
+        "digraph G {",
+        f"  graph [rankdir=TB, fontname=Helvetica, fontsize=12, label={q(title)}, labelloc=t];",
+        "  node [fontname=Helvetica, fontsize=11];",
+        "  edge [fontname=Helvetica, fontsize=9, color=\"#666666\"];",
+    ]
+    for n in graph["nodes"]:
+        label = n["label"]
+        if n["kind"] in ("input", "output"):
+            label += "\n" + shape_text(n["type"])
+        elif n.get("weights"):
+            label += "\nw: " + ", ".join(shape_text(w) for w in n["weights"][:2])
+        lines.append(f"  {n['id']} [label={q(label)}, {NODE_STYLE[n['kind']]}];")
+    for e in graph["edges"]:
+        lines.append(f"  {e['src']} -> {e['dst']} [label={q(' ' + shape_text(e['type']))}];")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render_svg(dot_source: str, out: Path) -> bool:
+    """Graphviz `dot -Tsvg`; returns False (and the page shows the JSON graph only) if dot is missing."""
+    try:
+        subprocess.run(["dot", "-Tsvg", "-o", str(out)], input=dot_source.encode(), check=True,
+                       capture_output=True, timeout=300)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def op_counts(graph: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in graph["nodes"]:
+        if n["kind"] in ("op", "kernel"):
+            counts[n["label"]] = counts.get(n["label"], 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# ---------------------------------------------------------------- generated code
+
+
+def llvm_function(ll: str, name: str) -> str:
+    m = re.search(rf"^define[^\n]*@{re.escape(name)}\((?:.|\n)*?^}}", ll, re.M)
+    return m.group(0) if m else ""
+
+
+def asm_function(asm: str, name: str) -> str:
+    m = re.search(rf"^{re.escape(name)}:\n(?:.|\n)*?^\.Lfunc_end\d+:", asm, re.M)
+    return m.group(0) if m else ""
+
+
+def kernel_code(ll: str, asm: str, kernel: str) -> tuple[str, str]:
+    """A kernel's LLVM IR and assembly: its compute body and its packed-call wrapper."""
+    names = [f"{kernel}_compute_", f"__tvm_ffi_{kernel}", kernel]
+    ll_part = "\n\n".join(t for t in (llvm_function(ll, n) for n in names) if t)
+    asm_part = "\n\n".join(t for t in (asm_function(asm, n) for n in names) if t)
+    return ll_part, asm_part
+
+
+def host_code_module(executable) -> tvm.runtime.Module | None:
+    for m in executable.mod.imports:
+        if m.kind == "llvm":
+            return m
+    return None
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def inspect_build(imported: tvm.IRModule, fused: tvm.IRModule, lowered: tvm.IRModule, executable,
+                  job_dir: Path, report=lambda f: None) -> dict:
+    views, files = job_dir / "views", job_dir / "files"
+    (views / "kernels").mkdir(parents=True, exist_ok=True)
+    files.mkdir(parents=True, exist_ok=True)
+
+    graphs = {}
+    for key, mod, title in (("imported", imported, "Imported (before fusion)"),
+                            ("fused", fused, "After operator fusion")):
+        graph = relax_graph(mod)
+        (views / f"graph-{key}.json").write_text(json.dumps(graph))
+        svg_ok = render_svg(graph_dot(graph, title), files / f"graph-{key}.svg")
+        graphs[key] = {"nodes": len(graph["nodes"]), "edges": len(graph["edges"]),
+                       "svg": f"graph-{key}.svg" if svg_ok else None, "ops": op_counts(graph)}
+    report(0.4)
+
+    host = host_code_module(executable)
+    ll = host.inspect_source("ll") if host is not None else ""
+    asm = host.inspect_source("s") if host is not None else ""
+    (files / "module.ll").write_text(ll)
+    (files / "module.s").write_text(asm)
+    report(0.6)
+
+    kernels = []
+    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        name = gv.name_hint
+        kernel_ll, kernel_asm = kernel_code(ll, asm, name)
+        (views / "kernels" / f"{name}.tir.py").write_text(func.script())
+        (views / "kernels" / f"{name}.ll").write_text(kernel_ll)
+        (views / "kernels" / f"{name}.s").write_text(kernel_asm)
+        kernels.append({"name": name, "schedule": "naive",
+                        "asm_lines": kernel_asm.count("\n"), "calls": graphs["fused"]["ops"].get(name, 0)})
+    report(0.9)
+
+    (views / "optimized.py").write_text(relax_script(lowered))
+    (views / "bytecode.txt").write_text(executable.as_text())
+    write_ir_zip(job_dir)
+    return {"graphs": graphs, "kernels": kernels,
+            "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)}}
+
+
+def write_ir_zip(job_dir: Path) -> None:
+    """Every IR text of the job in one download."""
+    with zipfile.ZipFile(job_dir / "files" / "ir.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted((job_dir / "views").rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".ll", ".s", ".txt"):
+                z.write(path, path.relative_to(job_dir / "views"))
+        for name in ("module.ll", "module.s"):
+            z.write(job_dir / "files" / name, name)

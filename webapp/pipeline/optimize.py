@@ -1,0 +1,84 @@
+"""Optimize stage: the Relax pipeline for the target, run pass by pass, keeping the IR after each pass."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+from tvm import relax
+
+# Passes whose module we keep for the graph views.
+FUSION_PASS = "FuseTIR"
+
+
+@dataclass
+class PassRecord:
+    index: int
+    name: str
+    seconds: float
+    changed: bool
+    file: str | None  # relative to the job folder; None when the IR did not change
+
+
+@dataclass
+class Optimized:
+    lowered: tvm.IRModule  # ready for tvm.compile(..., relax_pipeline=None)
+    fused: tvm.IRModule  # after operator fusion, before lowering to the VM: the graph after fusion
+    passes: list[PassRecord]
+
+
+def relax_script(mod: tvm.IRModule) -> str:
+    """TVMScript of the Relax functions only (the kernels' TIR is shown per kernel)."""
+    funcs = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+    return tvm.IRModule(funcs).script()
+
+
+@tvm.instrument.pass_instrument
+class CaptureTopLevelPasses:
+    """Records the module after each top-level pass.
+
+    FoldConstant builds and runs TIR internally, which reports hundreds of nested passes:
+    only passes at depth <= 3 (pipeline > sequential > pass) are the pipeline's own.
+    """
+
+    def __init__(self):
+        self.depth = 0
+        self.started: list[float] = []
+        self.snapshots: list[tuple[str, float, tvm.IRModule]] = []
+
+    def run_before_pass(self, mod, info):
+        self.depth += 1
+        self.started.append(time.perf_counter())
+
+    def run_after_pass(self, mod, info):
+        depth, started = self.depth, self.started.pop()
+        self.depth -= 1
+        if depth <= 3 and info.name not in ("sequential", "_pipeline"):
+            self.snapshots.append((info.name, time.perf_counter() - started, mod))
+
+
+def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report=lambda f: None) -> Optimized:
+    pass_dir = job_dir / "views" / "passes"
+    pass_dir.mkdir(parents=True, exist_ok=True)
+    capture = CaptureTopLevelPasses()
+    with target, tvm.transform.PassContext(opt_level=3, instruments=[capture]):
+        # Batch norm as plain arithmetic, so it folds into the convolution before it.
+        decomposed = relax.transform.DecomposeOpsForInference()(mod)
+        lowered = relax.get_default_pipeline(target)(decomposed)
+
+    passes, previous, fused = [], relax_script(mod), None
+    for i, (name, seconds, snapshot) in enumerate(capture.snapshots):
+        report((i + 1) / len(capture.snapshots))
+        text = relax_script(snapshot)
+        changed = text != previous
+        file = None
+        if changed:
+            file = f"views/passes/{i:02d}_{name}.py"
+            (job_dir / file).write_text(text)
+        passes.append(PassRecord(i, name, seconds, changed, file))
+        previous = text
+        if name == FUSION_PASS:
+            fused = snapshot
+    return Optimized(lowered=lowered, fused=fused if fused is not None else lowered, passes=passes)

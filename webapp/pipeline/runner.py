@@ -1,0 +1,142 @@
+"""Runs a job's stages in order inside the sandbox, recording each stage's status, seconds and
+progress in progress.json and the results so far in result.json, both in the job folder.
+
+The stages themselves know nothing of timing, progress files or error reporting: that is here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from webapp.pipeline.errors import StageError
+
+STAGES = ["import", "optimize", "build", "inspect", "benchmark"]
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+class Progress:
+    """progress.json: the stages' live status, as the job page shows it."""
+
+    def __init__(self, job_dir: Path, stages: list[str]):
+        self.path = job_dir / "progress.json"
+        self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
+        self.error = None
+        self.started = 0.0
+        self.last_write = 0.0
+        self.write()
+
+    def stage(self, name: str) -> dict:
+        return next(s for s in self.stages if s["name"] == name)
+
+    def write(self) -> None:
+        write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
+        self.last_write = time.monotonic()
+
+    def start(self, name: str) -> None:
+        self.started = time.monotonic()
+        self.stage(name).update(status="running", progress=0.0)
+        self.write()
+
+    def report(self, name: str, fraction: float) -> None:
+        self.stage(name).update(progress=round(min(max(fraction, 0.0), 1.0), 3),
+                                seconds=round(time.monotonic() - self.started, 2))
+        if time.monotonic() - self.last_write > 0.5:
+            self.write()
+
+    def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
+        self.stage(name).update(status=status, seconds=round(time.monotonic() - self.started, 2),
+                                progress=1.0 if status == "done" else self.stage(name)["progress"])
+        if error is not None:
+            self.error = {"stage": name, "message": error}
+        self.write()
+
+
+def error_message(exc: BaseException) -> str:
+    """A short message for an unexpected error: its type and first lines, never a traceback."""
+    if isinstance(exc, StageError):
+        return str(exc)
+    if isinstance(exc, MemoryError) or "bad_alloc" in str(exc) or "Cannot allocate memory" in str(exc):
+        limit = os.environ.get("PLAYGROUND_MEMORY_LIMIT_MB")
+        return f"Out of memory: the job reached its memory limit ({limit} MB)." if limit else "Out of memory."
+    lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith(("  File", "Traceback"))]
+    text = " ".join(lines[:6])
+    return f"{type(exc).__name__}: {text[:1500]}" if text else type(exc).__name__
+
+
+def run_stage(progress: Progress, name: str, fn):
+    progress.start(name)
+    try:
+        out = fn(lambda f: progress.report(name, f))
+    except BaseException as exc:
+        traceback.print_exc()
+        progress.finish(name, "failed", error_message(exc))
+        raise SystemExit(1) from None
+    progress.finish(name)
+    return out
+
+
+def run(job_dir: Path) -> None:
+    job = json.loads((job_dir / "job.json").read_text())
+    progress = Progress(job_dir, STAGES)
+    results: dict = {}
+
+    def save(update: dict) -> None:
+        results.update(update)
+        write_json_atomic(job_dir / "result.json", results)
+
+    # Imported here so that a broken TVM install still gives a clean "import" stage failure.
+    def do_import(report):
+        from webapp.pipeline.importers import import_model
+
+        model = import_model(job_dir / job["model"], job.get("input_shapes") or {})
+        (job_dir / "views").mkdir(exist_ok=True)
+        (job_dir / "views" / "imported.py").write_text(model.mod.script())
+        return model
+
+    model = run_stage(progress, "import", do_import)
+    save({"model": {"framework": model.framework, "inputs": [s.to_json() for s in model.inputs],
+                    "outputs": [s.to_json() for s in model.outputs], "param_count": model.param_count,
+                    "framework_ops": model.framework_ops}})
+
+    from webapp.pipeline.targets import make_target, target_json
+
+    target = make_target(job["target"])
+    save({"target": {"preset": job["target"], "tvm": target_json(target)}})
+
+    from webapp.pipeline.optimize import optimize
+
+    optimized = run_stage(progress, "optimize", lambda report: optimize(model.mod, target, job_dir, report))
+    save({"passes": [vars(p) for p in optimized.passes]})
+
+    from webapp.pipeline.build import build
+
+    executable = run_stage(progress, "build",
+                           lambda report: build(optimized.lowered, target, job_dir / "files" / "model.so"))
+    save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
+
+    from webapp.pipeline.inspect import inspect_build
+
+    save(run_stage(progress, "inspect", lambda report: inspect_build(
+        model.mod, optimized.fused, optimized.lowered, executable, job_dir, report)))
+
+    from webapp.pipeline import bench
+
+    references = {k: job_dir / v for k, v in (job.get("references") or {}).items()}
+    device = f"{os.uname().machine} CPU ({target.attrs.get('mcpu', 'generic')})"
+    inputs = bench.make_inputs(model.inputs)
+    save(run_stage(progress, "benchmark", lambda report: bench.benchmark(
+        executable, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report)))
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))
