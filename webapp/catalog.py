@@ -86,6 +86,9 @@ TARGETS: dict[str, TargetPreset] = {
     ]
 }
 
+# The pipeline's stages, in order (webapp/pipeline/runner.py runs them).
+STAGES = ("import", "optimize", "build", "inspect", "benchmark")
+
 QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1")
 CALIBRATION_MODES = ("max", "percentile", "kl", "global")
 WEIGHT_SCALE_MODES = ("max", "power2")

@@ -13,9 +13,8 @@ import time
 import traceback
 from pathlib import Path
 
+from webapp.catalog import STAGES
 from webapp.pipeline.errors import StageError
-
-STAGES = ["import", "optimize", "build", "inspect", "benchmark"]
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -27,7 +26,7 @@ def write_json_atomic(path: Path, data) -> None:
 class Progress:
     """progress.json: the stages' live status, as the job page shows it."""
 
-    def __init__(self, job_dir: Path, stages: list[str]):
+    def __init__(self, job_dir: Path, stages: tuple[str, ...]):
         self.path = job_dir / "progress.json"
         self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
         self.error = None

@@ -1,0 +1,54 @@
+"""Configuration: defaults, overridden by environment variables, read once at start-up."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name) or default)
+
+
+@dataclass(frozen=True)
+class Config:
+    data_dir: Path = field(default_factory=lambda: Path("data").resolve())
+    port: int = 8000
+    redis_url: str | None = None
+    max_upload_mb: int = 500
+    # Limits of one sandboxed pipeline run.
+    memory_limit_mb: int = 16384  # address space
+    cpu_limit_s: int = 3600
+    wall_limit_s: int = 3600
+    process_limit: int = 512  # processes and threads
+    output_limit_mb: int = 4096  # largest file the job may write
+    bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    bench_budget_s: float = 3.0  # timing budget per runtime
+    unsandboxed: bool = False  # only for development where bubblewrap cannot run
+
+    @classmethod
+    def from_env(cls, **overrides) -> Config:
+        c = cls()
+        c = replace(
+            c,
+            data_dir=Path(os.environ.get("PLAYGROUND_DATA") or c.data_dir).resolve(),
+            port=env_int("PORT", c.port),
+            redis_url=os.environ.get("REDIS_URL") or None,
+            max_upload_mb=env_int("PLAYGROUND_MAX_UPLOAD_MB", c.max_upload_mb),
+            memory_limit_mb=env_int("PLAYGROUND_MEMORY_LIMIT_MB", c.memory_limit_mb),
+            cpu_limit_s=env_int("PLAYGROUND_CPU_LIMIT_S", c.cpu_limit_s),
+            wall_limit_s=env_int("PLAYGROUND_WALL_LIMIT_S", c.wall_limit_s),
+            process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
+            bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
+            unsandboxed=os.environ.get("PLAYGROUND_UNSANDBOXED") == "1",
+        )
+        return replace(c, **overrides)
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def examples_dir(self) -> Path:
+        return self.data_dir / "examples"

@@ -1,0 +1,1 @@
+"""Jobs: the store (SQLite), the queue (huey), the sandbox (bubblewrap + rlimits) and the worker."""

@@ -1,0 +1,187 @@
+"""The jail for untrusted work, configured in this one place.
+
+A pipeline run is a child process under bubblewrap: no network, the whole system read-only, home
+folders and every other job hidden, only its own job folder writable, and as root it drops to the
+`nobody` user. Resource limits (address space, CPU seconds, processes, file size) are rlimits set
+before exec; the wall-clock limit is enforced here. `run_sandboxed` reports which limit ended a run.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from webapp.config import Config
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SANDBOX_UID = 65534  # nobody, when the worker runs as root
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    limit: str | None  # a message naming the limit that ended the run, if one did
+    seconds: float
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+def check_bubblewrap() -> None:
+    """Raises SandboxUnavailable with the reason when bubblewrap cannot run here."""
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+    cmd = ["bwrap", "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc",
+           "--dev", "/dev", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SandboxUnavailable(f"bubblewrap cannot create a sandbox here: {r.stderr.strip()}")
+
+
+def user_process_count() -> int:
+    uid = os.getuid()
+    count = 0
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                status = (p / "status").read_text()
+                threads = int(status.split("Threads:")[1].split()[0])
+                if int(status.split("Uid:")[1].split()[0]) == uid:
+                    count += threads
+            except (OSError, IndexError, ValueError):
+                pass
+    return count
+
+
+def set_limits(config: Config, nproc: int):
+    def preexec():
+        mb = 1 << 20
+        resource.setrlimit(resource.RLIMIT_AS, (config.memory_limit_mb * mb,) * 2)
+        resource.setrlimit(resource.RLIMIT_CPU, (config.cpu_limit_s, config.cpu_limit_s + 5))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (config.output_limit_mb * mb,) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.setsid()
+
+    return preexec
+
+
+def readable_paths() -> list[Path]:
+    """What the sandboxed Python needs to see when it lives under a hidden home folder."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parents[1],
+             PROJECT_ROOT}
+    return sorted(paths)
+
+
+def bwrap_command(job_dir: Path, data_dir: Path, as_root: bool, env: dict[str, str], command: list[str]) -> list[str]:
+    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    hidden = [Path(p) for p in ("/tmp", "/root", "/home") if Path(p).is_dir()] + [data_dir]
+
+    def mount_point(path: Path) -> list[str]:
+        # bwrap creates missing parents of a mount point as 0700 root: make them traversable.
+        out = []
+        for parent in reversed(path.parents):
+            if any(parent != h and parent.is_relative_to(h) for h in hidden):
+                out += ["--perms", "0755", "--dir", str(parent)]
+        return out
+
+    for path in hidden[:-1]:
+        args += ["--tmpfs", str(path)]
+    for path in readable_paths():
+        if any(path.is_relative_to(h) for h in hidden[:-1]):
+            args += mount_point(path) + ["--ro-bind", str(path), str(path)]
+    # after the binds above: the data folder may lie inside one of them
+    args += mount_point(data_dir) + ["--tmpfs", str(data_dir)]
+    args += mount_point(job_dir) + ["--bind", str(job_dir), str(job_dir)]
+    # No user namespace as root: the process must stay a real uid for RLIMIT_NPROC to count.
+    args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent", "--new-session", "--chdir", str(job_dir), "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    if as_root:
+        # setuid to nobody clears the capabilities; the bounding set and no_new_privs keep them gone
+        args += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return args + command
+
+
+def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
+    threads = str(config.bench_threads)
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(job_dir),
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TVM_NUM_THREADS": threads,
+        "OMP_NUM_THREADS": threads,
+        "MALLOC_ARENA_MAX": "2",  # each thread's arena reserves 64 MB of address space otherwise
+        "PLAYGROUND_MEMORY_LIMIT_MB": str(config.memory_limit_mb),
+    }
+
+
+def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
+    """The limit that ended a run, judged from how it ended and what it printed last."""
+    sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    if sig == signal.SIGXCPU:
+        return f"CPU time limit reached ({config.cpu_limit_s} CPU seconds)."
+    if sig == signal.SIGXFSZ:
+        return f"Output size limit reached (no file may exceed {config.output_limit_mb} MB)."
+    memory_words = ("MemoryError", "bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
+    if any(w in log_tail for w in memory_words):
+        return f"Memory limit reached ({config.memory_limit_mb} MB of address space)."
+    if "Resource temporarily unavailable" in log_tail or "can't start new thread" in log_tail:
+        return f"Process limit reached ({config.process_limit} processes and threads)."
+    if sig:
+        return f"The pipeline process was killed by signal {signal.Signals(sig).name}."
+    return None
+
+
+def run_sandboxed(job_dir: Path, config: Config, command: list[str] | None = None) -> Outcome:
+    """Run the pipeline (or `command`, for tests) on job_dir under the sandbox and limits."""
+    command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
+    as_root = os.geteuid() == 0
+    if as_root:
+        # The sandbox user owns the job folder: the only place it can write.
+        for path in [job_dir, *job_dir.rglob("*")]:
+            os.lchown(path, SANDBOX_UID, SANDBOX_UID)
+        nproc = config.process_limit
+    else:
+        nproc = user_process_count() + config.process_limit
+    env = sandbox_env(config, job_dir)
+    if config.unsandboxed:
+        full, env = command, {**os.environ, **env}
+    else:
+        full = bwrap_command(job_dir, config.data_dir, as_root, env, command)
+    log_path = job_dir / "log.txt"
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, preexec_fn=set_limits(config, nproc), cwd=job_dir)
+        try:
+            returncode = proc.wait(timeout=config.wall_limit_s)
+            wall_hit = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            returncode = proc.wait()
+            wall_hit = True
+    seconds = time.monotonic() - started
+    if wall_hit:
+        return Outcome(returncode, f"Wall-clock limit reached ({config.wall_limit_s} s).", seconds)
+    tail = tail_text(log_path)
+    return Outcome(returncode, describe_exit(returncode, config, tail) if returncode else None, seconds)
+
+
+def tail_text(path: Path, size: int = 8192) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - size))
+        return f.read().decode(errors="replace")
