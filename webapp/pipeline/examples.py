@@ -195,3 +195,9 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     pt2_tmp.rename(pt2)
     onnx_tmp.rename(onnx_path)
     return pt2, onnx_path
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_example_files(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,148 @@
+"""`tvm-playground serve | worker | compile`: the same pipeline as the web, from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from webapp.catalog import EXAMPLES, TARGETS
+from webapp.config import Config
+
+
+def cmd_serve(args) -> int:
+    """gunicorn for the web app plus one local worker process."""
+    config = Config.from_env()
+    from webapp import create_app
+
+    create_app(config)  # fails early, with the reason, if the sandbox cannot run
+    host = os.environ.get("HOST", "127.0.0.1")
+    print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
+    bin_dir = Path(sys.executable).parent
+    worker = subprocess.Popen([sys.executable, "-m", "webapp.cli", "worker"])
+    web = subprocess.Popen([str(bin_dir / "gunicorn"), "--workers", str(args.web_workers), "--threads", "4",
+                            "--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"])
+
+    def stop(*_):
+        for p in (web, worker):
+            p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while web.poll() is None and worker.poll() is None:
+            try:
+                web.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        stop()
+        web.wait()
+        worker.wait()
+    return web.returncode or worker.returncode or 0
+
+
+def cmd_worker(args) -> int:
+    config = Config.from_env()
+    if not config.unsandboxed:
+        from webapp.jobs.sandbox import check_bubblewrap
+
+        check_bubblewrap()
+    from webapp.jobs.queue import JobQueue
+    from webapp.jobs.worker import recover_interrupted
+
+    recover_interrupted(config)
+    JobQueue(config).consumer(workers=args.jobs).run()
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
+    from webapp.jobs.submit import SubmitError, parse_options, sniff_model_format
+    from webapp.jobs.worker import close_progress, prepare_job_folder
+
+    config = Config.from_env(unsandboxed=args.no_sandbox or Config.from_env().unsandboxed)
+    try:
+        if not config.unsandboxed:
+            check_bubblewrap()
+        options = parse_options({"target": args.target, "input_shapes": args.input_shapes or ""})
+        out = Path(args.out).resolve()
+        if out.exists() and any(out.iterdir()):
+            raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
+        (out / "input").mkdir(parents=True, exist_ok=True)
+        model = Path(args.model)
+        if not model.exists() and args.model in EXAMPLES:
+            options["example"] = args.model
+        elif model.is_file():
+            with open(model, "rb") as f:
+                kind = sniff_model_format(f.read(16), model.name)
+            options["model_file"] = f"model.{kind}"
+            shutil.copyfile(model, out / "input" / options["model_file"])
+        else:
+            raise SubmitError(f"{args.model!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
+    except (SubmitError, SandboxUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    prepare_job_folder(config, out, options)
+    print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
+    outcome = run_sandboxed(out, config)
+    error = close_progress(out, outcome.returncode, outcome.limit)
+    progress = json.loads((out / "progress.json").read_text())
+    for s in progress["stages"]:
+        secs = f"{s['seconds']:.1f} s" if s.get("seconds") is not None else ""
+        print(f"  {s['name']:<10} {s['status']:<8} {secs}")
+    if error:
+        print(f"error: failed at the {error['stage']} stage: {error['message']}", file=sys.stderr)
+        print(f"(full log: {out / 'log.txt'})", file=sys.stderr)
+        return 1
+    result = json.loads((out / "result.json").read_text())
+    print(benchmark_table(result))
+    print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
+    return 0
+
+
+def benchmark_table(result: dict) -> str:
+    rows = result.get("benchmarks", [])
+    if not rows:
+        return "(no benchmark)"
+    fastest = min(r["median_ms"] for r in rows)
+    lines = [f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",
+             f"  {'runtime':<12} {'variant':<8} {'median ms':>10} {'p90 ms':>10} {'runs':>5} {'vs fastest':>10}"]
+    for r in rows:
+        lines.append(f"  {r['runtime']:<12} {r['variant']:<8} {r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} "
+                     f"{r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x")
+    for f in result.get("fidelity", []):
+        top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
+        lines.append(f"  fidelity vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
+                     f"cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tvm-playground", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="serve the web app with a local worker (PORT, PLAYGROUND_DATA)")
+    p.add_argument("--web-workers", type=int, default=2)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
+    p.add_argument("--jobs", type=int, default=1, help="jobs run at once")
+    p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("compile", help="compile one model and print the benchmark table")
+    p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
+    p.add_argument("--target", default="x86-host", choices=list(TARGETS))
+    p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
+    p.add_argument("--input-shapes", help='JSON, e.g. \'{"input": [1, 3, 224, 224]}\'')
+    p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
+    p.set_defaults(func=cmd_compile)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The job queue: huey on SQLite in the data folder, or on Redis when REDIS_URL is set."""
+
+from __future__ import annotations
+
+from huey import RedisHuey, SqliteHuey
+
+from webapp.config import Config
+
+
+class JobQueue:
+    def __init__(self, config: Config):
+        self.config = config
+        if config.redis_url:
+            self.huey = RedisHuey("tvm-playground", url=config.redis_url)
+        else:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+            self.huey = SqliteHuey("tvm-playground", filename=str(config.data_dir / "queue.db"))
+
+        @self.huey.task(name="run_job")
+        def run_job_task(job_id: str) -> None:
+            from webapp.jobs.worker import run_job
+
+            run_job(config, job_id)
+
+        self.run_job_task = run_job_task
+
+    def enqueue(self, job_id: str) -> None:
+        self.run_job_task(job_id)
+
+    def consumer(self, workers: int = 1):
+        """A huey consumer; `.start()` runs it in threads, `.run()` in the foreground."""
+        return self.huey.create_consumer(workers=workers, worker_type="thread", periodic=False,
+                                         initial_delay=0.2, max_delay=1.0)

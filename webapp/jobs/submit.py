@@ -1,0 +1,126 @@
+"""Accepting a job: the checks the web process may do (never parsing the model), then store + queue.
+
+One function serves the HTML form, the JSON API and anything else that submits.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from typing import BinaryIO
+
+from webapp.catalog import CALIBRATION_MODES, EXAMPLES, QUANTIZE_MODES, TARGETS, WEIGHT_SCALE_MODES
+from webapp.config import Config
+from webapp.jobs.queue import JobQueue
+from webapp.jobs.store import JobStore, new_job_id
+
+# First byte of a serialized onnx.ModelProto: the tag of one of its fields (ir_version, producer_name,
+# producer_version, domain, model_version, doc_string, graph, opset_import, metadata_props).
+ONNX_FIRST_BYTES = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72}
+ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
+
+
+class SubmitError(ValueError):
+    """A request refused at once; the message says why."""
+
+
+def sniff_model_format(head: bytes, filename: str) -> str:
+    """'onnx' or 'pt2', judged by the first bytes only."""
+    if not head:
+        raise SubmitError("The uploaded file is empty.")
+    if head.startswith(ZIP_MAGIC):
+        return "pt2"
+    if head[0] in ONNX_FIRST_BYTES and not filename.lower().endswith(".pt2"):
+        return "onnx"
+    if filename.lower().endswith(".pt2"):
+        raise SubmitError(f"{filename!r} is not a .pt2 file: a torch.export.save() file is a zip archive.")
+    raise SubmitError(
+        f"{filename!r} is neither an ONNX model nor a PyTorch .pt2 file (judged by its first bytes)."
+    )
+
+
+def parse_options(form: Mapping[str, str]) -> dict:
+    def choice(name: str, allowed, default: str) -> str:
+        value = (form.get(name) or default).strip()
+        if value not in allowed:
+            raise SubmitError(f"Unknown {name} {value!r}; choose one of: {', '.join(allowed)}.")
+        return value
+
+    target = (form.get("target") or "").strip()
+    if target not in TARGETS:
+        raise SubmitError(f"Unknown target {target!r}; GET /api/targets lists them: {', '.join(TARGETS)}.")
+    options = {
+        "target": target,
+        "quantize": choice("quantize", QUANTIZE_MODES, "none"),
+        "calibration": choice("calibration", CALIBRATION_MODES, "max"),
+        "weight_scale": choice("weight_scale", WEIGHT_SCALE_MODES, "max"),
+    }
+    try:
+        options["tune_trials"] = int(form.get("tune_trials") or 0)
+    except ValueError:
+        raise SubmitError("tune_trials must be a whole number.") from None
+    if options["tune_trials"] < 0:
+        raise SubmitError("tune_trials must be 0 or more.")
+    if options["quantize"] != "none":
+        raise SubmitError("Quantization is not available on this server yet; use quantize=none.")
+    if options["tune_trials"] > 0:
+        raise SubmitError("Auto-tuning is not available on this server yet; use tune_trials=0.")
+    options["input_shapes"] = parse_input_shapes(form.get("input_shapes") or "")
+    return options
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
+    if not text.strip():
+        return None
+    try:
+        shapes = json.loads(text)
+    except ValueError:
+        raise SubmitError('input_shapes must be JSON, for example {"input": [1, 3, 224, 224]}.') from None
+    if not isinstance(shapes, dict) or not all(
+        isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+        for v in shapes.values()
+    ):
+        raise SubmitError("input_shapes must map each input name to a list of positive integers.")
+    return shapes
+
+
+def submit_job(config: Config, store: JobStore, queue: JobQueue, form: Mapping[str, str],
+               upload: BinaryIO | None, filename: str = "") -> str:
+    """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
+    options = parse_options(form)
+    example = (form.get("example") or "").strip()
+    if upload is None and not example:
+        raise SubmitError("Upload a model file (.onnx or .pt2) or pick an example.")
+    if upload is None and example not in EXAMPLES:
+        raise SubmitError(f"Unknown example {example!r}; GET /api/examples lists them.")
+
+    job_id = new_job_id()
+    job_dir = store.job_dir(job_id)
+    (job_dir / "input").mkdir(parents=True)
+    if upload is not None:
+        try:
+            head = upload.read(16)
+            kind = sniff_model_format(head, filename)
+            options["model_file"] = f"model.{kind}"
+            options["filename"] = filename[:200]
+            save_upload(upload, head, job_dir / "input" / options["model_file"], config.max_upload_mb)
+        except SubmitError:
+            shutil.rmtree(job_dir)
+            raise
+    else:
+        options["example"] = example
+    store.create(job_id, options)
+    queue.enqueue(job_id)
+    return job_id
+
+
+def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:
+    limit, size = max_mb << 20, len(head)
+    with open(path, "wb") as out:
+        out.write(head)
+        while chunk := upload.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise SubmitError(f"The file is larger than this server's limit of {max_mb} MB.")
+            out.write(chunk)

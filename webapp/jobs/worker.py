@@ -1,0 +1,98 @@
+"""The worker: takes a queued job, prepares its folder, runs the pipeline in the sandbox, records the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from webapp.catalog import STAGES
+from webapp.config import Config
+from webapp.jobs.sandbox import run_sandboxed
+from webapp.jobs.store import JobStore, read_untrusted_json
+from webapp.pipeline.runner import write_json_atomic
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
+    """The example's .pt2 and .onnx under data/examples, built once (trusted code, in a subprocess
+    so that this process never loads torch)."""
+    pt2, onnx = config.examples_dir / f"{name}.pt2", config.examples_dir / f"{name}.onnx"
+    if not (pt2.exists() and onnx.exists()):
+        config.examples_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
+                       check=True, capture_output=True)
+    return pt2, onnx
+
+
+def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
+    """job.json for the pipeline; for an example, copies of its model files."""
+    spec = {"target": options["target"], "input_shapes": options.get("input_shapes"),
+            "bench_budget_s": config.bench_budget_s}
+    if options.get("example"):
+        pt2, onnx = ensure_example_files(config, options["example"])
+        (job_dir / "input").mkdir(exist_ok=True)
+        shutil.copyfile(onnx, job_dir / "input" / "model.onnx")
+        shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
+        spec["model"] = "input/model.onnx"
+        spec["references"] = {"pytorch": "input/reference.pt2", "onnxruntime": "input/model.onnx"}
+    else:
+        model = options["model_file"]
+        spec["model"] = f"input/{model}"
+        spec["references"] = {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
+    write_json_atomic(job_dir / "job.json", spec)
+
+
+def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | None:
+    """After the sandbox exits: None if every stage is done, else the error to record, on the stage
+    that failed. A limit that ended the run is named in preference to what the pipeline said."""
+    progress = read_untrusted_json(job_dir / "progress.json")
+    if not isinstance(progress, dict) or not isinstance(progress.get("stages"), list):
+        progress = {"stages": [{"name": s, "status": "pending"} for s in STAGES]}
+    stages = [s for s in progress["stages"] if isinstance(s, dict)]
+    recorded = progress.get("error") if isinstance(progress.get("error"), dict) else None
+    if returncode == 0 and not limit and not recorded and all(s.get("status") == "done" for s in stages):
+        return None
+    unfinished = [s for s in stages if s.get("status") != "done"]
+    stage = (recorded or {}).get("stage") or (unfinished[0]["name"] if unfinished else STAGES[-1])
+    message = limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."
+    for s in stages:
+        if s.get("status") == "running" or s.get("name") == stage:
+            s["status"] = "failed"
+    error = {"stage": str(stage), "message": str(message)[:4000]}
+    write_json_atomic(job_dir / "progress.json", {"stages": stages, "error": error})
+    return error
+
+
+def run_job(config: Config, job_id: str) -> None:
+    store = JobStore(config.data_dir)
+    job = store.get(job_id)
+    if job is None or job["status"] != "queued":
+        return
+    job_dir = store.job_dir(job_id)
+    store.mark_running(job_id, worker_name())
+    try:
+        prepare_job_folder(config, job_dir, job["options"])
+    except Exception as exc:  # an example that cannot be built is our bug, not the user's
+        store.mark_finished(job_id, {"stage": "import", "message": f"Could not prepare the job: {exc}"})
+        return
+    outcome = run_sandboxed(job_dir, config)
+    store.mark_finished(job_id, close_progress(job_dir, outcome.returncode, outcome.limit))
+
+
+def recover_interrupted(config: Config) -> None:
+    """Jobs this host's dead workers left running are marked failed (their sandbox died with them)."""
+    store = JobStore(config.data_dir)
+    host = socket.gethostname()
+    for job_id in store.running_on(host + ":"):
+        job = store.get(job_id)
+        pid = int(job["worker"].rsplit(":", 1)[1])
+        if not Path(f"/proc/{pid}").exists():
+            message = "The worker stopped while this job was running; submit it again."
+            store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message))

@@ -1,0 +1,68 @@
+"""The JSON API (contract in DESIGN.md)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, jsonify, request, send_file
+
+from webapp.catalog import EXAMPLES, TARGETS
+from webapp.jobs.submit import SubmitError, submit_job
+from webapp.jobs.worker import ensure_example_files
+from webapp.web import ctx, view_or_404
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+
+@bp.errorhandler(SubmitError)
+def refused(e: SubmitError):
+    return jsonify({"error": str(e)}), 400
+
+
+@bp.errorhandler(413)
+def too_large(e):
+    config, _, _ = ctx()
+    return jsonify({"error": f"The file is larger than this server's limit of {config.max_upload_mb} MB."}), 413
+
+
+@bp.errorhandler(404)
+def not_found(e):
+    return jsonify({"error": "Not found."}), 404
+
+
+@bp.get("/examples")
+def examples():
+    return jsonify([
+        {"name": e.name, "title": e.title, "description": e.description, "input_shape": list(e.input_shape),
+         "files": {fmt: f"/api/examples/{e.name}.{fmt}" for fmt in ("onnx", "pt2")}}
+        for e in EXAMPLES.values()
+    ])
+
+
+@bp.get("/examples/<name>.<fmt>")
+def example_file(name: str, fmt: str):
+    if name not in EXAMPLES or fmt not in ("onnx", "pt2"):
+        abort(404)
+    config, _, _ = ctx()
+    pt2, onnx = ensure_example_files(config, name)
+    return send_file(onnx if fmt == "onnx" else pt2, as_attachment=True, download_name=f"{name}.{fmt}")
+
+
+@bp.get("/targets")
+def targets():
+    return jsonify([t.to_json() for t in TARGETS.values()])
+
+
+@bp.post("/jobs")
+def create_job():
+    config, store, queue = ctx()
+    upload = request.files.get("model")
+    if upload is not None and not upload.filename:
+        upload = None
+    job_id = submit_job(config, store, queue, request.form, upload.stream if upload else None,
+                        upload.filename if upload else "")
+    root = request.url_root.rstrip("/")
+    return jsonify({"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}), 202
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))
