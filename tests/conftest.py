@@ -1,0 +1,75 @@
+"""Shared fixtures: a data folder per test session, the app, a real queue consumer, a real HTTP server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from werkzeug.serving import make_server
+
+from webapp import create_app
+from webapp.config import Config
+from webapp.jobs.queue import JobQueue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def config(data_dir) -> Config:
+    # A short timing budget keeps the benchmark stage fast; the figures are still real.
+    return Config(data_dir=data_dir, bench_budget_s=0.3, bench_threads=2, wall_limit_s=600)
+
+
+@pytest.fixture(scope="session")
+def example_files(config) -> Path:
+    """The small examples' .onnx and .pt2 files, written once."""
+    from webapp.jobs.worker import ensure_example_files
+
+    for name in ("mlp", "cnn-small", "transformer-block"):
+        ensure_example_files(config, name)
+    return config.examples_dir
+
+
+@pytest.fixture(scope="session")
+def app(config):
+    return create_app(config)
+
+
+@pytest.fixture(scope="session")
+def worker(config):
+    """A real huey consumer running queued jobs in a thread, as `tvm-playground worker` does."""
+    consumer = JobQueue(config).consumer(workers=1)
+    consumer.start()
+    yield consumer
+    consumer.stop(graceful=True)
+
+
+@pytest.fixture()
+def client(app, worker):
+    return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def live_server(app, worker):
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def wait_for_job(client, job_id: str, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/api/jobs/{job_id}").get_json()
+        if job["status"] in ("done", "failed"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job}")

@@ -1,0 +1,108 @@
+"""The pipeline's stages on small real models: import ONNX and .pt2, build, run, compare to the frameworks."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from webapp.pipeline import bench
+from webapp.pipeline.build import build
+from webapp.pipeline.errors import StageError
+from webapp.pipeline.importers import import_model
+from webapp.pipeline.inspect import inspect_build, relax_graph
+from webapp.pipeline.optimize import optimize
+from webapp.pipeline.targets import make_target
+
+SMALL = ["mlp", "cnn-small", "transformer-block"]
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_imported_model_builds_and_matches_its_framework(example_files, tmp_path, name, fmt):
+    model = import_model(example_files / f"{name}.{fmt}")
+    target = make_target("x86-host")
+    optimized = optimize(model.mod, target, tmp_path)
+    executable = build(optimized.lowered, target, tmp_path / "files" / "model.so")
+    inputs = bench.make_inputs(model.inputs)
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
+    if fmt == "onnx":
+        reference = bench.flatten_outputs(bench.onnxruntime_runner(example_files / f"{name}.onnx", inputs, 1)())
+    else:
+        reference = bench.torch_outputs(bench.pytorch_runner(example_files / f"{name}.pt2", inputs, 1)())
+    assert ours[0].shape == reference[0].shape
+    np.testing.assert_allclose(ours[0], reference[0], rtol=1e-4, atol=1e-4)
+    assert (tmp_path / "files" / "model.so").stat().st_size > 0
+
+
+def test_optimize_keeps_ir_after_each_pass_and_fuses(example_files, tmp_path):
+    model = import_model(example_files / "cnn-small.onnx")
+    optimized = optimize(model.mod, make_target("x86-host"), tmp_path)
+    names = [p.name for p in optimized.passes]
+    assert {"LegalizeOps", "FuseOps", "FuseTIR", "StaticPlanBlockMemory"} <= set(names)
+    changed = [p for p in optimized.passes if p.changed]
+    assert changed and all((tmp_path / p.file).read_text() for p in changed)
+    kernels = [n["label"] for n in relax_graph(optimized.fused)["nodes"] if n["kind"] == "kernel"]
+    assert any(k.startswith("fused_conv2d") for k in kernels)
+
+
+def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_path):
+    model = import_model(example_files / "cnn-small.onnx")
+    target = make_target("x86-host")
+    optimized = optimize(model.mod, target, tmp_path)
+    executable = build(optimized.lowered, target, tmp_path / "files" / "model.so")
+    info = inspect_build(model.mod, optimized.fused, optimized.lowered, executable, tmp_path)
+    assert info["graphs"]["fused"]["nodes"] < info["graphs"]["imported"]["nodes"]
+    svg = (tmp_path / "files" / "graph-fused.svg").read_text()
+    assert "<svg" in svg and "1×16×32×32" in svg  # shapes on the edges
+    conv = next(k["name"] for k in info["kernels"] if k["name"].startswith("fused_conv2d"))
+    assert "T.prim_func" in (tmp_path / "views" / "kernels" / f"{conv}.tir.py").read_text()
+    assert f"define" in (tmp_path / "views" / "kernels" / f"{conv}.ll").read_text()
+    assert conv in (tmp_path / "views" / "kernels" / f"{conv}.s").read_text()
+    assert (tmp_path / "files" / "ir.zip").stat().st_size > 0
+
+
+def test_x86_generic_target_builds_portable_code(example_files, tmp_path):
+    target = make_target("x86-generic")
+    assert target.attrs["mcpu"] == "x86-64"
+    model = import_model(example_files / "mlp.onnx")
+    executable = build(optimize(model.mod, target, tmp_path).lowered, target, tmp_path / "m.so")
+    out = bench.flatten_outputs(bench.tvm_runner(executable, bench.make_inputs(model.inputs))())
+    assert out[0].shape == (1, 10)
+
+
+def test_onnx_weights_listed_as_inputs_are_not_graph_inputs(tmp_path):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.ones(12, np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], initializer=[w])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = import_model(path)
+    assert [i.name for i in model.inputs] == ["x"]
+    assert model.param_count == 12
+
+
+def test_dynamic_dimension_needs_input_shapes(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(StageError, match=r"'x' has a dynamic dimension .*input_shapes"):
+        import_model(path)
+    model = import_model(path, {"x": [3, 8]})
+    assert model.inputs[0].shape == [3, 8]
+
+
+def test_fidelity_metrics():
+    a = np.array([[1.0, 2.0, 3.0]], np.float32)
+    same = bench.fidelity([a], [a], classifier=True)
+    assert same["max_abs_err"] == 0 and same["cosine"] == pytest.approx(1.0) and same["top1_agree"] == 1.0
+    other = bench.fidelity([a], [np.array([[3.0, 2.0, 1.0]], np.float32)], classifier=True)
+    assert other["top1_agree"] == 0.0 and other["max_abs_err"] == 2.0
+    assert other["sqnr_db"] == pytest.approx(10 * np.log10(14 / 8))
