@@ -148,20 +148,29 @@ def benchmark(executable, inputs: dict[str, np.ndarray], outputs: list[TensorSpe
     """references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
-    runners = {"tvm": tvm_runner(executable, inputs)}
+    makers = {"tvm": lambda: tvm_runner(executable, inputs)}
     if "pytorch" in references:
-        runners["pytorch"] = pytorch_runner(references["pytorch"], inputs, threads)
+        makers["pytorch"] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
     if "onnxruntime" in references:
-        runners["onnxruntime"] = onnxruntime_runner(references["onnxruntime"], inputs, threads)
+        makers["onnxruntime"] = lambda: onnxruntime_runner(references["onnxruntime"], inputs, threads)
 
-    rows, outs = [], {}
-    for i, (runtime, run) in enumerate(runners.items()):
-        out = run()
+    rows, outs, unavailable = [], {}, []
+    for i, (runtime, make) in enumerate(makers.items()):
+        try:
+            run = make()
+            out = run()
+        except Exception as exc:
+            if runtime == "tvm":
+                raise
+            # A reference runtime that cannot run the model is reported, not fatal.
+            unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            continue
         outs[runtime] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
         rows.append({"runtime": runtime, "variant": "fp32", "tuned": False, "device": device,
                      "threads": threads, **measure(run, budget_s)})
-        report((i + 1) / len(runners))
+        report((i + 1) / len(makers))
 
     fid = [{"variant": "fp32", "reference": ref, **fidelity(outs["tvm"], outs[ref], classifier)}
-           for ref in runners if ref != "tvm"]
-    return {"benchmarks": rows, "fidelity": fid, "threads": threads, "classifier": classifier}
+           for ref in outs if ref != "tvm"]
+    return {"benchmarks": rows, "fidelity": fid, "threads": threads, "classifier": classifier,
+            "unavailable_runtimes": unavailable}

@@ -1,0 +1,181 @@
+"""The JSON API end to end, with a real worker and sandbox: submit, poll, fetch, download, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+from tests.conftest import wait_for_job
+from webapp.jobs.store import JobStore
+from webapp.jobs.worker import run_job
+
+
+def submit(client, data: dict, file: tuple[bytes, str] | None = None):
+    data = {"target": "x86-host", **data}
+    if file is not None:
+        data["model"] = (io.BytesIO(file[0]), file[1])
+    return client.post("/api/jobs", data=data, content_type="multipart/form-data")
+
+
+def onnx_bytes(nodes, inputs, outputs, initializers=()) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_lists_examples_and_targets(client):
+    names = [e["name"] for e in client.get("/api/examples").get_json()]
+    assert {"mlp", "cnn-small", "resnet18", "resnet50", "mobilenet-v2", "transformer-block"} <= set(names)
+    targets = {t["name"]: t for t in client.get("/api/targets").get_json()}
+    assert targets["x86-host"]["can_run_here"] and targets["x86-generic"]["can_run_here"]
+    assert targets["x86-host"]["description"]
+
+
+def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
+    resp = submit(client, {"example": "cnn-small"})
+    assert resp.status_code == 202
+    created = resp.get_json()
+    assert len(created["id"]) >= 22 and created["url"].endswith(f"/r/{created['id']}")
+    job = wait_for_job(client, created["id"])
+    assert job["status"] == "done", job["error"]
+    assert [s["name"] for s in job["stages"]] == ["import", "optimize", "build", "inspect", "benchmark"]
+    assert all(s["status"] == "done" and s["seconds"] is not None for s in job["stages"])
+    runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
+    assert runtimes == {"tvm", "pytorch", "onnxruntime"}
+    assert all(b["median_ms"] > 0 and b["p90_ms"] >= b["median_ms"] for b in job["results"]["benchmarks"])
+    for f in job["results"]["fidelity"]:
+        assert f["max_abs_err"] < 1e-4 and f["cosine"] > 0.9999 and f["top1_agree"] == 1.0
+    assert client.get(f"/r/{created['id']}.json").get_json() == job
+
+    so = client.get(f"/r/{created['id']}/files/model.so")
+    assert so.status_code == 200
+    (tmp_path / "model.so").write_bytes(so.data)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "model.so")), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(np.zeros((1, 3, 32, 32), np.float32))).numpy()
+    assert out.shape == (1, 10)
+
+    ir = zipfile.ZipFile(io.BytesIO(client.get(f"/r/{created['id']}/files/ir.zip").data))
+    assert "imported.py" in ir.namelist() and "module.ll" in ir.namelist()
+
+
+def test_uploaded_pt2_is_benchmarked_against_pytorch(client, example_files):
+    pt2 = (example_files / "transformer-block.pt2").read_bytes()
+    job = wait_for_job(client, submit(client, {}, (pt2, "block.pt2")).get_json()["id"])
+    assert job["status"] == "done", job["error"]
+    assert {b["runtime"] for b in job["results"]["benchmarks"]} == {"tvm", "pytorch"}
+    assert job["results"]["fidelity"][0]["max_abs_err"] < 1e-3
+
+
+@pytest.mark.parametrize("content, name, message", [
+    (b"", "empty.onnx", "empty"),
+    (b"hello, I am a text file\n", "notes.onnx", "neither an ONNX model nor a PyTorch .pt2"),
+    (b"\x08\x07hello", "fake.pt2", "not a .pt2 file"),
+])
+def test_refuses_a_file_that_is_not_a_model_at_once(client, content, name, message):
+    resp = submit(client, {}, (content, name))
+    assert resp.status_code == 400
+    assert message in resp.get_json()["error"]
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"target": "arm-nonsense", "example": "mlp"}, "Unknown target"),
+    ({"example": "nope"}, "Unknown example"),
+    ({}, "Upload a model file"),
+    ({"example": "mlp", "input_shapes": "{not json"}, "input_shapes must be JSON"),
+])
+def test_refuses_bad_options(client, data, message):
+    resp = submit(client, data)
+    assert resp.status_code == 400 and message in resp.get_json()["error"]
+
+
+def failed_job(client, content: bytes, name: str, **form) -> dict:
+    resp = submit(client, form, (content, name))
+    assert resp.status_code == 202, resp.get_json()
+    job = wait_for_job(client, resp.get_json()["id"])
+    assert job["status"] == "failed"
+    return job
+
+
+def test_truncated_onnx_fails_at_import_with_a_clear_message(client, example_files):
+    data = (example_files / "cnn-small.onnx").read_bytes()
+    job = failed_job(client, data[: len(data) // 3], "cut.onnx")
+    assert job["error"]["stage"] == "import"
+    assert "truncated" in job["error"]["message"] and "Traceback" not in job["error"]["message"]
+    assert job["stages"][0]["status"] == "failed"
+
+
+def test_unsupported_onnx_operator_is_named(client):
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 4, 4])
+    w = helper.make_tensor("w", TensorProto.UINT8, [1, 1, 1, 1], [1])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1, 4, 4])
+    job = failed_job(client, onnx_bytes([helper.make_node("ConvInteger", ["x", "w"], ["y"])], [x], [y], [w]),
+                     "conv_integer.onnx")
+    assert job["error"]["stage"] == "import"
+    assert "ConvInteger" in job["error"]["message"] and "not support" in job["error"]["message"]
+
+
+def test_pt2_that_is_not_an_exported_program_fails_at_import(client):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"not a program")
+    job = failed_job(client, buf.getvalue(), "model.pt2")
+    assert job["error"]["stage"] == "import"
+    assert "not a torch.export ExportedProgram" in job["error"]["message"]
+
+
+def test_dynamic_input_without_input_shapes_fails_then_works_with_them(client):
+    model = onnx_bytes([helper.make_node("Relu", ["x"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
+    job = failed_job(client, model, "dyn.onnx")
+    assert job["error"]["stage"] == "import" and "input_shapes" in job["error"]["message"]
+    resp = submit(client, {"input_shapes": json.dumps({"x": [4, 16]})}, (model, "dyn.onnx"))
+    job = wait_for_job(client, resp.get_json()["id"])
+    assert job["status"] == "done", job["error"]
+    assert job["results"]["model"]["inputs"][0]["shape"] == [4, 16]
+
+
+def test_server_keeps_serving_after_failures(client):
+    job = wait_for_job(client, submit(client, {"example": "mlp"}).get_json()["id"])
+    assert job["status"] == "done"
+
+
+def test_job_over_the_memory_limit_fails_with_that_message(config, client):
+    """A job run by a worker whose memory limit is too small for it."""
+    resp = submit(client, {"example": "mlp"})
+    job_id = resp.get_json()["id"]
+    job = wait_for_job(client, job_id)  # the session's worker runs it normally first
+    store = JobStore(config.data_dir)
+    # a second job with the same model, run by a worker with a 600 MB limit
+    from webapp.jobs.store import new_job_id
+
+    small_id = new_job_id()
+    store.job_dir(small_id).mkdir(parents=True)
+    store.create(small_id, {**job["options"]})
+    run_job(replace(config, memory_limit_mb=600), small_id)
+    failed = client.get(f"/api/jobs/{small_id}").get_json()
+    assert failed["status"] == "failed"
+    assert "Memory limit reached (600 MB" in failed["error"]["message"]
+
+
+def test_unknown_job_is_404_and_ids_are_unguessable(client):
+    assert client.get("/api/jobs/AAAAAAAAAAAAAAAAAAAAAAAA").status_code == 404
+    assert client.get("/r/nope").status_code == 404
+
+
+def test_results_survive_a_restart(config, client):
+    job_id = submit(client, {"example": "mlp"}).get_json()["id"]
+    before = wait_for_job(client, job_id)
+    from webapp import create_app
+
+    fresh = create_app(config).test_client()  # a new app over the same data folder
+    assert fresh.get(f"/api/jobs/{job_id}").get_json() == before
+    assert fresh.get(f"/r/{job_id}").status_code == 200

@@ -1,0 +1,104 @@
+"""The sandbox: no network, nothing writable outside the job folder, limits end a run with their name."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import replace
+
+import pytest
+
+from webapp.jobs.sandbox import run_sandboxed
+
+
+def run_script(config, tmp_path, code: str):
+    job_dir = config.jobs_dir / f"sandbox-test-{tmp_path.name}"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "script.py").write_text(code)
+    outcome = run_sandboxed(job_dir, config, [sys.executable, str(job_dir / "script.py")])
+    return outcome, job_dir, (job_dir / "log.txt").read_text()
+
+
+def test_pipeline_cannot_open_a_network_socket(config, tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        outcome, _, log = run_script(config, tmp_path, f"""
+import socket
+for host in ("127.0.0.1", "8.8.8.8"):
+    try:
+        socket.create_connection((host, {port}), timeout=2)
+        print("CONNECTED", host)
+    except OSError as e:
+        print("BLOCKED", host, e)
+""")
+    finally:
+        listener.close()
+    assert outcome.returncode == 0, log
+    assert "CONNECTED" not in log and log.count("BLOCKED") == 2
+
+
+def test_pipeline_cannot_write_outside_its_job_folder(config, tmp_path):
+    other_job = config.jobs_dir / "another-job"
+    other_job.mkdir(parents=True, exist_ok=True)
+    (other_job / "secret.txt").write_text("other user's data")
+    targets = [config.data_dir / "jobs.db", other_job / "secret.txt", config.data_dir / "new.txt",
+               tmp_path / "outside.txt", "/etc/passwd", "/usr/local/pwned.txt"]
+    outcome, job_dir, log = run_script(config, tmp_path, f"""
+import os
+for path in {[str(t) for t in targets]!r}:
+    try:
+        with open(path, "a") as f:
+            f.write("x")
+        print("WROTE", path)
+    except OSError as e:
+        print("denied", path, type(e).__name__)
+print("other job visible:", os.path.exists({str(other_job / "secret.txt")!r}))
+open("inside.txt", "w").write("ok")
+""")
+    assert outcome.returncode == 0, log
+    assert "WROTE" not in log, log
+    assert "other job visible: False" in log
+    assert (job_dir / "inside.txt").read_text() == "ok"
+    assert (other_job / "secret.txt").read_text() == "other user's data"
+    assert not (tmp_path / "outside.txt").exists()
+
+
+def test_memory_limit_ends_the_run_with_its_name(config, tmp_path):
+    small = replace(config, memory_limit_mb=512)
+    outcome, _, log = run_script(small, tmp_path, "block = bytearray(2 * 1024**3)\nprint('ALLOCATED')")
+    assert "ALLOCATED" not in log
+    assert outcome.limit == "Memory limit reached (512 MB of address space)."
+
+
+def test_process_limit_ends_the_run_with_its_name(config, tmp_path):
+    small = replace(config, process_limit=8)
+    outcome, _, log = run_script(small, tmp_path, """
+import os, time
+children = []
+for _ in range(64):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+print("FORKED ALL")
+""")
+    assert "FORKED ALL" not in log
+    assert outcome.limit and outcome.limit.startswith("Process limit reached")
+
+
+def test_wall_clock_limit_kills_the_run(config, tmp_path):
+    short = replace(config, wall_limit_s=2)
+    outcome, _, _ = run_script(short, tmp_path, "import time\ntime.sleep(60)")
+    assert outcome.limit == "Wall-clock limit reached (2 s)."
+    assert outcome.seconds < 20
+
+
+@pytest.mark.parametrize("limit_s", [1])
+def test_cpu_limit_ends_the_run_with_its_name(config, tmp_path, limit_s):
+    short = replace(config, cpu_limit_s=limit_s)
+    outcome, _, _ = run_script(short, tmp_path, "while True:\n    pass")
+    assert outcome.limit == f"CPU time limit reached ({limit_s} CPU seconds)."
