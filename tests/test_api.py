@@ -8,7 +8,6 @@ import zipfile
 from dataclasses import replace
 
 import numpy as np
-import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper
@@ -74,23 +73,29 @@ def test_uploaded_pt2_is_benchmarked_against_pytorch(client, example_files):
     assert job["results"]["fidelity"][0]["max_abs_err"] < 1e-3
 
 
-@pytest.mark.parametrize("content, name, message", [
-    (b"", "empty.onnx", "empty"),
-    (b"hello, I am a text file\n", "notes.onnx", "neither an ONNX model nor a PyTorch .pt2"),
-    (b"\x08\x07hello", "fake.pt2", "not a .pt2 file"),
-])
+@pytest.mark.parametrize(
+    "content, name, message",
+    [
+        (b"", "empty.onnx", "empty"),
+        (b"hello, I am a text file\n", "notes.onnx", "neither an ONNX model nor a PyTorch .pt2"),
+        (b"\x08\x07hello", "fake.pt2", "not a .pt2 file"),
+    ],
+)
 def test_refuses_a_file_that_is_not_a_model_at_once(client, content, name, message):
     resp = submit(client, {}, (content, name))
     assert resp.status_code == 400
     assert message in resp.get_json()["error"]
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"target": "arm-nonsense", "example": "mlp"}, "Unknown target"),
-    ({"example": "nope"}, "Unknown example"),
-    ({}, "Upload a model file"),
-    ({"example": "mlp", "input_shapes": "{not json"}, "input_shapes must be JSON"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"target": "arm-nonsense", "example": "mlp"}, "Unknown target"),
+        ({"example": "nope"}, "Unknown example"),
+        ({}, "Upload a model file"),
+        ({"example": "mlp", "input_shapes": "{not json"}, "input_shapes must be JSON"),
+    ],
+)
 def test_refuses_bad_options(client, data, message):
     resp = submit(client, data)
     assert resp.status_code == 400 and message in resp.get_json()["error"]
@@ -116,8 +121,11 @@ def test_unsupported_onnx_operator_is_named(client):
     x = helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 4, 4])
     w = helper.make_tensor("w", TensorProto.UINT8, [1, 1, 1, 1], [1])
     y = helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1, 4, 4])
-    job = failed_job(client, onnx_bytes([helper.make_node("ConvInteger", ["x", "w"], ["y"])], [x], [y], [w]),
-                     "conv_integer.onnx")
+    job = failed_job(
+        client,
+        onnx_bytes([helper.make_node("ConvInteger", ["x", "w"], ["y"])], [x], [y], [w]),
+        "conv_integer.onnx",
+    )
     assert job["error"]["stage"] == "import"
     assert "ConvInteger" in job["error"]["message"] and "not support" in job["error"]["message"]
 
@@ -132,9 +140,11 @@ def test_pt2_that_is_not_an_exported_program_fails_at_import(client):
 
 
 def test_dynamic_input_without_input_shapes_fails_then_works_with_them(client):
-    model = onnx_bytes([helper.make_node("Relu", ["x"], ["y"])],
-                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
+    model = onnx_bytes(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+    )
     job = failed_job(client, model, "dyn.onnx")
     assert job["error"]["stage"] == "import" and "input_shapes" in job["error"]["message"]
     resp = submit(client, {"input_shapes": json.dumps({"x": [4, 16]})}, (model, "dyn.onnx"))

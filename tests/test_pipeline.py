@@ -28,7 +28,9 @@ def test_imported_model_builds_and_matches_its_framework(example_files, tmp_path
     inputs = bench.make_inputs(model.inputs)
     ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
     if fmt == "onnx":
-        reference = bench.flatten_outputs(bench.onnxruntime_runner(example_files / f"{name}.onnx", inputs, 1)())
+        reference = bench.flatten_outputs(
+            bench.onnxruntime_runner(example_files / f"{name}.onnx", inputs, 1)()
+        )
     else:
         reference = bench.torch_outputs(bench.pytorch_runner(example_files / f"{name}.pt2", inputs, 1)())
     assert ours[0].shape == reference[0].shape
@@ -58,7 +60,7 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
     assert "<svg" in svg and "1×16×32×32" in svg  # shapes on the edges
     conv = next(k["name"] for k in info["kernels"] if k["name"].startswith("fused_conv2d"))
     assert "T.prim_func" in (tmp_path / "views" / "kernels" / f"{conv}.tir.py").read_text()
-    assert f"define" in (tmp_path / "views" / "kernels" / f"{conv}.ll").read_text()
+    assert "define" in (tmp_path / "views" / "kernels" / f"{conv}.ll").read_text()
     assert conv in (tmp_path / "views" / "kernels" / f"{conv}.s").read_text()
     assert (tmp_path / "files" / "ir.zip").stat().st_size > 0
 
@@ -75,10 +77,15 @@ def test_x86_generic_target_builds_portable_code(example_files, tmp_path):
 def test_onnx_weights_listed_as_inputs_are_not_graph_inputs(tmp_path):
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.ones(12, np.float32))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], initializer=[w])
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        initializer=[w],
+    )
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     model = import_model(path)
@@ -88,9 +95,11 @@ def test_onnx_weights_listed_as_inputs_are_not_graph_inputs(tmp_path):
 
 def test_dynamic_dimension_needs_input_shapes(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
     path = tmp_path / "dyn.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(StageError, match=r"'x' has a dynamic dimension .*input_shapes"):

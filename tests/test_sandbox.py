@@ -25,7 +25,10 @@ def test_pipeline_cannot_open_a_network_socket(config, tmp_path):
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        outcome, _, log = run_script(config, tmp_path, f"""
+        outcome, _, log = run_script(
+            config,
+            tmp_path,
+            f"""
 import socket
 for host in ("127.0.0.1", "8.8.8.8"):
     try:
@@ -33,7 +36,8 @@ for host in ("127.0.0.1", "8.8.8.8"):
         print("CONNECTED", host)
     except OSError as e:
         print("BLOCKED", host, e)
-""")
+""",
+        )
     finally:
         listener.close()
     assert outcome.returncode == 0, log
@@ -44,9 +48,18 @@ def test_pipeline_cannot_write_outside_its_job_folder(config, tmp_path):
     other_job = config.jobs_dir / "another-job"
     other_job.mkdir(parents=True, exist_ok=True)
     (other_job / "secret.txt").write_text("other user's data")
-    targets = [config.data_dir / "jobs.db", other_job / "secret.txt", config.data_dir / "new.txt",
-               tmp_path / "outside.txt", "/etc/passwd", "/usr/local/pwned.txt"]
-    outcome, job_dir, log = run_script(config, tmp_path, f"""
+    targets = [
+        config.data_dir / "jobs.db",
+        other_job / "secret.txt",
+        config.data_dir / "new.txt",
+        tmp_path / "outside.txt",
+        "/etc/passwd",
+        "/usr/local/pwned.txt",
+    ]
+    outcome, job_dir, log = run_script(
+        config,
+        tmp_path,
+        f"""
 import os
 for path in {[str(t) for t in targets]!r}:
     try:
@@ -57,7 +70,8 @@ for path in {[str(t) for t in targets]!r}:
         print("denied", path, type(e).__name__)
 print("other job visible:", os.path.exists({str(other_job / "secret.txt")!r}))
 open("inside.txt", "w").write("ok")
-""")
+""",
+    )
     assert outcome.returncode == 0, log
     assert "WROTE" not in log, log
     assert "other job visible: False" in log
@@ -75,7 +89,10 @@ def test_memory_limit_ends_the_run_with_its_name(config, tmp_path):
 
 def test_process_limit_ends_the_run_with_its_name(config, tmp_path):
     small = replace(config, process_limit=8)
-    outcome, _, log = run_script(small, tmp_path, """
+    outcome, _, log = run_script(
+        small,
+        tmp_path,
+        """
 import os, time
 children = []
 for _ in range(64):
@@ -85,7 +102,8 @@ for _ in range(64):
         os._exit(0)
     children.append(pid)
 print("FORKED ALL")
-""")
+""",
+    )
     assert "FORKED ALL" not in log
     assert outcome.limit and outcome.limit.startswith("Process limit reached")
 

@@ -30,7 +30,9 @@ EXAMPLES: dict[str, Example] = {
             (1, 3, 32, 32),
         ),
         Example("resnet18", "ResNet-18", "ResNet-18 (basic blocks), 224x224 RGB input.", (1, 3, 224, 224)),
-        Example("resnet50", "ResNet-50", "ResNet-50 (bottleneck blocks), 224x224 RGB input.", (1, 3, 224, 224)),
+        Example(
+            "resnet50", "ResNet-50", "ResNet-50 (bottleneck blocks), 224x224 RGB input.", (1, 3, 224, 224)
+        ),
         Example(
             "mobilenet-v2",
             "MobileNetV2",

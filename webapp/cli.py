@@ -25,8 +25,20 @@ def cmd_serve(args) -> int:
     print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
     bin_dir = Path(sys.executable).parent
     worker = subprocess.Popen([sys.executable, "-m", "webapp.cli", "worker"])
-    web = subprocess.Popen([str(bin_dir / "gunicorn"), "--workers", str(args.web_workers), "--threads", "4",
-                            "--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"])
+    web = subprocess.Popen(
+        [
+            str(bin_dir / "gunicorn"),
+            "--workers",
+            str(args.web_workers),
+            "--threads",
+            "4",
+            "--bind",
+            f"{host}:{config.port}",
+            "--timeout",
+            "120",
+            "webapp:create_app()",
+        ]
+    )
 
     def stop(*_):
         for p in (web, worker):
@@ -61,38 +73,52 @@ def cmd_worker(args) -> int:
     return 0
 
 
-def cmd_compile(args) -> int:
-    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
+def compile_locally(
+    config: Config, model_arg: str, target: str, out: Path, input_shapes: str = ""
+) -> dict | None:
+    """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
+    unless config.unsandboxed. Returns the error ({"stage", "message"}) or None. Raises SubmitError
+    for arguments refused before anything runs."""
+    from webapp.jobs.sandbox import run_sandboxed
     from webapp.jobs.submit import SubmitError, parse_options, sniff_model_format
     from webapp.jobs.worker import close_progress, prepare_job_folder
 
-    config = Config.from_env(unsandboxed=args.no_sandbox or Config.from_env().unsandboxed)
+    options = parse_options({"target": target, "input_shapes": input_shapes or ""})
+    if out.exists() and any(out.iterdir()):
+        raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
+    model = Path(model_arg)
+    if not model.exists() and model_arg in EXAMPLES:
+        options["example"] = model_arg
+    elif model.is_file():
+        with open(model, "rb") as f:
+            kind = sniff_model_format(f.read(16), model.name)
+        options["model_file"] = f"model.{kind}"
+        (out / "input").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model, out / "input" / options["model_file"])
+    else:
+        raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
+    out.mkdir(parents=True, exist_ok=True)
+    prepare_job_folder(config, out, options)
+    outcome = run_sandboxed(out, config)
+    return close_progress(out, outcome.returncode, outcome.limit)
+
+
+def cmd_compile(args) -> int:
+    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
+    from webapp.jobs.submit import SubmitError
+
+    config = Config.from_env()
+    if args.no_sandbox:
+        config = Config.from_env(unsandboxed=True)
+    out = Path(args.out).resolve()
+    print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        options = parse_options({"target": args.target, "input_shapes": args.input_shapes or ""})
-        out = Path(args.out).resolve()
-        if out.exists() and any(out.iterdir()):
-            raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
-        (out / "input").mkdir(parents=True, exist_ok=True)
-        model = Path(args.model)
-        if not model.exists() and args.model in EXAMPLES:
-            options["example"] = args.model
-        elif model.is_file():
-            with open(model, "rb") as f:
-                kind = sniff_model_format(f.read(16), model.name)
-            options["model_file"] = f"model.{kind}"
-            shutil.copyfile(model, out / "input" / options["model_file"])
-        else:
-            raise SubmitError(f"{args.model!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
+        error = compile_locally(config, args.model, args.target, out, args.input_shapes)
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-    prepare_job_folder(config, out, options)
-    print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
-    outcome = run_sandboxed(out, config)
-    error = close_progress(out, outcome.returncode, outcome.limit)
     progress = json.loads((out / "progress.json").read_text())
     for s in progress["stages"]:
         secs = f"{s['seconds']:.1f} s" if s.get("seconds") is not None else ""
@@ -112,15 +138,21 @@ def benchmark_table(result: dict) -> str:
     if not rows:
         return "(no benchmark)"
     fastest = min(r["median_ms"] for r in rows)
-    lines = [f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",
-             f"  {'runtime':<12} {'variant':<8} {'median ms':>10} {'p90 ms':>10} {'runs':>5} {'vs fastest':>10}"]
+    lines = [
+        f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",
+        f"  {'runtime':<12} {'variant':<8} {'median ms':>10} {'p90 ms':>10} {'runs':>5} {'vs fastest':>10}",
+    ]
     for r in rows:
-        lines.append(f"  {r['runtime']:<12} {r['variant']:<8} {r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} "
-                     f"{r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x")
+        lines.append(
+            f"  {r['runtime']:<12} {r['variant']:<8} {r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} "
+            f"{r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x"
+        )
     for f in result.get("fidelity", []):
         top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
-        lines.append(f"  fidelity vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
-                     f"cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}")
+        lines.append(
+            f"  fidelity vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
+            f"cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
+        )
     return "\n".join(lines)
 
 
@@ -137,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
     p.add_argument("--target", default="x86-host", choices=list(TARGETS))
     p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
-    p.add_argument("--input-shapes", help='JSON, e.g. \'{"input": [1, 3, 224, 224]}\'')
+    p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
     p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
     p.set_defaults(func=cmd_compile)
     args = parser.parse_args(argv)

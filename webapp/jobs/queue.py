@@ -29,5 +29,6 @@ class JobQueue:
 
     def consumer(self, workers: int = 1):
         """A huey consumer; `.start()` runs it in threads, `.run()` in the foreground."""
-        return self.huey.create_consumer(workers=workers, worker_type="thread", periodic=False,
-                                         initial_delay=0.2, max_delay=1.0)
+        return self.huey.create_consumer(
+            workers=workers, worker_type="thread", periodic=False, initial_delay=0.2, max_delay=1.0
+        )

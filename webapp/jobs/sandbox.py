@@ -39,8 +39,19 @@ def check_bubblewrap() -> None:
     """Raises SandboxUnavailable with the reason when bubblewrap cannot run here."""
     if shutil.which("bwrap") is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc",
-           "--dev", "/dev", "true"]
+    cmd = [
+        "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--unshare-net",
+        "--unshare-pid",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "true",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SandboxUnavailable(f"bubblewrap cannot create a sandbox here: {r.stderr.strip()}")
@@ -76,12 +87,18 @@ def set_limits(config: Config, nproc: int):
 
 def readable_paths() -> list[Path]:
     """What the sandboxed Python needs to see when it lives under a hidden home folder."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parents[1],
-             PROJECT_ROOT}
+    paths = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(os.path.realpath(sys.executable)).parents[1],
+        PROJECT_ROOT,
+    }
     return sorted(paths)
 
 
-def bwrap_command(job_dir: Path, data_dir: Path, as_root: bool, env: dict[str, str], command: list[str]) -> list[str]:
+def bwrap_command(
+    job_dir: Path, data_dir: Path, as_root: bool, env: dict[str, str], command: list[str]
+) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     hidden = [Path(p) for p in ("/tmp", "/root", "/home") if Path(p).is_dir()] + [data_dir]
 
@@ -102,14 +119,32 @@ def bwrap_command(job_dir: Path, data_dir: Path, as_root: bool, env: dict[str, s
     args += mount_point(data_dir) + ["--tmpfs", str(data_dir)]
     args += mount_point(job_dir) + ["--bind", str(job_dir), str(job_dir)]
     # No user namespace as root: the process must stay a real uid for RLIMIT_NPROC to count.
-    args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--new-session", "--chdir", str(job_dir), "--clearenv"]
+    args += [
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--chdir",
+        str(job_dir),
+        "--clearenv",
+    ]
     for key, value in env.items():
         args += ["--setenv", key, value]
     if as_root:
         # setuid to nobody clears the capabilities; the bounding set and no_new_privs keep them gone
-        args += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
-                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        args += [
+            "setpriv",
+            f"--reuid={SANDBOX_UID}",
+            f"--regid={SANDBOX_UID}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     return args + command
 
 
@@ -165,8 +200,15 @@ def run_sandboxed(job_dir: Path, config: Config, command: list[str] | None = Non
     log_path = job_dir / "log.txt"
     started = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, preexec_fn=set_limits(config, nproc), cwd=job_dir)
+        proc = subprocess.Popen(
+            full,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=set_limits(config, nproc),
+            cwd=job_dir,
+        )
         try:
             returncode = proc.wait(timeout=config.wall_limit_s)
             wall_hit = False

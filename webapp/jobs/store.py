@@ -69,8 +69,10 @@ class JobStore:
 
     def create(self, job_id: str, options: dict) -> None:
         with closing(self.connect()) as db, db:
-            db.execute("INSERT INTO jobs (id, created, status, options) VALUES (?, ?, 'queued', ?)",
-                       (job_id, time.time(), json.dumps(options)))
+            db.execute(
+                "INSERT INTO jobs (id, created, status, options) VALUES (?, ?, 'queued', ?)",
+                (job_id, time.time(), json.dumps(options)),
+            )
 
     def get(self, job_id: str) -> dict | None:
         if not ID_PATTERN.match(job_id):
@@ -86,14 +88,17 @@ class JobStore:
 
     def mark_running(self, job_id: str, worker: str) -> None:
         with closing(self.connect()) as db, db:
-            db.execute("UPDATE jobs SET status = 'running', started = ?, worker = ? WHERE id = ?",
-                       (time.time(), worker, job_id))
+            db.execute(
+                "UPDATE jobs SET status = 'running', started = ?, worker = ? WHERE id = ?",
+                (time.time(), worker, job_id),
+            )
 
     def mark_finished(self, job_id: str, error: dict | None) -> None:
         with closing(self.connect()) as db, db:
-            db.execute("UPDATE jobs SET status = ?, error = ?, finished = ? WHERE id = ?",
-                       ("failed" if error else "done", json.dumps(error) if error else None, time.time(),
-                        job_id))
+            db.execute(
+                "UPDATE jobs SET status = ?, error = ?, finished = ? WHERE id = ?",
+                ("failed" if error else "done", json.dumps(error) if error else None, time.time(), job_id),
+            )
 
     def running_on(self, worker_prefix: str) -> list[str]:
         with closing(self.connect()) as db:

@@ -85,8 +85,14 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
     return shapes
 
 
-def submit_job(config: Config, store: JobStore, queue: JobQueue, form: Mapping[str, str],
-               upload: BinaryIO | None, filename: str = "") -> str:
+def submit_job(
+    config: Config,
+    store: JobStore,
+    queue: JobQueue,
+    form: Mapping[str, str],
+    upload: BinaryIO | None,
+    filename: str = "",
+) -> str:
     """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
     options = parse_options(form)
     example = (form.get("example") or "").strip()

@@ -26,15 +26,21 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
     pt2, onnx = config.examples_dir / f"{name}.pt2", config.examples_dir / f"{name}.onnx"
     if not (pt2.exists() and onnx.exists()):
         config.examples_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
+            check=True,
+            capture_output=True,
+        )
     return pt2, onnx
 
 
 def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
     """job.json for the pipeline; for an example, copies of its model files."""
-    spec = {"target": options["target"], "input_shapes": options.get("input_shapes"),
-            "bench_budget_s": config.bench_budget_s}
+    spec = {
+        "target": options["target"],
+        "input_shapes": options.get("input_shapes"),
+        "bench_budget_s": config.bench_budget_s,
+    }
     if options.get("example"):
         pt2, onnx = ensure_example_files(config, options["example"])
         (job_dir / "input").mkdir(exist_ok=True)
@@ -61,7 +67,9 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
         return None
     unfinished = [s for s in stages if s.get("status") != "done"]
     stage = (recorded or {}).get("stage") or (unfinished[0]["name"] if unfinished else STAGES[-1])
-    message = limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."
+    message = (
+        limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."
+    )
     for s in stages:
         if s.get("status") == "running" or s.get("name") == stage:
             s["status"] = "failed"

@@ -1,1 +1,4 @@
-"""The TVM work. Runs only inside the sandbox (see webapp/jobs/sandbox.py): `python -m webapp.pipeline JOB_DIR`."""
+"""The TVM work. Runs only inside the sandbox (webapp/jobs/sandbox.py):
+
+python -m webapp.pipeline JOB_DIR
+"""

@@ -139,12 +139,23 @@ def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bo
 
 def is_classifier(outputs: list[TensorSpec]) -> bool:
     """A single 2-D output [batch, classes] is read as class scores."""
-    return len(outputs) == 1 and len(outputs[0].shape) == 2 and isinstance(outputs[0].shape[1], int) \
+    return (
+        len(outputs) == 1
+        and len(outputs[0].shape) == 2
+        and isinstance(outputs[0].shape[1], int)
         and outputs[0].shape[1] > 1
+    )
 
 
-def benchmark(executable, inputs: dict[str, np.ndarray], outputs: list[TensorSpec], references: dict[str, Path],
-              device: str, budget_s: float = 3.0, report=lambda f: None) -> dict:
+def benchmark(
+    executable,
+    inputs: dict[str, np.ndarray],
+    outputs: list[TensorSpec],
+    references: dict[str, Path],
+    device: str,
+    budget_s: float = 3.0,
+    report=lambda f: None,
+) -> dict:
     """references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
@@ -166,11 +177,27 @@ def benchmark(executable, inputs: dict[str, np.ndarray], outputs: list[TensorSpe
             unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
             continue
         outs[runtime] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
-        rows.append({"runtime": runtime, "variant": "fp32", "tuned": False, "device": device,
-                     "threads": threads, **measure(run, budget_s)})
+        rows.append(
+            {
+                "runtime": runtime,
+                "variant": "fp32",
+                "tuned": False,
+                "device": device,
+                "threads": threads,
+                **measure(run, budget_s),
+            }
+        )
         report((i + 1) / len(makers))
 
-    fid = [{"variant": "fp32", "reference": ref, **fidelity(outs["tvm"], outs[ref], classifier)}
-           for ref in outs if ref != "tvm"]
-    return {"benchmarks": rows, "fidelity": fid, "threads": threads, "classifier": classifier,
-            "unavailable_runtimes": unavailable}
+    fid = [
+        {"variant": "fp32", "reference": ref, **fidelity(outs["tvm"], outs[ref], classifier)}
+        for ref in outs
+        if ref != "tvm"
+    ]
+    return {
+        "benchmarks": rows,
+        "fidelity": fid,
+        "threads": threads,
+        "classifier": classifier,
+        "unavailable_runtimes": unavailable,
+    }

@@ -106,7 +106,10 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = cin * expand
         layers = [conv_bn_relu(cin, hidden, 1)] if expand != 1 else []
-        layers += [conv_bn_relu(hidden, hidden, 3, stride, groups=hidden), conv_bn_relu(hidden, cout, 1, relu=False)]
+        layers += [
+            conv_bn_relu(hidden, hidden, 3, stride, groups=hidden),
+            conv_bn_relu(hidden, cout, 1, relu=False),
+        ]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -116,7 +119,15 @@ class InvertedResidual(nn.Module):
 
 class MobileNetV2(nn.Module):
     # (expansion, output channels, repeats, first stride), as in the paper
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+    SETTINGS = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
 
     def __init__(self, num_classes: int = 1000):
         super().__init__()
@@ -188,8 +199,13 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     with torch.no_grad():
         torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
         torch.onnx.export(
-            model, (x,), str(onnx_tmp), dynamo=False, input_names=["input"],
-            output_names=["output"], opset_version=17,
+            model,
+            (x,),
+            str(onnx_tmp),
+            dynamo=False,
+            input_names=["input"],
+            output_names=["output"],
+            opset_version=17,
         )
     # rename last, so a reader never sees a half-written file
     pt2_tmp.rename(pt2)

@@ -97,7 +97,9 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        raise StageError(f"This is not a readable ONNX model (the file may be truncated or corrupt): {e}") from e
+        raise StageError(
+            f"This is not a readable ONNX model (the file may be truncated or corrupt): {e}"
+        ) from e
     if not model.graph.node:
         raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
     try:
@@ -214,7 +216,11 @@ def type_spec(name: str, ty) -> list[TensorSpec]:
     if isinstance(ty, relax.TupleType):
         return [s for i, f in enumerate(ty.fields) for s in type_spec(f"{name}[{i}]", f)]
     if isinstance(ty, relax.TensorType):
-        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values] if ty.shape else []
+        shape = (
+            [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values]
+            if ty.shape
+            else []
+        )
         return [TensorSpec(name, shape, str(ty.dtype))]
     return [TensorSpec(name, [], str(ty))]
 

@@ -127,7 +127,7 @@ def graph_dot(graph: dict, title: str) -> str:
         "digraph G {",
         f"  graph [rankdir=TB, fontname=Helvetica, fontsize=12, label={q(title)}, labelloc=t];",
         "  node [fontname=Helvetica, fontsize=11];",
-        "  edge [fontname=Helvetica, fontsize=9, color=\"#666666\"];",
+        '  edge [fontname=Helvetica, fontsize=9, color="#666666"];',
     ]
     for n in graph["nodes"]:
         label = n["label"]
@@ -145,8 +145,13 @@ def graph_dot(graph: dict, title: str) -> str:
 def render_svg(dot_source: str, out: Path) -> bool:
     """Graphviz `dot -Tsvg`; returns False (and the page shows the JSON graph only) if dot is missing."""
     try:
-        subprocess.run(["dot", "-Tsvg", "-o", str(out)], input=dot_source.encode(), check=True,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            ["dot", "-Tsvg", "-o", str(out)],
+            input=dot_source.encode(),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         return True
     except (OSError, subprocess.SubprocessError):
         return False
@@ -191,20 +196,32 @@ def host_code_module(executable) -> tvm.runtime.Module | None:
 # ---------------------------------------------------------------- the stage
 
 
-def inspect_build(imported: tvm.IRModule, fused: tvm.IRModule, lowered: tvm.IRModule, executable,
-                  job_dir: Path, report=lambda f: None) -> dict:
+def inspect_build(
+    imported: tvm.IRModule,
+    fused: tvm.IRModule,
+    lowered: tvm.IRModule,
+    executable,
+    job_dir: Path,
+    report=lambda f: None,
+) -> dict:
     views, files = job_dir / "views", job_dir / "files"
     (views / "kernels").mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
 
     graphs = {}
-    for key, mod, title in (("imported", imported, "Imported (before fusion)"),
-                            ("fused", fused, "After operator fusion")):
+    for key, mod, title in (
+        ("imported", imported, "Imported (before fusion)"),
+        ("fused", fused, "After operator fusion"),
+    ):
         graph = relax_graph(mod)
         (views / f"graph-{key}.json").write_text(json.dumps(graph))
         svg_ok = render_svg(graph_dot(graph, title), files / f"graph-{key}.svg")
-        graphs[key] = {"nodes": len(graph["nodes"]), "edges": len(graph["edges"]),
-                       "svg": f"graph-{key}.svg" if svg_ok else None, "ops": op_counts(graph)}
+        graphs[key] = {
+            "nodes": len(graph["nodes"]),
+            "edges": len(graph["edges"]),
+            "svg": f"graph-{key}.svg" if svg_ok else None,
+            "ops": op_counts(graph),
+        }
     report(0.4)
 
     host = host_code_module(executable)
@@ -223,15 +240,24 @@ def inspect_build(imported: tvm.IRModule, fused: tvm.IRModule, lowered: tvm.IRMo
         (views / "kernels" / f"{name}.tir.py").write_text(func.script())
         (views / "kernels" / f"{name}.ll").write_text(kernel_ll)
         (views / "kernels" / f"{name}.s").write_text(kernel_asm)
-        kernels.append({"name": name, "schedule": "naive",
-                        "asm_lines": kernel_asm.count("\n"), "calls": graphs["fused"]["ops"].get(name, 0)})
+        kernels.append(
+            {
+                "name": name,
+                "schedule": "naive",
+                "asm_lines": kernel_asm.count("\n"),
+                "calls": graphs["fused"]["ops"].get(name, 0),
+            }
+        )
     report(0.9)
 
     (views / "optimized.py").write_text(relax_script(lowered))
     (views / "bytecode.txt").write_text(executable.as_text())
     write_ir_zip(job_dir)
-    return {"graphs": graphs, "kernels": kernels,
-            "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)}}
+    return {
+        "graphs": graphs,
+        "kernels": kernels,
+        "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
+    }
 
 
 def write_ir_zip(job_dir: Path) -> None:

@@ -47,14 +47,18 @@ class Progress:
         self.write()
 
     def report(self, name: str, fraction: float) -> None:
-        self.stage(name).update(progress=round(min(max(fraction, 0.0), 1.0), 3),
-                                seconds=round(time.monotonic() - self.started, 2))
+        self.stage(name).update(
+            progress=round(min(max(fraction, 0.0), 1.0), 3), seconds=round(time.monotonic() - self.started, 2)
+        )
         if time.monotonic() - self.last_write > 0.5:
             self.write()
 
     def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
-        self.stage(name).update(status=status, seconds=round(time.monotonic() - self.started, 2),
-                                progress=1.0 if status == "done" else self.stage(name)["progress"])
+        self.stage(name).update(
+            status=status,
+            seconds=round(time.monotonic() - self.started, 2),
+            progress=1.0 if status == "done" else self.stage(name)["progress"],
+        )
         if error is not None:
             self.error = {"stage": name, "message": error}
         self.write()
@@ -103,9 +107,17 @@ def run(job_dir: Path) -> None:
         return model
 
     model = run_stage(progress, "import", do_import)
-    save({"model": {"framework": model.framework, "inputs": [s.to_json() for s in model.inputs],
-                    "outputs": [s.to_json() for s in model.outputs], "param_count": model.param_count,
-                    "framework_ops": model.framework_ops}})
+    save(
+        {
+            "model": {
+                "framework": model.framework,
+                "inputs": [s.to_json() for s in model.inputs],
+                "outputs": [s.to_json() for s in model.outputs],
+                "param_count": model.param_count,
+                "framework_ops": model.framework_ops,
+            }
+        }
+    )
 
     from webapp.pipeline.targets import make_target, target_json
 
@@ -119,22 +131,37 @@ def run(job_dir: Path) -> None:
 
     from webapp.pipeline.build import build
 
-    executable = run_stage(progress, "build",
-                           lambda report: build(optimized.lowered, target, job_dir / "files" / "model.so"))
+    executable = run_stage(
+        progress, "build", lambda report: build(optimized.lowered, target, job_dir / "files" / "model.so")
+    )
     save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
 
     from webapp.pipeline.inspect import inspect_build
 
-    save(run_stage(progress, "inspect", lambda report: inspect_build(
-        model.mod, optimized.fused, optimized.lowered, executable, job_dir, report)))
+    save(
+        run_stage(
+            progress,
+            "inspect",
+            lambda report: inspect_build(
+                model.mod, optimized.fused, optimized.lowered, executable, job_dir, report
+            ),
+        )
+    )
 
     from webapp.pipeline import bench
 
     references = {k: job_dir / v for k, v in (job.get("references") or {}).items()}
     device = f"{os.uname().machine} CPU ({target.attrs.get('mcpu', 'generic')})"
     inputs = bench.make_inputs(model.inputs)
-    save(run_stage(progress, "benchmark", lambda report: bench.benchmark(
-        executable, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report)))
+    save(
+        run_stage(
+            progress,
+            "benchmark",
+            lambda report: bench.benchmark(
+                executable, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report
+            ),
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ def refused(e: SubmitError):
 @bp.errorhandler(413)
 def too_large(e):
     config, _, _ = ctx()
-    return jsonify({"error": f"The file is larger than this server's limit of {config.max_upload_mb} MB."}), 413
+    return jsonify(
+        {"error": f"The file is larger than this server's limit of {config.max_upload_mb} MB."}
+    ), 413
 
 
 @bp.errorhandler(404)
@@ -30,11 +32,18 @@ def not_found(e):
 
 @bp.get("/examples")
 def examples():
-    return jsonify([
-        {"name": e.name, "title": e.title, "description": e.description, "input_shape": list(e.input_shape),
-         "files": {fmt: f"/api/examples/{e.name}.{fmt}" for fmt in ("onnx", "pt2")}}
-        for e in EXAMPLES.values()
-    ])
+    return jsonify(
+        [
+            {
+                "name": e.name,
+                "title": e.title,
+                "description": e.description,
+                "input_shape": list(e.input_shape),
+                "files": {fmt: f"/api/examples/{e.name}.{fmt}" for fmt in ("onnx", "pt2")},
+            }
+            for e in EXAMPLES.values()
+        ]
+    )
 
 
 @bp.get("/examples/<name>.<fmt>")
@@ -57,8 +66,14 @@ def create_job():
     upload = request.files.get("model")
     if upload is not None and not upload.filename:
         upload = None
-    job_id = submit_job(config, store, queue, request.form, upload.stream if upload else None,
-                        upload.filename if upload else "")
+    job_id = submit_job(
+        config,
+        store,
+        queue,
+        request.form,
+        upload.stream if upload else None,
+        upload.filename if upload else "",
+    )
     root = request.url_root.rstrip("/")
     return jsonify({"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}), 202
 

@@ -50,8 +50,14 @@ def highlighted(text: str, lexer_name: str) -> Markup:
     return Markup(highlight(text, lexer, HtmlFormatter(cssclass="code", linenos=False)))
 
 
-def code_view(job_dir: Path, results: dict, view: str, kernel: str = "", pass_index: int | None = None,
-              diff: bool = False) -> dict:
+def code_view(
+    job_dir: Path,
+    results: dict,
+    view: str,
+    kernel: str = "",
+    pass_index: int | None = None,
+    diff: bool = False,
+) -> dict:
     """Everything the code panel needs for one selection."""
     if view not in VIEWS:
         view = "relax-imported"
@@ -75,14 +81,25 @@ def code_view(job_dir: Path, results: dict, view: str, kernel: str = "", pass_in
     text, truncated = read_text(safe_job_file(job_dir, rel) if rel else None)
     if view == "passes" and diff and pass_index is not None:
         before = [p for p in passes if p["index"] < pass_index]
-        old, _ = read_text(safe_job_file(job_dir, before[-1]["file"])) if before else read_text(
-            safe_job_file(job_dir, "views/imported.py"))
+        old, _ = (
+            read_text(safe_job_file(job_dir, before[-1]["file"]))
+            if before
+            else read_text(safe_job_file(job_dir, "views/imported.py"))
+        )
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
         lexer = DiffLexer
     return {
-        "view": view, "title": title, "kernel": kernel, "kernels": kernels, "passes": passes,
-        "pass_index": pass_index, "diff": diff, "truncated": truncated, "download": download,
-        "html": highlighted(text, lexer.__name__) if text else None, "empty": not text,
+        "view": view,
+        "title": title,
+        "kernel": kernel,
+        "kernels": kernels,
+        "passes": passes,
+        "pass_index": pass_index,
+        "diff": diff,
+        "truncated": truncated,
+        "download": download,
+        "html": highlighted(text, lexer.__name__) if text else None,
+        "empty": not text,
         "whole_module_allowed": view in WHOLE_MODULE,
     }
 

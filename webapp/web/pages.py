@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from flask import (Blueprint, Response, abort, redirect, render_template, request, send_file, url_for)
+from flask import Blueprint, Response, abort, redirect, render_template, request, send_file, url_for
 
 from webapp.catalog import EXAMPLES, TARGETS
 from webapp.jobs.submit import SubmitError, submit_job
@@ -27,8 +27,14 @@ def common():
 
 
 def render_index(error: str | None = None, status: int = 200, form=None):
-    html = render_template("index.html", examples=EXAMPLES.values(), targets=TARGETS.values(), error=error,
-                           form=form or {}, max_upload_mb=ctx()[0].max_upload_mb)
+    html = render_template(
+        "index.html",
+        examples=EXAMPLES.values(),
+        targets=TARGETS.values(),
+        error=error,
+        form=form or {},
+        max_upload_mb=ctx()[0].max_upload_mb,
+    )
     return html, status
 
 
@@ -47,8 +53,9 @@ def submit():
         form = dict(request.form)
         if upload is not None:
             form.pop("example", None)  # a file, when given, wins over the example picker
-        job_id = submit_job(config, store, queue, form, upload.stream if upload else None,
-                            upload.filename if upload else "")
+        job_id = submit_job(
+            config, store, queue, form, upload.stream if upload else None, upload.filename if upload else ""
+        )
     except SubmitError as e:
         return render_index(str(e), 400, request.form)
     return redirect(url_for("pages.result", job_id=job_id), code=303)
@@ -71,11 +78,22 @@ def result_json(job_id: str):
 def result(job_id: str):
     job = view_or_404(job_id)
     _, store, _ = ctx()
-    code = code_view(store.job_dir(job_id), job["results"], request.args.get("view", "relax-imported"),
-                     request.args.get("kernel", ""), request.args.get("pass", type=int),
-                     request.args.get("diff") == "1")
-    return render_template("job.html", job=job, code=code, views=VIEWS, chart=bench_chart(job),
-                           target=TARGETS.get(job["options"].get("target")))
+    code = code_view(
+        store.job_dir(job_id),
+        job["results"],
+        request.args.get("view", "relax-imported"),
+        request.args.get("kernel", ""),
+        request.args.get("pass", type=int),
+        request.args.get("diff") == "1",
+    )
+    return render_template(
+        "job.html",
+        job=job,
+        code=code,
+        views=VIEWS,
+        chart=bench_chart(job),
+        target=TARGETS.get(job["options"].get("target")),
+    )
 
 
 @bp.get("/r/<job_id>/stages")
@@ -91,9 +109,14 @@ def stages(job_id: str):
 def code(job_id: str):
     job = view_or_404(job_id)
     _, store, _ = ctx()
-    data = code_view(store.job_dir(job_id), job["results"], request.args.get("view", "relax-imported"),
-                     request.args.get("kernel", ""), request.args.get("pass", type=int),
-                     request.args.get("diff") == "1")
+    data = code_view(
+        store.job_dir(job_id),
+        job["results"],
+        request.args.get("view", "relax-imported"),
+        request.args.get("kernel", ""),
+        request.args.get("pass", type=int),
+        request.args.get("diff") == "1",
+    )
     return render_template("_code.html", job=job, code=data, views=VIEWS)
 
 
@@ -107,8 +130,13 @@ def files(job_id: str, name: str):
     if path is None:
         abort(404)
     inline = name.endswith(".svg")
-    resp = send_file(path, mimetype="image/svg+xml" if inline else None, as_attachment=not inline,
-                     download_name=name, max_age=0)
+    resp = send_file(
+        path,
+        mimetype="image/svg+xml" if inline else None,
+        as_attachment=not inline,
+        download_name=name,
+        max_age=0,
+    )
     resp.headers.update(FILE_HEADERS)
     return resp
 
@@ -128,7 +156,12 @@ def bench_chart(job: dict) -> list[dict]:
     span = math.log10(hi / lo) or 1.0
     bars = []
     for r in rows:
-        bars.append({**r, "label": f"{r['runtime']} {r['variant']}" + (" tuned" if r["tuned"] else ""),
-                     "width": 100 * math.log10(r["median_ms"] / lo) / span,
-                     "p90": 100 * math.log10(r["p90_ms"] / lo) / span})
+        bars.append(
+            {
+                **r,
+                "label": f"{r['runtime']} {r['variant']}" + (" tuned" if r["tuned"] else ""),
+                "width": 100 * math.log10(r["median_ms"] / lo) / span,
+                "p90": 100 * math.log10(r["p90_ms"] / lo) / span,
+            }
+        )
     return bars

@@ -1,0 +1,118 @@
+"""A real browser (Debian's chromium, driven by Playwright) walks the whole path a user walks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def code_panel_ready(page) -> None:
+    """Wait until htmx has swapped in the code panel and wired up its picker (as a person would)."""
+    page.wait_for_function(
+        "() => { const f = document.querySelector('.code-picker');"
+        " return f && f['htmx-internal-data'] && !document.querySelector('.htmx-request, .htmx-settling'); }"
+    )
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        yield page
+        browser.close()
+
+
+def test_upload_watch_stages_read_results_and_reload_by_share_link(
+    page, live_server, example_files, tmp_path
+):
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(example_files / "cnn-small.onnx"))
+    page.check("input[name=target][value=x86-host]")
+    page.click("#submit")
+
+    # The job page updates itself (htmx polling) and turns into the result page.
+    expect(page).to_have_url(re.compile(r"/r/[A-Za-z0-9_-]{22,}$"))
+    share_url = page.url
+    expect(page.locator("#job-status")).to_have_text("done", timeout=240_000)
+    for stage in ("import", "optimize", "build", "inspect", "benchmark"):
+        expect(page.locator(f".stage[data-stage={stage}] .status")).to_have_text("done")
+
+    # The graph picture, before and after fusion, with pan/zoom controls.
+    graph = page.locator("#graph-fused .panzoom img")
+    expect(graph).to_be_visible()
+    assert page.evaluate("document.querySelector('#graph-fused .panzoom img').naturalWidth") > 0
+    page.click("button.tab[data-tab=graph-imported]")
+    expect(page.locator("#graph-imported .panzoom img")).to_be_visible()
+    page.locator("#graph-imported .zoom-buttons button", has_text="+").click()
+    assert "scale(" in page.locator("#graph-imported .panzoom img").get_attribute("style")
+
+    # Switch code views: imported Relax, a kernel's TIR, its assembly.
+    expect(page.locator("#code-text")).to_contain_text("R.nn.conv2d")
+    code_panel_ready(page)
+    page.select_option("#code-view", "tir")
+    expect(page.locator(".code-title")).to_contain_text("TIR of a kernel")
+    code_panel_ready(page)
+    expect(page.locator("#code-text")).to_contain_text("T.prim_func")
+    kernel = next(
+        o for o in page.locator("#code-kernel option").all_inner_texts() if o.startswith("fused_conv2d")
+    )
+    page.select_option("#code-kernel", kernel)
+    expect(page.locator(".code-title code")).to_have_text(kernel)
+    code_panel_ready(page)
+    page.select_option("#code-view", "asm")
+    expect(page.locator(".code-title")).to_contain_text("Assembly")
+    code_panel_ready(page)
+    expect(page.locator("#code-text")).to_contain_text(kernel)
+    page.select_option("#code-view", "passes")
+    expect(page.locator(".code-title")).to_contain_text("IR after each pass")
+    expect(page.locator("#code-pass")).to_be_visible()
+    code_panel_ready(page)
+    page.check("input[name=diff]")
+    expect(page.locator("#code-text")).to_contain_text("+++ after")
+
+    # Benchmark table and chart; fidelity.
+    rows = page.locator("#bench-table tr")
+    expect(rows).to_have_count(3)  # header, tvm, onnxruntime (an upload has no PyTorch model)
+    expect(page.locator("#bench-table")).to_contain_text("onnxruntime")
+    expect(page.locator("#bench-chart rect")).to_have_count(2)
+    expect(page.locator("#fidelity-table")).to_contain_text("100%")
+
+    # The share link shows the same result in a fresh page.
+    other = page.context.browser.new_page()
+    other.goto(share_url)
+    expect(other.locator("#job-status")).to_have_text("done")
+    expect(other.locator("#bench-table")).to_contain_text("tvm")
+    other.close()
+
+
+def test_form_shows_a_clear_error_for_a_file_that_is_not_a_model(page, live_server, tmp_path):
+    bad = tmp_path / "notes.onnx"
+    bad.write_text("just some text")
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(bad))
+    page.click("#submit")
+    expect(page.locator("#form-error")).to_contain_text("neither an ONNX model nor a PyTorch .pt2")
+
+
+def test_failed_job_page_names_the_stage_and_the_reason(page, live_server, example_files, tmp_path):
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes((example_files / "mlp.onnx").read_bytes()[:5000])
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(cut))
+    page.click("#submit")
+    expect(page.locator("#job-status")).to_have_text("failed", timeout=120_000)
+    expect(page.locator("#job-error")).to_contain_text("Failed at the import stage")
+    expect(page.locator(".stage[data-stage=import] .status")).to_have_text("failed")
