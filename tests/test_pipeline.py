@@ -115,3 +115,23 @@ def test_fidelity_metrics():
     other = bench.fidelity([a], [np.array([[3.0, 2.0, 1.0]], np.float32)], classifier=True)
     assert other["top1_agree"] == 0.0 and other["max_abs_err"] == 2.0
     assert other["sqnr_db"] == pytest.approx(10 * np.log10(14 / 8))
+
+
+def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):
+    import torch
+
+    from webapp.pipeline.examples import build_example
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(build_example("mlp"), (torch.randn(2, 784),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(ep, tmp_path / "dyn.pt2")
+    with pytest.raises(StageError, match="dynamic dimension"):
+        import_model(tmp_path / "dyn.pt2")
+    model = import_model(tmp_path / "dyn.pt2", {"x": [3, 784]})
+    assert model.inputs[0].shape == [3, 784] and model.outputs[0].shape == [3, 10]
+    target = make_target("x86-host")
+    executable = build(optimize(model.mod, target, tmp_path).lowered, target, tmp_path / "m.so")
+    inputs = bench.make_inputs(model.inputs)
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
+    reference = bench.torch_outputs(bench.pytorch_runner(tmp_path / "dyn.pt2", inputs, 1)())
+    np.testing.assert_allclose(ours[0], reference[0], rtol=1e-4, atol=1e-4)

@@ -74,25 +74,25 @@ def result_json(job_id: str):
     return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))
 
 
+def requested_code_view(job: dict) -> dict:
+    """The code panel for the selection in the query string (?view=&kernel=&pass=&diff=1)."""
+    _, store, _ = ctx()
+    args = request.args
+    return code_view(
+        store.job_dir(job["id"]),
+        job["results"],
+        args.get("view", "relax-imported"),
+        args.get("kernel", ""),
+        args.get("pass", type=int),
+        args.get("diff") == "1",
+    )
+
+
 @bp.get("/r/<job_id>")
 def result(job_id: str):
     job = view_or_404(job_id)
-    _, store, _ = ctx()
-    code = code_view(
-        store.job_dir(job_id),
-        job["results"],
-        request.args.get("view", "relax-imported"),
-        request.args.get("kernel", ""),
-        request.args.get("pass", type=int),
-        request.args.get("diff") == "1",
-    )
     return render_template(
-        "job.html",
-        job=job,
-        code=code,
-        views=VIEWS,
-        chart=bench_chart(job),
-        target=TARGETS.get(job["options"].get("target")),
+        "job.html", job=job, code=requested_code_view(job), views=VIEWS, chart=bench_chart(job)
     )
 
 
@@ -108,16 +108,7 @@ def stages(job_id: str):
 @bp.get("/r/<job_id>/code")
 def code(job_id: str):
     job = view_or_404(job_id)
-    _, store, _ = ctx()
-    data = code_view(
-        store.job_dir(job_id),
-        job["results"],
-        request.args.get("view", "relax-imported"),
-        request.args.get("kernel", ""),
-        request.args.get("pass", type=int),
-        request.args.get("diff") == "1",
-    )
-    return render_template("_code.html", job=job, code=data, views=VIEWS)
+    return render_template("_code.html", job=job, code=requested_code_view(job), views=VIEWS)
 
 
 @bp.get("/r/<job_id>/files/<name>")
@@ -146,6 +137,10 @@ def pygments_stylesheet():
     return Response(pygments_css(), mimetype="text/css")
 
 
+def format_ms(ms: float) -> str:
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
 def bench_chart(job: dict) -> list[dict]:
     """Bars for the benchmark chart, on a log scale (untuned and framework times differ by 100x)."""
     rows = [r for r in job["results"].get("benchmarks", []) if r.get("median_ms")]
@@ -160,6 +155,7 @@ def bench_chart(job: dict) -> list[dict]:
             {
                 **r,
                 "label": f"{r['runtime']} {r['variant']}" + (" tuned" if r["tuned"] else ""),
+                "value": format_ms(r["median_ms"]),
                 "width": 100 * math.log10(r["median_ms"] / lo) / span,
                 "p90": 100 * math.log10(r["p90_ms"] / lo) / span,
             }
