@@ -38,12 +38,16 @@ def type_json(ty) -> dict:
 def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
     """The dataflow graph of one Relax function: nodes (inputs, ops or kernels, output) and edges.
 
-    Constants (the weights) are not nodes: their shapes are listed on the node that uses them.
+    Constants (the weights) are not nodes: their shapes are listed on the node that uses them. An op
+    computed from constants alone (the importer's reshape of a bias, say) is folded into them the same
+    way, and listed under "constant_ops".
     """
     func = mod[func_name]
     nodes: list[dict] = []
     edges: list[dict] = []
     producer: dict = {}
+    constant_vars: set = set()
+    constant_ops: list[str] = []
 
     def add_node(**node) -> str:
         node["id"] = f"n{len(nodes)}"
@@ -90,16 +94,21 @@ def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
                 label, kind = op.name_hint, "kernel"
             else:
                 label, kind = str(op), "op"
-            weights = [type_json(a.ty) for a in args if isinstance(a, tvm.ir.Constant)]
+            inputs = list(sources(relax.Tuple(args)))
+            if not inputs and any(isinstance(a, tvm.ir.Constant) or a in constant_vars for a in args):
+                constant_vars.add(var)
+                constant_ops.append(label)
+                continue
+            weights = [type_json(a.ty) for a in args if isinstance(a, tvm.ir.Constant) or a in constant_vars]
             nid = add_node(kind=kind, label=label, var=var.name, type=type_json(var.ty), weights=weights)
-            for src_id, src_ty in sources(relax.Tuple(args) if args else relax.Tuple([])):
+            for src_id, src_ty in inputs:
                 edges.append({"src": src_id, "dst": nid, "type": type_json(src_ty)})
             producer[var] = (nid, var.ty)
 
     out = add_node(kind="output", label="output", type=type_json(func.ret_ty))
     for src_id, src_ty in sources(func.body.body):
         edges.append({"src": src_id, "dst": out, "type": type_json(src_ty)})
-    return {"nodes": nodes, "edges": edges}
+    return {"nodes": nodes, "edges": edges, "constant_ops": constant_ops}
 
 
 def shape_text(t: dict) -> str:
@@ -158,10 +167,11 @@ def render_svg(dot_source: str, out: Path) -> bool:
 
 
 def op_counts(graph: dict) -> dict[str, int]:
+    """How often each op or kernel is called, those folded into the weights included."""
     counts: dict[str, int] = {}
-    for n in graph["nodes"]:
-        if n["kind"] in ("op", "kernel"):
-            counts[n["label"]] = counts.get(n["label"], 0) + 1
+    labels = [n["label"] for n in graph["nodes"] if n["kind"] in ("op", "kernel")] + graph["constant_ops"]
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

@@ -12,7 +12,9 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, GasLexer, LlvmLexer, PythonLexer, TextLexer
 
-MAX_SHOWN_BYTES = 1_500_000  # longer texts are cut on the page; the full text is a download
+MAX_SHOWN_BYTES = (
+    400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
+)
 
 # view name -> (title, lexer, path template relative to the job folder)
 VIEWS = {
@@ -25,6 +27,7 @@ VIEWS = {
     "bytecode": ("VM bytecode", TextLexer, "views/bytecode.txt"),
 }
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
+MODULE = "__module__"  # the kernel choice that means the whole generated module
 
 
 def safe_job_file(job_dir: Path, rel: str) -> Path | None:
@@ -66,9 +69,9 @@ def code_view(
     passes = [p for p in results.get("passes", []) if p.get("file")]
     download = None
     if view in ("tir", "llvm", "asm"):
-        if kernel not in kernels:
-            kernel = "" if view in WHOLE_MODULE else (kernels[0] if kernels else "")
-        rel = template.format(kernel=kernel) if kernel else WHOLE_MODULE[view]
+        if kernel not in kernels and not (kernel == MODULE and view in WHOLE_MODULE):
+            kernel = kernels[0] if kernels else ""
+        rel = WHOLE_MODULE[view] if kernel == MODULE else template.format(kernel=kernel) if kernel else ""
         download = WHOLE_MODULE.get(view, "").removeprefix("files/") or None
     elif view == "passes":
         indexes = [p["index"] for p in passes]
@@ -101,6 +104,7 @@ def code_view(
         "html": highlighted(text, lexer.__name__) if text else None,
         "empty": not text,
         "whole_module_allowed": view in WHOLE_MODULE,
+        "module": MODULE,
     }
 
 
