@@ -189,3 +189,14 @@ def test_results_survive_a_restart(config, client):
     fresh = create_app(config).test_client()  # a new app over the same data folder
     assert fresh.get(f"/api/jobs/{job_id}").get_json() == before
     assert fresh.get(f"/r/{job_id}").status_code == 200
+
+
+@pytest.mark.parametrize("size_mb", [1.5, 3])
+def test_refuses_a_file_over_the_size_limit(config, size_mb):
+    from webapp import create_app
+
+    small = create_app(replace(config, max_upload_mb=1)).test_client()
+    content = b"\x08\x07" + b"\0" * int(size_mb * (1 << 20))
+    resp = submit(small, {}, (content, "big.onnx"))
+    assert resp.status_code == 400
+    assert "larger than this server's limit of 1 MB" in resp.get_json()["error"]

@@ -19,10 +19,10 @@ def refused(e: SubmitError):
 
 @bp.errorhandler(413)
 def too_large(e):
+    # The contract answers 400 for every request refused at once, a too large file included.
     config, _, _ = ctx()
-    return jsonify(
-        {"error": f"The file is larger than this server's limit of {config.max_upload_mb} MB."}
-    ), 413
+    message = f"The file is larger than this server's limit of {config.max_upload_mb} MB."
+    return jsonify({"error": message}), 400
 
 
 @bp.errorhandler(404)
