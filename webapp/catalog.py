@@ -89,7 +89,7 @@ TARGETS: dict[str, TargetPreset] = {
 }
 
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them).
-STAGES = ("import", "optimize", "build", "inspect", "benchmark")
+STAGES = ("import", "optimize", "tune", "build", "inspect", "benchmark")
 
 QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1")
 CALIBRATION_MODES = ("max", "percentile", "kl", "global")

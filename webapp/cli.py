@@ -74,16 +74,19 @@ def cmd_worker(args) -> int:
 
 
 def compile_locally(
-    config: Config, model_arg: str, target: str, out: Path, input_shapes: str = ""
+    config: Config, model_arg: str, target: str, out: Path, input_shapes: str = "", tune_trials: int = 0
 ) -> dict | None:
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
     unless config.unsandboxed. Returns the error ({"stage", "message"}) or None. Raises SubmitError
     for arguments refused before anything runs."""
     from webapp.jobs.sandbox import run_sandboxed
     from webapp.jobs.submit import SubmitError, parse_options, sniff_model_format
+    from webapp.jobs.tuning_db import merge_back
     from webapp.jobs.worker import close_progress, prepare_job_folder
 
-    options = parse_options({"target": target, "input_shapes": input_shapes or ""})
+    options = parse_options(
+        {"target": target, "input_shapes": input_shapes or "", "tune_trials": str(tune_trials)}
+    )
     if out.exists() and any(out.iterdir()):
         raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
     model = Path(model_arg)
@@ -100,6 +103,7 @@ def compile_locally(
     out.mkdir(parents=True, exist_ok=True)
     prepare_job_folder(config, out, options)
     outcome = run_sandboxed(out, config)
+    merge_back(config, target, out / "tuning")
     return close_progress(out, outcome.returncode, outcome.limit)
 
 
@@ -115,7 +119,7 @@ def cmd_compile(args) -> int:
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        error = compile_locally(config, args.model, args.target, out, args.input_shapes)
+        error = compile_locally(config, args.model, args.target, out, args.input_shapes, args.tune_trials)
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -140,17 +144,26 @@ def benchmark_table(result: dict) -> str:
     fastest = min(r["median_ms"] for r in rows)
     lines = [
         f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",
-        f"  {'runtime':<12} {'variant':<8} {'median ms':>10} {'p90 ms':>10} {'runs':>5} {'vs fastest':>10}",
+        f"  {'runtime':<12} {'variant':<8} {'tuned':<6} {'median ms':>10} {'p90 ms':>10} {'runs':>5} "
+        f"{'vs fastest':>10}",
     ]
     for r in rows:
         lines.append(
-            f"  {r['runtime']:<12} {r['variant']:<8} {r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} "
-            f"{r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x"
+            f"  {r['runtime']:<12} {r['variant']:<8} {'yes' if r['tuned'] else 'no':<6} "
+            f"{r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} {r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x"
+        )
+    tuning = result.get("tuning")
+    if tuning:
+        lines.append(
+            f"  tuning: {tuning['trials']} trials in {tuning['seconds']:.0f} s, {tuning['pretuned']} of "
+            f"{tuning['kernels']} kernels already tuned before this job"
+            + (" (cancelled)" if tuning["cancelled"] else "")
         )
     for f in result.get("fidelity", []):
         top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
+        which = "tuned" if f.get("tuned") else "untuned"
         lines.append(
-            f"  fidelity vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
+            f"  fidelity of TVM {which} vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
             f"cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
         )
     return "\n".join(lines)
@@ -169,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
     p.add_argument("--target", default="x86-host", choices=list(TARGETS))
     p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
+    p.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials (0: none)")
     p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
     p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
     p.set_defaults(func=cmd_compile)

@@ -19,6 +19,7 @@ from webapp.jobs.store import JobStore, new_job_id
 # producer_version, domain, model_version, doc_string, graph, opset_import, metadata_props).
 ONNX_FIRST_BYTES = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72}
 ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
+MAX_TUNE_TRIALS = 20000
 
 
 class SubmitError(ValueError):
@@ -64,8 +65,8 @@ def parse_options(form: Mapping[str, str]) -> dict:
         raise SubmitError("tune_trials must be 0 or more.")
     if options["quantize"] != "none":
         raise SubmitError("Quantization is not available on this server yet; use quantize=none.")
-    if options["tune_trials"] > 0:
-        raise SubmitError("Auto-tuning is not available on this server yet; use tune_trials=0.")
+    if options["tune_trials"] > MAX_TUNE_TRIALS:
+        raise SubmitError(f"tune_trials is at most {MAX_TUNE_TRIALS} on this server.")
     options["input_shapes"] = parse_input_shapes(form.get("input_shapes") or "")
     return options
 

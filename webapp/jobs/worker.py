@@ -13,6 +13,7 @@ from webapp.catalog import STAGES
 from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
 from webapp.jobs.store import JobStore, read_untrusted_json
+from webapp.jobs.tuning_db import copy_in, merge_back
 from webapp.pipeline.runner import write_json_atomic
 
 
@@ -36,8 +37,10 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
 
 def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
     """job.json for the pipeline; for an example, copies of its model files."""
+    copy_in(config, options["target"], job_dir / "tuning")
     spec = {
         "target": options["target"],
+        "tune_trials": options.get("tune_trials", 0),
         "input_shapes": options.get("input_shapes"),
         "bench_budget_s": config.bench_budget_s,
     }
@@ -63,9 +66,14 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
         progress = {"stages": [{"name": s, "status": "pending"} for s in STAGES]}
     stages = [s for s in progress["stages"] if isinstance(s, dict)]
     recorded = progress.get("error") if isinstance(progress.get("error"), dict) else None
-    if returncode == 0 and not limit and not recorded and all(s.get("status") == "done" for s in stages):
+    if (
+        returncode == 0
+        and not limit
+        and not recorded
+        and all(s.get("status") in ("done", "skipped") for s in stages)
+    ):
         return None
-    unfinished = [s for s in stages if s.get("status") != "done"]
+    unfinished = [s for s in stages if s.get("status") not in ("done", "skipped")]
     stage = (recorded or {}).get("stage") or (unfinished[0]["name"] if unfinished else STAGES[-1])
     message = (
         limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."
@@ -91,6 +99,9 @@ def run_job(config: Config, job_id: str) -> None:
         store.mark_finished(job_id, {"stage": "import", "message": f"Could not prepare the job: {exc}"})
         return
     outcome = run_sandboxed(job_dir, config)
+    merge_back(
+        config, job["options"]["target"], job_dir / "tuning"
+    )  # what it tuned counts, even if it failed
     store.mark_finished(job_id, close_progress(job_dir, outcome.returncode, outcome.limit))
 
 

@@ -148,7 +148,7 @@ def is_classifier(outputs: list[TensorSpec]) -> bool:
 
 
 def benchmark(
-    executable,
+    executables: dict,
     inputs: dict[str, np.ndarray],
     outputs: list[TensorSpec],
     references: dict[str, Path],
@@ -156,17 +156,22 @@ def benchmark(
     budget_s: float = 3.0,
     report=lambda f: None,
 ) -> dict:
-    """references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has."""
+    """executables: {tuned (bool): TVM executable}; references: {"pytorch": model.pt2,
+    "onnxruntime": model.onnx}, whichever the job has."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
-    makers = {"tvm": lambda: tvm_runner(executable, inputs)}
+    makers = {
+        ("tvm", tuned): (lambda ex=ex: tvm_runner(ex, inputs)) for tuned, ex in sorted(executables.items())
+    }
     if "pytorch" in references:
-        makers["pytorch"] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
+        makers[("pytorch", False)] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
     if "onnxruntime" in references:
-        makers["onnxruntime"] = lambda: onnxruntime_runner(references["onnxruntime"], inputs, threads)
+        makers[("onnxruntime", False)] = lambda: onnxruntime_runner(
+            references["onnxruntime"], inputs, threads
+        )
 
     rows, outs, unavailable = [], {}, []
-    for i, (runtime, make) in enumerate(makers.items()):
+    for i, ((runtime, tuned), make) in enumerate(makers.items()):
         try:
             run = make()
             out = run()
@@ -176,12 +181,12 @@ def benchmark(
             # A reference runtime that cannot run the model is reported, not fatal.
             unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
             continue
-        outs[runtime] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+        outs[(runtime, tuned)] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
         rows.append(
             {
                 "runtime": runtime,
                 "variant": "fp32",
-                "tuned": False,
+                "tuned": tuned,
                 "device": device,
                 "threads": threads,
                 **measure(run, budget_s),
@@ -190,8 +195,14 @@ def benchmark(
         report((i + 1) / len(makers))
 
     fid = [
-        {"variant": "fp32", "reference": ref, **fidelity(outs["tvm"], outs[ref], classifier)}
-        for ref in outs
+        {
+            "variant": "fp32",
+            "tuned": tuned,
+            "reference": ref,
+            **fidelity(outs[("tvm", tuned)], outs[(ref, False)], classifier),
+        }
+        for tuned in sorted(executables)
+        for ref, _ in outs
         if ref != "tvm"
     ]
     return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -46,12 +47,18 @@ class Progress:
         self.stage(name).update(status="running", progress=0.0)
         self.write()
 
-    def report(self, name: str, fraction: float) -> None:
+    def report(self, name: str, fraction: float, detail: dict | None = None) -> None:
         self.stage(name).update(
             progress=round(min(max(fraction, 0.0), 1.0), 3), seconds=round(time.monotonic() - self.started, 2)
         )
+        if detail is not None:
+            self.stage(name)["detail"] = detail
         if time.monotonic() - self.last_write > 0.5:
             self.write()
+
+    def skip(self, name: str) -> None:
+        self.stage(name).update(status="skipped")
+        self.write()
 
     def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
         self.stage(name).update(
@@ -79,7 +86,7 @@ def error_message(exc: BaseException) -> str:
 def run_stage(progress: Progress, name: str, fn):
     progress.start(name)
     try:
-        out = fn(lambda f: progress.report(name, f))
+        out = fn(lambda fraction, detail=None: progress.report(name, fraction, detail))
     except BaseException as exc:
         traceback.print_exc()
         progress.finish(name, "failed", error_message(exc))
@@ -129,21 +136,54 @@ def run(job_dir: Path) -> None:
     optimized = run_stage(progress, "optimize", lambda report: optimize(model.mod, target, job_dir, report))
     save({"passes": [vars(p) for p in optimized.passes]})
 
+    tuning_dir = job_dir / "tuning"
+    trials = int(job.get("tune_trials") or 0)
+    records = tuning_dir / "database_tuning_record.json"
+    tuned_kernels: set = set()
+    if trials > 0 or (records.is_file() and records.stat().st_size > 0):
+        from webapp.pipeline.tune import tune
+
+        tuned = run_stage(
+            progress,
+            "tune",
+            lambda report: tune(
+                optimized.fused, target, tuning_dir, trials, report, lambda: (job_dir / "cancel").exists()
+            ),
+        )
+        save({"tuning": tuned.to_json()})
+    else:
+        progress.skip("tune")
+
     from webapp.pipeline.build import build
 
-    executable = run_stage(
-        progress, "build", lambda report: build(optimized.lowered, target, job_dir / "files" / "model.so")
-    )
+    def do_build(report):
+        """The library to download (tuned where there are records) and the module it was built from;
+        with records, also an untuned twin for the benchmark to compare."""
+        library = job_dir / "files" / "model.so"
+        if "tuning" not in results:
+            return {False: build(optimized.lowered, target, library)}, optimized.lowered
+        from webapp.pipeline.tune import apply_database
+
+        lowered, names = apply_database(optimized.fused, target, tuning_dir)
+        tuned_kernels.update(names)
+        (job_dir / "files").mkdir(exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
+        report(0.5)
+        return {True: build(lowered, target, library), False: build(optimized.lowered, target, None)}, lowered
+
+    executables, shown_module = run_stage(progress, "build", do_build)
     save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
 
     from webapp.pipeline.inspect import inspect_build
 
+    shown = executables.get(True) or executables[False]
     save(
         run_stage(
             progress,
             "inspect",
             lambda report: inspect_build(
-                model.mod, optimized.fused, optimized.lowered, executable, job_dir, report
+                model.mod, optimized.fused, shown_module, shown, job_dir, tuned_kernels, report
             ),
         )
     )
@@ -158,7 +198,7 @@ def run(job_dir: Path) -> None:
             progress,
             "benchmark",
             lambda report: bench.benchmark(
-                executable, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report
+                executables, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report
             ),
         )
     )

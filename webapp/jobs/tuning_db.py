@@ -1,0 +1,123 @@
+"""The shared tuning database of each target: MetaSchedule's two JSON-lines files under
+data/tuning/<key>/, copied into a job folder before its run and merged back after it.
+
+A job's pipeline appends to its copy (new workloads at the end, records pointing at workload lines),
+so merging re-numbers the job's workload lines into the shared file. Lines that are not of the
+database's shape are dropped: the files come back from the sandbox.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import platform
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from webapp.catalog import TARGETS
+from webapp.config import Config
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+MAX_FILE_BYTES = 256 << 20
+
+
+def host_cpu_slug() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return re.sub(r"[^a-z0-9]+", "-", line.split(":", 1)[1].lower()).strip("-")[:60]
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def database_key(preset: str) -> str:
+    """Records for a host-detected target are kept per CPU model; portable targets share one."""
+    return f"{preset}-{host_cpu_slug()}" if TARGETS[preset].tvm_target.get("mcpu") == "host" else preset
+
+
+def shared_dir(config: Config, preset: str) -> Path:
+    return config.data_dir / "tuning" / database_key(preset)
+
+
+@contextmanager
+def locked(folder: Path):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def read_lines(path: Path) -> list[str]:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_FILE_BYTES:
+        return []
+    return [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+
+
+def copy_in(config: Config, preset: str, job_tuning_dir: Path) -> int:
+    """Put the target's shared database into the job; returns how many records it holds."""
+    job_tuning_dir.mkdir(parents=True, exist_ok=True)
+    shared = shared_dir(config, preset)
+    with locked(shared):
+        for name in (WORKLOADS, RECORDS):
+            if (shared / name).is_file():
+                shutil.copyfile(shared / name, job_tuning_dir / name)
+            else:
+                (job_tuning_dir / name).write_text("")
+    return len(read_lines(job_tuning_dir / RECORDS))
+
+
+def is_workload(entry) -> bool:
+    return isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
+
+
+def is_record(entry) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], int)
+        and isinstance(entry[1], list)
+    )
+
+
+def merge_back(config: Config, preset: str, job_tuning_dir: Path) -> int:
+    """Add the job's new workloads and records to the shared database; returns the records added."""
+    shared = shared_dir(config, preset)
+    with locked(shared):
+        workloads = read_lines(shared / WORKLOADS)
+        index = {line: i for i, line in enumerate(workloads)}
+        records = read_lines(shared / RECORDS)
+        known = set(records)
+        renumber: dict[int, int] = {}
+        for j, line in enumerate(read_lines(job_tuning_dir / WORKLOADS)):
+            try:
+                ok = is_workload(json.loads(line))
+            except ValueError:
+                ok = False
+            if not ok:
+                continue
+            if line not in index:
+                index[line] = len(workloads)
+                workloads.append(line)
+            renumber[j] = index[line]
+        added = 0
+        for line in read_lines(job_tuning_dir / RECORDS):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if not is_record(entry) or entry[0] not in renumber:
+                continue
+            new = json.dumps([renumber[entry[0]], entry[1]], separators=(",", ":"))
+            if new not in known:
+                known.add(new)
+                records.append(new)
+                added += 1
+        for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
+            tmp = shared / f".{name}.tmp"
+            tmp.write_text("".join(line + "\n" for line in lines))
+            tmp.replace(shared / name)
+    return added

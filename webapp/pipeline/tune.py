@@ -1,0 +1,179 @@
+"""Tune stage: MetaSchedule on the fused kernels, with a trial budget, live progress and cancellation.
+
+Records go to the job's `tuning/` folder, which the worker fills beforehand with the shared database of
+the job's target and merges back afterwards (webapp/jobs/tuning_db.py), so the next job whose kernels
+were tuned before starts tuned. `apply_database` is how the build uses the records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+from tvm import relax
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from webapp.pipeline.errors import StageError
+
+
+class TuningCancelled(Exception):
+    pass
+
+
+@dataclass
+class Tuned:
+    kernels: int  # kernels that can be tuned
+    pretuned: int  # of which the database had records before this job
+    trials: int  # measured by this job
+    cancelled: bool
+    seconds: float
+    tasks: list[dict] = field(default_factory=list)
+    curve: list[dict] = field(default_factory=list)  # best estimated total latency after n trials
+
+    def to_json(self) -> dict:
+        return vars(self)
+
+
+def fast_build(mod, target, _params):
+    """MetaSchedule's builder without its 30 s `import tvm.s_tir.tensor_intrin` in every worker
+    (which times out on 2 cores; shared/TVM_NOTES.md)."""
+    import tvm as _tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    return _tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+
+
+def best_seconds(db: ms.database.Database, mod: tvm.IRModule, target) -> float | None:
+    if not db.has_workload(mod):
+        return None
+    records = db.get_top_k(db.commit_workload(mod), 1)
+    if not records or not records[0].run_secs:
+        return None
+    secs = [float(s) for s in records[0].run_secs]
+    return sum(secs) / len(secs)
+
+
+def tune(
+    fused: tvm.IRModule,
+    target: tvm.target.Target,
+    work_dir: Path,
+    trials: int,
+    report: Callable[[float, dict], None],
+    cancelled: Callable[[], bool],
+) -> Tuned:
+    started = time.monotonic()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [t for t in ms.relax_integration.extract_tasks(fused, target)]
+    if not tasks:
+        raise StageError("This model has no kernels that MetaSchedule can tune.")
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    before = {t.task_name: best_seconds(db, t.dispatched[0], target) for t in tasks}
+    pretuned = sum(1 for v in before.values() if v is not None)
+    weights = {t.task_name: int(t.weight) for t in tasks}
+    best = dict(before)
+    curve: list[dict] = []
+    done = 0
+
+    @derived_object
+    class Progress(ms.measure_callback.PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            nonlocal done
+            done += len(measure_candidates)
+            name = task_scheduler.tasks_[task_id].ctx.task_name
+            for r in runner_results:
+                if r.run_secs:
+                    secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
+                    if best.get(name) is None or secs < best[name]:
+                        best[name] = secs
+            total = estimated_total_ms(best, weights)
+            if total is not None:
+                curve.append({"trials": done, "ms": round(total, 4)})
+            report(
+                min(done / trials, 1.0),
+                {"trials": done, "budget": trials, "best_ms": total, "curve": curve[-200:]},
+            )
+            if cancelled():
+                raise TuningCancelled()
+
+    was_cancelled = False
+    if trials > 0:
+        try:
+            ms.relax_integration.tune_relax(
+                fused,
+                params={},
+                target=target,
+                work_dir=str(work_dir),
+                max_trials_global=trials,
+                num_trials_per_iter=min(16, max(2, trials // max(1, len(tasks)))),
+                builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=120, f_build=fast_build),
+                runner=ms.runner.LocalRunner(
+                    timeout_sec=60,
+                    evaluator_config=ms.runner.EvaluatorConfig(
+                        number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False
+                    ),
+                ),
+                database=db,
+                cost_model="xgb",
+                measure_callbacks=ms.MeasureCallback.create("default") + [Progress()],
+                strategy=ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32),
+                seed=1,
+            )
+        except Exception as exc:  # TuningCancelled arrives wrapped in a TVM error
+            if "TuningCancelled" not in f"{type(exc).__name__}{exc}":
+                raise
+            was_cancelled = True
+
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))  # re-read: what is on disk is what counts
+    table = []
+    for t in tasks:
+        secs = best_seconds(db, t.dispatched[0], target)
+        flop = float(tvm.s_tir.analysis.estimate_tir_flops(t.dispatched[0]))
+        table.append(
+            {
+                "name": t.task_name,
+                "weight": weights[t.task_name],
+                "flop": flop,
+                "latency_us": None if secs is None else secs * 1e6,
+                "gflops": None if not secs else flop / secs / 1e9,
+                "pretuned": before[t.task_name] is not None,
+            }
+        )
+    return Tuned(
+        kernels=len(tasks),
+        pretuned=pretuned,
+        trials=done,
+        cancelled=was_cancelled,
+        seconds=time.monotonic() - started,
+        tasks=table,
+        curve=curve,
+    )
+
+
+def estimated_total_ms(best: dict, weights: dict) -> float | None:
+    known = [best[n] * weights[n] for n in best if best[n] is not None]
+    return sum(known) * 1e3 if known else None
+
+
+def apply_database(
+    fused: tvm.IRModule, target: tvm.target.Target, work_dir: Path
+) -> tuple[tvm.IRModule, set]:
+    """The fused module with every kernel that has a record replaced by its best schedule, lowered for
+    the VM; and the names of those kernels."""
+    from tvm.relax.backend import cpu_generic
+
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    with target, db, tvm.transform.PassContext(opt_level=3):
+        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
+        lowered = tvm.transform.Sequential(
+            cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
+        )(applied)
+    tuned = {
+        gv.name_hint
+        for gv, f in applied.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get("tirx.is_scheduled")
+    }
+    return lowered, tuned
