@@ -77,6 +77,7 @@ def tune(
     best = dict(before)
     curve: list[dict] = []
     done = 0
+    stop = {"requested": False}
 
     @derived_object
     class Progress(ms.measure_callback.PyMeasureCallback):
@@ -97,6 +98,7 @@ def tune(
                 {"trials": done, "budget": trials, "best_ms": total, "curve": curve[-200:]},
             )
             if cancelled():
+                stop["requested"] = True
                 raise TuningCancelled()
 
     was_cancelled = False
@@ -122,8 +124,8 @@ def tune(
                 strategy=ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32),
                 seed=1,
             )
-        except Exception as exc:  # TuningCancelled arrives wrapped in a TVM error
-            if "TuningCancelled" not in f"{type(exc).__name__}{exc}":
+        except Exception:
+            if not stop["requested"]:  # TuningCancelled arrives as a bare RuntimeError through TVM's FFI
                 raise
             was_cancelled = True
 

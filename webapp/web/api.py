@@ -78,6 +78,16 @@ def create_job():
     return jsonify({"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}), 202
 
 
+@bp.post("/jobs/<job_id>/cancel")
+def cancel_job(job_id: str):
+    """Stop a running job's tuning; it keeps what it tuned and goes on to build."""
+    job = view_or_404(job_id)
+    _, store, _ = ctx()
+    if job["status"] == "running":
+        (store.job_dir(job_id) / "cancel").write_text("cancelled through the API\n")
+    return jsonify(view_or_404(job_id, request.url_root.rstrip("/"))), 202
+
+
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str):
     return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))

@@ -105,6 +105,16 @@ def stages(job_id: str):
     return resp
 
 
+@bp.post("/r/<job_id>/cancel")
+def cancel(job_id: str):
+    """Ask a running job to stop tuning: the pipeline sees the flag, keeps its records and builds."""
+    job = view_or_404(job_id)
+    _, store, _ = ctx()
+    if job["status"] == "running":
+        (store.job_dir(job_id) / "cancel").write_text("cancelled from the job page\n")
+    return redirect(url_for("pages.result", job_id=job_id), code=303)
+
+
 @bp.get("/r/<job_id>/code")
 def code(job_id: str):
     job = view_or_404(job_id)

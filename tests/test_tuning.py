@@ -1,0 +1,54 @@
+"""The tune stage through the API: records written to the shared database, reused by the next job,
+cancellation that keeps what was tuned. Uses the x86-generic target so that other tests' x86-host
+jobs stay untuned."""
+
+from __future__ import annotations
+
+import time
+
+from tests.conftest import wait_for_job
+from tests.test_api import submit
+from webapp.jobs.tuning_db import RECORDS, shared_dir
+
+
+def test_tuning_writes_records_and_the_next_job_starts_tuned(client, config):
+    job = wait_for_job(
+        client,
+        submit(client, {"example": "mlp", "target": "x86-generic", "tune_trials": "4"}).get_json()["id"],
+    )
+    assert job["status"] == "done", job["error"]
+    tuning = job["results"]["tuning"]
+    assert tuning["trials"] >= 1 and not tuning["cancelled"]
+    assert (shared_dir(config, "x86-generic") / RECORDS).read_text().strip()
+    assert any(k["schedule"] == "tuned" for k in job["results"]["kernels"])
+    rows = {(b["runtime"], b["tuned"]) for b in job["results"]["benchmarks"]}
+    assert {("tvm", True), ("tvm", False)} <= rows
+    assert all(f["max_abs_err"] < 1e-4 for f in job["results"]["fidelity"])
+    tuned_before = sum(1 for t in tuning["tasks"] if t["latency_us"] is not None)
+
+    again = wait_for_job(client, submit(client, {"example": "mlp", "target": "x86-generic"}).get_json()["id"])
+    assert again["status"] == "done", again["error"]
+    assert again["results"]["tuning"]["trials"] == 0
+    assert again["results"]["tuning"]["pretuned"] == tuned_before > 0
+    page = client.get(f"/r/{again['id']}").get_data(as_text=True)
+    assert f"{tuned_before} of {again['results']['tuning']['kernels']} kernels already tuned" in page
+
+
+def test_cancel_stops_tuning_and_builds_with_what_it_found(client):
+    job_id = submit(
+        client, {"example": "cnn-small", "target": "x86-generic", "tune_trials": "400"}
+    ).get_json()["id"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        job = client.get(f"/api/jobs/{job_id}").get_json()
+        tune = next(s for s in job["stages"] if s["name"] == "tune")
+        if tune["status"] == "running" and (tune.get("detail") or {}).get("trials", 0) >= 1:
+            break
+        assert job["status"] in ("queued", "running"), job["error"]
+        time.sleep(0.5)
+    assert client.post(f"/api/jobs/{job_id}/cancel").status_code == 202
+    job = wait_for_job(client, job_id)
+    assert job["status"] == "done", job["error"]
+    assert job["results"]["tuning"]["cancelled"] is True
+    assert 1 <= job["results"]["tuning"]["trials"] < 400
+    assert any(b["runtime"] == "tvm" and b["tuned"] for b in job["results"]["benchmarks"])
