@@ -103,6 +103,15 @@ def tune(
 
     was_cancelled = False
     if trials > 0:
+        report(
+            0.0,
+            {
+                "trials": 0,
+                "budget": trials,
+                "best_ms": estimated_total_ms(best, weights),
+                "note": f"preparing the search over {len(tasks)} kernels (about 30 s)",
+            },
+        )
         try:
             ms.relax_integration.tune_relax(
                 fused,
@@ -156,8 +165,10 @@ def tune(
 
 
 def estimated_total_ms(best: dict, weights: dict) -> float | None:
-    known = [best[n] * weights[n] for n in best if best[n] is not None]
-    return sum(known) * 1e3 if known else None
+    """Sum of every kernel's best time by its call count; None until each kernel has one."""
+    if any(v is None for v in best.values()):
+        return None
+    return sum(best[n] * weights[n] for n in best) * 1e3
 
 
 def apply_database(
