@@ -1,9 +1,9 @@
-"""Built-in examples through the whole pipeline (sandboxed, as a job runs), one run, one table:
-TVM vs PyTorch eager vs ONNX Runtime, medians from the same harness and thread count.
+"""Built-in examples through the whole pipeline (sandboxed, as a job runs), measured in one run:
+PyTorch eager, ONNX Runtime, TVM default (untuned) and TVM with the shipped/shared tuning records, all with
+the same harness (webapp/pipeline/bench.py) and thread count. Prints medians, each one's ratio to PyTorch
+and to ONNX Runtime, and GFLOP/s as a share of this machine's sgemm peak measured in the same run.
 
     .venv/bin/python benchmarks/cpu_models.py [--models mlp,cnn-small] [--json out.json]
-
-TVM here is the default pipeline, untuned.
 """
 
 from __future__ import annotations
@@ -20,6 +20,21 @@ from webapp.cli import compile_locally
 from webapp.config import Config
 
 
+def sgemm_peak_gflops(threads: int, n: int = 2048, repeats: int = 10) -> float:
+    """Best-of fp32 matrix multiply rate (torch.mm, MKL/OpenBLAS) at the given thread count."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -29,40 +44,66 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
-    config = Config.from_env(bench_budget_s=args.budget)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        # A fresh data folder: TVM "with records" means the records shipped with the project.
+        config = Config.from_env(bench_budget_s=args.budget, data_dir=Path(tmp) / "data")
+        peak = sgemm_peak_gflops(config.bench_threads)
+        print(f"sgemm peak: {peak:.1f} GFLOP/s with {config.bench_threads} threads (torch.mm 2048x2048 fp32)")
+        rows = []
         for name in args.models.split(","):
-            started = time.monotonic()
             out = Path(tmp) / name
             error = compile_locally(config, name, args.target, out)
             if error:
                 print(f"{name}: failed at {error['stage']}: {error['message']}", file=sys.stderr)
                 continue
             result = json.loads((out / "result.json").read_text())
-            times = {b["runtime"]: b for b in result["benchmarks"]}
-            rows.append(
-                {
-                    "model": name,
-                    "seconds_total": round(time.monotonic() - started, 1),
-                    "threads": result["threads"],
-                    **{f"{k}_median_ms": v["median_ms"] for k, v in times.items()},
-                }
-            )
+            rows.append(row_of(name, result, peak))
             print_row(rows[-1])
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
     return 0
 
 
+def row_of(name: str, result: dict, peak: float) -> dict:
+    times = {(b["runtime"], b["tuned"]): b["median_ms"] for b in result["benchmarks"]}
+    gflop = result.get("model_flop", 0) / 1e9
+    row = {
+        "model": name,
+        "threads": result["threads"],
+        "gflop": gflop,
+        "pytorch_ms": times.get(("pytorch", False)),
+        "onnxruntime_ms": times.get(("onnxruntime", False)),
+        "tvm_default_ms": times.get(("tvm", False)),
+        "tvm_records_ms": times.get(("tvm", True)),
+        "kernels_with_records": (result.get("tuning") or {}).get("pretuned", 0),
+        "kernels": len(result.get("kernels", [])),
+    }
+    for key in ("tvm_default", "tvm_records", "pytorch", "onnxruntime"):
+        ms = row[f"{key}_ms"]
+        row[f"{key}_peak_pct"] = None if not ms or not gflop else 100 * gflop / (ms / 1e3) / peak
+    return row
+
+
 def print_row(row: dict) -> None:
-    tvm, pt, ort = (row.get(f"{k}_median_ms") for k in ("tvm", "pytorch", "onnxruntime"))
+    def cell(key: str) -> str:
+        ms = row[f"{key}_ms"]
+        if ms is None:
+            return f"{key}: n/a"
+        ratios = "".join(
+            f", {ms / row[f'{ref}_ms']:.2f}x {short}"
+            for ref, short in (("pytorch", "PT"), ("onnxruntime", "ORT"))
+            if row[f"{ref}_ms"]
+        )
+        pct = row[f"{key}_peak_pct"]
+        return f"{key} {ms:.3f} ms ({pct:.1f}% peak{ratios})" if pct is not None else f"{key} {ms:.3f} ms"
+
     print(
-        f"{row['model']:<18} threads {row['threads']}  TVM {tvm:9.3f} ms  PyTorch {pt:8.3f} ms  "
-        f"ORT {ort:8.3f} ms  TVM/PyTorch {tvm / pt:6.1f}x  TVM/ORT {tvm / ort:6.1f}x  "
-        f"(job {row['seconds_total']} s)",
+        f"{row['model']:<18} {row['gflop']:.3f} GFLOP, records for {row['kernels_with_records']}/"
+        f"{row['kernels']} kernels",
         flush=True,
     )
+    for key in ("pytorch", "onnxruntime", "tvm_default", "tvm_records"):
+        print(f"    {cell(key)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def config(data_dir) -> Config:
     # A short timing budget keeps the benchmark stage fast; the figures are still real.
-    return Config(data_dir=data_dir, bench_budget_s=0.3, bench_threads=2, wall_limit_s=600)
+    # Without the shipped tuning records: jobs here start untuned unless a test tunes.
+    return Config(
+        data_dir=data_dir, bench_budget_s=0.3, bench_threads=2, wall_limit_s=600, shipped_tuning_records=False
+    )
 
 
 @pytest.fixture(scope="session")

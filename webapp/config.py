@@ -26,6 +26,7 @@ class Config:
     bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     bench_budget_s: float = 3.0  # timing budget per runtime
     unsandboxed: bool = False  # only for development where bubblewrap cannot run
+    shipped_tuning_records: bool = True  # a new data folder starts from webapp/tuning_records
 
     @classmethod
     def from_env(cls, **overrides) -> Config:

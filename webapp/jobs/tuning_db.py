@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import json
 import platform
-import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,19 +23,28 @@ RECORDS = "database_tuning_record.json"
 MAX_FILE_BYTES = 256 << 20
 
 
-def host_cpu_slug() -> str:
+# Records shipped with the project for the built-in examples (made by scripts/tune_examples.py).
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "tuning_records"
+
+
+def host_vector_isa() -> str:
+    """The host's widest vector extension: what a tuned CPU schedule depends on most."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return re.sub(r"[^a-z0-9]+", "-", line.split(":", 1)[1].lower()).strip("-")[:60]
+        flags = next(
+            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
+        )
     except OSError:
-        pass
+        flags = ""
+    words = set(flags.split())
+    for isa in ("avx512f", "avx2", "neon", "asimd"):
+        if isa in words:
+            return isa.removesuffix("f")
     return platform.machine()
 
 
 def database_key(preset: str) -> str:
-    """Records for a host-detected target are kept per CPU model; portable targets share one."""
-    return f"{preset}-{host_cpu_slug()}" if TARGETS[preset].tvm_target.get("mcpu") == "host" else preset
+    """Records for a host-detected target are kept per vector ISA (e.g. x86-host-avx512)."""
+    return f"{preset}-{host_vector_isa()}" if TARGETS[preset].tvm_target.get("mcpu") == "host" else preset
 
 
 def shared_dir(config: Config, preset: str) -> Path:
@@ -62,12 +70,27 @@ def copy_in(config: Config, preset: str, job_tuning_dir: Path) -> int:
     job_tuning_dir.mkdir(parents=True, exist_ok=True)
     shared = shared_dir(config, preset)
     with locked(shared):
+        shipped = SHIPPED_DIR / database_key(preset)
+        if (
+            config.shipped_tuning_records
+            and not (shared / RECORDS).is_file()
+            and (shipped / RECORDS).is_file()
+        ):
+            for name in (WORKLOADS, RECORDS):  # a new data folder starts from the shipped records
+                shutil.copyfile(shipped / name, shared / name)
         for name in (WORKLOADS, RECORDS):
             if (shared / name).is_file():
                 shutil.copyfile(shared / name, job_tuning_dir / name)
             else:
                 (job_tuning_dir / name).write_text("")
     return len(read_lines(job_tuning_dir / RECORDS))
+
+
+def canonical(line: str) -> str:
+    try:
+        return json.dumps(json.loads(line), separators=(",", ":"))
+    except ValueError:
+        return line
 
 
 def is_workload(entry) -> bool:
@@ -90,7 +113,7 @@ def merge_back(config: Config, preset: str, job_tuning_dir: Path) -> int:
         workloads = read_lines(shared / WORKLOADS)
         index = {line: i for i, line in enumerate(workloads)}
         records = read_lines(shared / RECORDS)
-        known = set(records)
+        known = {canonical(line) for line in records}
         renumber: dict[int, int] = {}
         for j, line in enumerate(read_lines(job_tuning_dir / WORKLOADS)):
             try:

@@ -257,6 +257,7 @@ def inspect_build(
                 "schedule": "tuned" if name in tuned_kernels else "naive",
                 "asm_lines": kernel_asm.count("\n"),
                 "calls": graphs["fused"]["ops"].get(name, 0),
+                "flop": kernel_flop(func),
             }
         )
     report(0.9)
@@ -268,7 +269,16 @@ def inspect_build(
         "graphs": graphs,
         "kernels": kernels,
         "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
+        "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
     }
+
+
+def kernel_flop(func: tvm.tirx.PrimFunc) -> float:
+    """Floating-point operations of one call (TVM's estimate: multiply-add counts as two)."""
+    try:
+        return float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # the estimator rejects some scheduled loops; the count is informative only
+        return 0.0
 
 
 def write_ir_zip(job_dir: Path) -> None:

@@ -53,7 +53,7 @@ class Progress:
         )
         if detail is not None:
             self.stage(name)["detail"] = detail
-        if time.monotonic() - self.last_write > 0.5:
+        if detail is not None or time.monotonic() - self.last_write > 0.5:
             self.write()
 
     def skip(self, name: str) -> None:

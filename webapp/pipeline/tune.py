@@ -24,6 +24,26 @@ class TuningCancelled(Exception):
     pass
 
 
+def import_cpu_tensor_intrinsics() -> None:
+    """Register the x86 and Arm tensor intrinsics without `import tvm.s_tir.tensor_intrin`.
+
+    MetaSchedule imports that package whenever it creates a TuneContext; it parses every CUDA
+    intrinsic too, 25-35 s on 2 cores, which CPU targets never use. A package object already in
+    sys.modules makes that import a no-op, and its __path__ still lets the CPU submodules load.
+    """
+    import importlib
+    import sys
+    import types
+
+    name = "tvm.s_tir.tensor_intrin"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
+        sys.modules[name] = package
+    for submodule in ("x86", "arm_cpu"):
+        importlib.import_module(f"{name}.{submodule}")
+
+
 @dataclass
 class Tuned:
     kernels: int  # kernels that can be tuned
@@ -66,6 +86,8 @@ def tune(
     cancelled: Callable[[], bool],
 ) -> Tuned:
     started = time.monotonic()
+    if target.kind.name == "llvm":
+        import_cpu_tensor_intrinsics()
     work_dir.mkdir(parents=True, exist_ok=True)
     tasks = [t for t in ms.relax_integration.extract_tasks(fused, target)]
     if not tasks:
