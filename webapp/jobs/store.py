@@ -100,6 +100,14 @@ class JobStore:
                 ("failed" if error else "done", json.dumps(error) if error else None, time.time(), job_id),
             )
 
+    def request_cancel(self, job_id: str) -> bool:
+        """Flag a running job to stop tuning (the pipeline polls the flag file); False if not running."""
+        job = self.get(job_id)
+        if job is None or job["status"] != "running":
+            return False
+        (self.job_dir(job_id) / "cancel").write_text("cancel requested\n")
+        return True
+
     def running_on(self, worker_prefix: str) -> list[str]:
         with closing(self.connect()) as db:
             rows = db.execute("SELECT id, worker FROM jobs WHERE status = 'running'").fetchall()

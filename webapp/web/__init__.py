@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from flask import abort, current_app
+from flask import abort, current_app, request
 
 from webapp.jobs.store import job_view
+from webapp.jobs.submit import submit_job
 
 
 def ctx():
@@ -19,3 +20,18 @@ def view_or_404(job_id: str, url_root: str = "") -> dict:
     if view is None:
         abort(404)
     return view
+
+
+def submit_from_request() -> str:
+    """Submit the job this request describes (form fields, optional `model` file); returns its id.
+    Raises SubmitError for a request refused at once."""
+    config, store, queue = ctx()
+    upload = request.files.get("model")
+    if upload is not None and not upload.filename:
+        upload = None
+    form = dict(request.form)
+    if upload is not None:
+        form.pop("example", None)  # a file, when given, wins over an example
+    return submit_job(
+        config, store, queue, form, upload.stream if upload else None, upload.filename if upload else ""
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from flask import Blueprint, abort, jsonify, request, send_file
 
 from webapp.catalog import EXAMPLES, TARGETS
-from webapp.jobs.submit import SubmitError, submit_job
+from webapp.jobs.submit import SubmitError
 from webapp.jobs.worker import ensure_example_files
-from webapp.web import ctx, view_or_404
+from webapp.web import ctx, submit_from_request, view_or_404
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -62,18 +62,7 @@ def targets():
 
 @bp.post("/jobs")
 def create_job():
-    config, store, queue = ctx()
-    upload = request.files.get("model")
-    if upload is not None and not upload.filename:
-        upload = None
-    job_id = submit_job(
-        config,
-        store,
-        queue,
-        request.form,
-        upload.stream if upload else None,
-        upload.filename if upload else "",
-    )
+    job_id = submit_from_request()
     root = request.url_root.rstrip("/")
     return jsonify({"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}), 202
 
@@ -81,10 +70,8 @@ def create_job():
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str):
     """Stop a running job's tuning; it keeps what it tuned and goes on to build."""
-    job = view_or_404(job_id)
-    _, store, _ = ctx()
-    if job["status"] == "running":
-        (store.job_dir(job_id) / "cancel").write_text("cancelled through the API\n")
+    view_or_404(job_id)
+    ctx()[1].request_cancel(job_id)
     return jsonify(view_or_404(job_id, request.url_root.rstrip("/"))), 202
 
 

@@ -7,8 +7,8 @@ import math
 from flask import Blueprint, Response, abort, redirect, render_template, request, send_file, url_for
 
 from webapp.catalog import EXAMPLES, TARGETS
-from webapp.jobs.submit import SubmitError, submit_job
-from webapp.web import ctx, view_or_404
+from webapp.jobs.submit import SubmitError
+from webapp.web import ctx, submit_from_request, view_or_404
 from webapp.web.code import VIEWS, code_view, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
@@ -45,17 +45,8 @@ def index():
 
 @bp.post("/jobs")
 def submit():
-    config, store, queue = ctx()
     try:
-        upload = request.files.get("model")
-        if upload is not None and not upload.filename:
-            upload = None
-        form = dict(request.form)
-        if upload is not None:
-            form.pop("example", None)  # a file, when given, wins over the example picker
-        job_id = submit_job(
-            config, store, queue, form, upload.stream if upload else None, upload.filename if upload else ""
-        )
+        job_id = submit_from_request()
     except SubmitError as e:
         return render_index(str(e), 400, request.form)
     return redirect(url_for("pages.result", job_id=job_id), code=303)
@@ -108,10 +99,8 @@ def stages(job_id: str):
 @bp.post("/r/<job_id>/cancel")
 def cancel(job_id: str):
     """Ask a running job to stop tuning: the pipeline sees the flag, keeps its records and builds."""
-    job = view_or_404(job_id)
-    _, store, _ = ctx()
-    if job["status"] == "running":
-        (store.job_dir(job_id) / "cancel").write_text("cancelled from the job page\n")
+    view_or_404(job_id)
+    ctx()[1].request_cancel(job_id)
     return redirect(url_for("pages.result", job_id=job_id), code=303)
 
 
