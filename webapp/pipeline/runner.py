@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,14 +34,16 @@ class Progress:
         self.error = None
         self.started = 0.0
         self.last_write = 0.0
+        self.lock = threading.Lock()  # a stage may report from a helper thread (tune.watch_dispatch)
         self.write()
 
     def stage(self, name: str) -> dict:
         return next(s for s in self.stages if s["name"] == name)
 
     def write(self) -> None:
-        write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
-        self.last_write = time.monotonic()
+        with self.lock:
+            write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
+            self.last_write = time.monotonic()
 
     def start(self, name: str) -> None:
         self.started = time.monotonic()

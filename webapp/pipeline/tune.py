@@ -7,6 +7,8 @@ were tuned before starts tuned. `apply_database` is how the build uses the recor
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,6 +127,7 @@ def tune(
 
     was_cancelled = False
     if trials > 0:
+        watcher = watch_dispatch(work_dir, trials, report, lambda: done)
         report(
             0.0,
             {
@@ -159,6 +162,8 @@ def tune(
             if not stop["requested"]:  # TuningCancelled arrives as a bare RuntimeError through TVM's FFI
                 raise
             was_cancelled = True
+        finally:
+            watcher.set()
 
     db = ms.database.JSONDatabase(work_dir=str(work_dir))  # re-read: what is on disk is what counts
     table = []
@@ -184,6 +189,38 @@ def tune(
         tasks=table,
         curve=curve,
     )
+
+
+def watch_dispatch(work_dir: Path, trials: int, report, measured: Callable[[], int]) -> threading.Event:
+    """Until the returned event is set, report how many candidates MetaSchedule has sent to the builder.
+
+    Its measure callbacks arrive only when a round's results are joined, after every task has been
+    dispatched once: on a model with many kernels that takes minutes, and the page would show nothing.
+    The task scheduler's log says each dispatch ("Sending 12 sample(s) to builder").
+    """
+    stop = threading.Event()
+    log = work_dir / "logs" / "tvm.s_tir.meta_schedule.logging.task_scheduler.log"
+    pattern = re.compile(r"Sending (\d+) sample\(s\) to builder")
+
+    def run():
+        while not stop.wait(2.0):
+            try:
+                sent = sum(int(n) for n in pattern.findall(log.read_text(errors="replace")))
+            except OSError:
+                continue
+            if measured() == 0 and sent:
+                report(
+                    0.0,
+                    {
+                        "trials": 0,
+                        "budget": trials,
+                        "best_ms": None,
+                        "note": f"{sent} candidates sent to the builder, first measurements pending",
+                    },
+                )
+
+    threading.Thread(target=run, daemon=True).start()
+    return stop
 
 
 def estimated_total_ms(best: dict, weights: dict) -> float | None:
