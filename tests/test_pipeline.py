@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from webapp.catalog import EXAMPLES
 from webapp.pipeline import bench
 from webapp.pipeline.build import build
 from webapp.pipeline.errors import StageError
@@ -135,3 +136,30 @@ def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):
     ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
     reference = bench.torch_outputs(bench.pytorch_runner(tmp_path / "dyn.pt2", inputs, 1)())
     np.testing.assert_allclose(ours[0], reference[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path, name):
+    """Every kernel the shipped records schedule gives the same outputs as TVM's naive build."""
+    from webapp.jobs.tuning_db import RECORDS, SHIPPED_DIR, WORKLOADS, database_key
+    from webapp.jobs.worker import ensure_example_files
+    from webapp.pipeline.tune import apply_database
+
+    shipped = SHIPPED_DIR / database_key("x86-host")
+    if not (shipped / RECORDS).is_file():
+        pytest.skip(f"no records are shipped for {database_key('x86-host')}")
+    (tmp_path / "tuning").mkdir()
+    for file in (WORKLOADS, RECORDS):
+        (tmp_path / "tuning" / file).write_bytes((shipped / file).read_bytes())
+    _, onnx_path = ensure_example_files(config, name)
+    model = import_model(onnx_path)
+    target = make_target("x86-host")
+    optimized = optimize(model.mod, target, tmp_path)
+    lowered, tuned = apply_database(optimized.fused, target, tmp_path / "tuning")
+    if not tuned:
+        pytest.skip(f"the shipped records cover no kernel of {name}")
+    inputs = bench.make_inputs(model.inputs)
+    naive = bench.flatten_outputs(bench.tvm_runner(build(optimized.lowered, target, None), inputs)())
+    scheduled = bench.flatten_outputs(bench.tvm_runner(build(lowered, target, None), inputs)())
+    np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-4)
