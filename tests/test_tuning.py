@@ -52,3 +52,58 @@ def test_cancel_stops_tuning_and_builds_with_what_it_found(client):
     assert job["results"]["tuning"]["cancelled"] is True
     assert 1 <= job["results"]["tuning"]["trials"] < 400
     assert any(b["runtime"] == "tvm" and b["tuned"] for b in job["results"]["benchmarks"])
+
+
+def test_a_job_warm_starts_from_uploaded_records(client, config, tmp_path):
+    """Records downloaded from one server's result page, uploaded with a job to a fresh data folder."""
+    import io
+    from dataclasses import replace
+
+    from webapp.jobs.store import JobStore
+    from webapp.jobs.worker import run_job
+
+    first = wait_for_job(
+        client,
+        submit(client, {"example": "mlp", "target": "x86-generic", "tune_trials": "2"}).get_json()["id"],
+    )
+    assert first["status"] == "done", first["error"]
+    files = {
+        f: client.get(f"/r/{first['id']}/files/{name}").data
+        for f, name in (
+            ("tuning_workloads", "database_workload.json"),
+            ("tuning_records", "database_tuning_record.json"),
+        )
+    }
+    assert all(files.values())
+
+    fresh = replace(config, data_dir=tmp_path / "fresh")
+    from webapp import create_app
+
+    other = create_app(fresh).test_client()
+    data = {
+        "example": "mlp",
+        "target": "x86-generic",
+        **{f: (io.BytesIO(content), f"{f}.json") for f, content in files.items()},
+    }
+    resp = other.post("/api/jobs", data=data, content_type="multipart/form-data")
+    assert resp.status_code == 202, resp.get_json()
+    run_job(fresh, resp.get_json()["id"])  # this server's worker, run here
+    job = other.get(f"/api/jobs/{resp.get_json()['id']}").get_json()
+    assert job["status"] == "done", job["error"]
+    assert job["results"]["tuning"]["pretuned"] > 0
+    assert JobStore(fresh.data_dir).get(job["id"])["options"]["tuning_upload"] is True
+
+
+def test_refuses_half_a_tuning_database(client):
+    import io
+
+    resp = client.post(
+        "/api/jobs",
+        data={
+            "example": "mlp",
+            "target": "x86-generic",
+            "tuning_records": (io.BytesIO(b"[0, []]\n"), "r.json"),
+        },
+        content_type="multipart/form-data",
+    )
+    assert resp.status_code == 400 and "two files" in resp.get_json()["error"]

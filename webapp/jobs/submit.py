@@ -20,6 +20,11 @@ from webapp.jobs.store import JobStore, new_job_id
 ONNX_FIRST_BYTES = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72}
 ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
 MAX_TUNE_TRIALS = 20000
+# form field -> file name of an uploaded tuning database (TVM's MetaSchedule JSON files)
+TUNING_UPLOADS = {
+    "tuning_workloads": "database_workload.json",
+    "tuning_records": "database_tuning_record.json",
+}
 
 
 class SubmitError(ValueError):
@@ -93,6 +98,7 @@ def submit_job(
     form: Mapping[str, str],
     upload: BinaryIO | None,
     filename: str = "",
+    tuning_files: dict[str, BinaryIO] | None = None,
 ) -> str:
     """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
     options = parse_options(form)
@@ -102,21 +108,36 @@ def submit_job(
     if upload is None and example not in EXAMPLES:
         raise SubmitError(f"Unknown example {example!r}; GET /api/examples lists them.")
 
+    tuning_files = {k: v for k, v in (tuning_files or {}).items() if v is not None}
+    if tuning_files and set(tuning_files) != set(TUNING_UPLOADS):
+        raise SubmitError(
+            "Tuning records come as two files: tuning_workloads (database_workload.json) "
+            "and tuning_records (database_tuning_record.json)."
+        )
+
     job_id = new_job_id()
     job_dir = store.job_dir(job_id)
     (job_dir / "input").mkdir(parents=True)
-    if upload is not None:
-        try:
+    try:
+        if upload is not None:
             head = upload.read(16)
             kind = sniff_model_format(head, filename)
             options["model_file"] = f"model.{kind}"
             options["filename"] = filename[:200]
             save_upload(upload, head, job_dir / "input" / options["model_file"], config.max_upload_mb)
-        except SubmitError:
-            shutil.rmtree(job_dir)
-            raise
-    else:
-        options["example"] = example
+        else:
+            options["example"] = example
+        if tuning_files:
+            # Parsed later by the worker, line by line, as untrusted database lines (tuning_db.py).
+            for field, name in TUNING_UPLOADS.items():
+                stream = tuning_files[field]
+                save_upload(
+                    stream, stream.read(16), job_dir / "input" / "tuning" / name, config.max_upload_mb
+                )
+            options["tuning_upload"] = True
+    except SubmitError:
+        shutil.rmtree(job_dir)
+        raise
     store.create(job_id, options)
     queue.enqueue(job_id)
     return job_id
@@ -124,6 +145,7 @@ def submit_job(
 
 def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:
     limit, size = max_mb << 20, len(head)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as out:
         out.write(head)
         while chunk := upload.read(1 << 20):

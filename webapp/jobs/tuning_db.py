@@ -110,37 +110,43 @@ def merge_back(config: Config, preset: str, job_tuning_dir: Path) -> int:
     """Add the job's new workloads and records to the shared database; returns the records added."""
     shared = shared_dir(config, preset)
     with locked(shared):
-        workloads = read_lines(shared / WORKLOADS)
-        index = {line: i for i, line in enumerate(workloads)}
-        records = read_lines(shared / RECORDS)
-        known = {canonical(line) for line in records}
-        renumber: dict[int, int] = {}
-        for j, line in enumerate(read_lines(job_tuning_dir / WORKLOADS)):
-            try:
-                ok = is_workload(json.loads(line))
-            except ValueError:
-                ok = False
-            if not ok:
-                continue
-            if line not in index:
-                index[line] = len(workloads)
-                workloads.append(line)
-            renumber[j] = index[line]
-        added = 0
-        for line in read_lines(job_tuning_dir / RECORDS):
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if not is_record(entry) or entry[0] not in renumber:
-                continue
-            new = json.dumps([renumber[entry[0]], entry[1]], separators=(",", ":"))
-            if new not in known:
-                known.add(new)
-                records.append(new)
-                added += 1
-        for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
-            tmp = shared / f".{name}.tmp"
-            tmp.write_text("".join(line + "\n" for line in lines))
-            tmp.replace(shared / name)
+        return merge_database(job_tuning_dir, shared)
+
+
+def merge_database(source: Path, dest: Path) -> int:
+    """Add source's workloads and records (two database files of untrusted origin) to dest's."""
+    workloads = read_lines(dest / WORKLOADS)
+    index = {line: i for i, line in enumerate(workloads)}
+    records = read_lines(dest / RECORDS)
+    known = {canonical(line) for line in records}
+    renumber: dict[int, int] = {}
+    for j, line in enumerate(read_lines(source / WORKLOADS)):
+        try:
+            ok = is_workload(json.loads(line))
+        except ValueError:
+            ok = False
+        if not ok:
+            continue
+        if line not in index:
+            index[line] = len(workloads)
+            workloads.append(line)
+        renumber[j] = index[line]
+    added = 0
+    for line in read_lines(source / RECORDS):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not is_record(entry) or entry[0] not in renumber:
+            continue
+        new = json.dumps([renumber[entry[0]], entry[1]], separators=(",", ":"))
+        if new not in known:
+            known.add(new)
+            records.append(new)
+            added += 1
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
+        tmp = dest / f".{name}.tmp"
+        tmp.write_text("".join(line + "\n" for line in lines))
+        tmp.replace(dest / name)
     return added

@@ -13,7 +13,7 @@ from webapp.catalog import STAGES
 from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
 from webapp.jobs.store import JobStore, read_untrusted_json
-from webapp.jobs.tuning_db import copy_in, merge_back
+from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.pipeline.runner import write_json_atomic
 
 
@@ -38,6 +38,8 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
 def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
     """job.json for the pipeline; for an example, copies of its model files."""
     copy_in(config, options["target"], job_dir / "tuning")
+    if options.get("tuning_upload"):  # warm start from the records the user sent
+        merge_database(job_dir / "input" / "tuning", job_dir / "tuning")
     spec = {
         "target": options["target"],
         "tune_trials": options.get("tune_trials", 0),

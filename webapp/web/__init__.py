@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import abort, current_app, request
 
 from webapp.jobs.store import job_view
-from webapp.jobs.submit import submit_job
+from webapp.jobs.submit import TUNING_UPLOADS, submit_job
 
 
 def ctx():
@@ -32,6 +32,17 @@ def submit_from_request() -> str:
     form = dict(request.form)
     if upload is not None:
         form.pop("example", None)  # a file, when given, wins over an example
+    tuning = {
+        field: request.files[field].stream
+        for field in TUNING_UPLOADS
+        if field in request.files and request.files[field].filename
+    }
     return submit_job(
-        config, store, queue, form, upload.stream if upload else None, upload.filename if upload else ""
+        config,
+        store,
+        queue,
+        form,
+        upload.stream if upload else None,
+        upload.filename if upload else "",
+        tuning,
     )
