@@ -168,6 +168,8 @@ def run(job_dir: Path) -> None:
         from webapp.pipeline.tune import apply_database
 
         lowered, names = apply_database(optimized.fused, target, tuning_dir)
+        if not names:  # the database has no record for any kernel of this model
+            return {False: build(optimized.lowered, target, library)}, optimized.lowered
         tuned_kernels.update(names)
         (job_dir / "files").mkdir(exist_ok=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
