@@ -81,6 +81,18 @@ def row_of(name: str, result: dict, peak: float) -> dict:
     for key in ("tvm_default", "tvm_records", "pytorch", "onnxruntime"):
         ms = row[f"{key}_ms"]
         row[f"{key}_peak_pct"] = None if not ms or not gflop else 100 * gflop / (ms / 1e3) / peak
+    # Where the tuned time goes: the kernels with the largest share of the summed best times.
+    tasks = [t for t in (result.get("tuning") or {}).get("tasks", []) if t["latency_us"]]
+    total_us = sum(t["latency_us"] * t["weight"] for t in tasks) or 1.0
+    row["top_kernels"] = [
+        {
+            "name": t["name"],
+            "share_pct": 100 * t["latency_us"] * t["weight"] / total_us,
+            "gflops": t["gflops"],
+            "peak_pct": 100 * (t["gflops"] or 0) / peak,
+        }
+        for t in sorted(tasks, key=lambda t: -t["latency_us"] * t["weight"])[:3]
+    ]
     return row
 
 
@@ -104,6 +116,12 @@ def print_row(row: dict) -> None:
     )
     for key in ("pytorch", "onnxruntime", "tvm_default", "tvm_records"):
         print(f"    {cell(key)}", flush=True)
+    for k in row["top_kernels"]:
+        print(
+            f"      {k['share_pct']:4.1f}% of tuned time: {k['name']} at {k['gflops']:.1f} GFLOP/s "
+            f"({k['peak_pct']:.1f}% of peak)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
