@@ -109,8 +109,9 @@ def print_row(row: dict) -> None:
         pct = row[f"{key}_peak_pct"]
         return f"{key} {ms:.3f} ms ({pct:.1f}% peak{ratios})" if pct is not None else f"{key} {ms:.3f} ms"
 
+    work = f"{row['gflop']:.2f} GFLOP" if row["gflop"] >= 0.1 else f"{row['gflop'] * 1e3:.2f} MFLOP"
     print(
-        f"{row['model']:<18} {row['gflop']:.3f} GFLOP, records for {row['kernels_with_records']}/"
+        f"{row['model']:<18} {work}, records for {row['kernels_with_records']}/"
         f"{row['kernels']} kernels",
         flush=True,
     )
