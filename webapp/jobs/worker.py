@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -23,15 +24,19 @@ def worker_name() -> str:
 
 def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
     """The example's .pt2 and .onnx under data/examples, built once (trusted code, in a subprocess
-    so that this process never loads torch)."""
+    so that this process never loads torch); a lock keeps two requests from building it at once."""
     pt2, onnx = config.examples_dir / f"{name}.pt2", config.examples_dir / f"{name}.onnx"
-    if not (pt2.exists() and onnx.exists()):
-        config.examples_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
-            check=True,
-            capture_output=True,
-        )
+    if pt2.exists() and onnx.exists():
+        return pt2, onnx
+    config.examples_dir.mkdir(parents=True, exist_ok=True)
+    with open(config.examples_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (pt2.exists() and onnx.exists()):
+            subprocess.run(
+                [sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
+                check=True,
+                capture_output=True,
+            )
     return pt2, onnx
 
 
