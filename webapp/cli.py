@@ -79,10 +79,8 @@ def compile_locally(
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
     unless config.unsandboxed. Returns the error ({"stage", "message"}) or None. Raises SubmitError
     for arguments refused before anything runs."""
-    from webapp.jobs.sandbox import run_sandboxed
     from webapp.jobs.submit import SubmitError, parse_options, sniff_model_format
-    from webapp.jobs.tuning_db import merge_back
-    from webapp.jobs.worker import close_progress, prepare_job_folder
+    from webapp.jobs.worker import prepare_job_folder, run_prepared_job
 
     options = parse_options(
         {"target": target, "input_shapes": input_shapes or "", "tune_trials": str(tune_trials)}
@@ -102,9 +100,7 @@ def compile_locally(
         raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
     out.mkdir(parents=True, exist_ok=True)
     prepare_job_folder(config, out, options)
-    outcome = run_sandboxed(out, config)
-    merge_back(config, target, out / "tuning")
-    return close_progress(out, outcome.returncode, outcome.limit)
+    return run_prepared_job(config, out, target)
 
 
 def cmd_compile(args) -> int:

@@ -105,11 +105,15 @@ def run_job(config: Config, job_id: str) -> None:
     except Exception as exc:  # an example that cannot be built is our bug, not the user's
         store.mark_finished(job_id, {"stage": "import", "message": f"Could not prepare the job: {exc}"})
         return
+    store.mark_finished(job_id, run_prepared_job(config, job_dir, job["options"]["target"]))
+
+
+def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
+    """The sandboxed pipeline on a prepared job folder, its tuning records merged into the shared
+    database (what it tuned counts even if it failed); returns the error, or None when it succeeded."""
     outcome = run_sandboxed(job_dir, config)
-    merge_back(
-        config, job["options"]["target"], job_dir / "tuning"
-    )  # what it tuned counts, even if it failed
-    store.mark_finished(job_id, close_progress(job_dir, outcome.returncode, outcome.limit))
+    merge_back(config, target, job_dir / "tuning")
+    return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 
 def recover_interrupted(config: Config) -> None:

@@ -20,6 +20,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.inspect import kernel_flop
 
 
 class TuningCancelled(Exception):
@@ -69,7 +70,7 @@ def fast_build(mod, target, _params):
     return _tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def best_seconds(db: ms.database.Database, mod: tvm.IRModule, target) -> float | None:
+def best_seconds(db: ms.database.Database, mod: tvm.IRModule) -> float | None:
     if not db.has_workload(mod):
         return None
     records = db.get_top_k(db.commit_workload(mod), 1)
@@ -91,11 +92,11 @@ def tune(
     if target.kind.name == "llvm":
         import_cpu_tensor_intrinsics()
     work_dir.mkdir(parents=True, exist_ok=True)
-    tasks = [t for t in ms.relax_integration.extract_tasks(fused, target)]
+    tasks = list(ms.relax_integration.extract_tasks(fused, target))
     if not tasks:
         raise StageError("This model has no kernels that MetaSchedule can tune.")
     db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    before = {t.task_name: best_seconds(db, t.dispatched[0], target) for t in tasks}
+    before = {t.task_name: best_seconds(db, t.dispatched[0]) for t in tasks}
     pretuned = sum(1 for v in before.values() if v is not None)
     weights = {t.task_name: int(t.weight) for t in tasks}
     best = dict(before)
@@ -168,8 +169,8 @@ def tune(
     db = ms.database.JSONDatabase(work_dir=str(work_dir))  # re-read: what is on disk is what counts
     table = []
     for t in tasks:
-        secs = best_seconds(db, t.dispatched[0], target)
-        flop = float(tvm.s_tir.analysis.estimate_tir_flops(t.dispatched[0]))
+        secs = best_seconds(db, t.dispatched[0])
+        flop = kernel_flop(t.dispatched[0]["main"])
         table.append(
             {
                 "name": t.task_name,
