@@ -1,10 +1,48 @@
-"""Build stage: compile the optimized module and export it as a shared library."""
+"""Build stage: schedule the fused kernels, lower for the VM, compile, and export a shared library.
+
+One place decides every kernel's schedule, for the worker, the CLI, the tests and the benchmarks:
+the tuning database's best record where there is one ("tuned"), else a default rule
+(webapp.pipeline.schedules), else the naive loop nest.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+
+from webapp.pipeline import schedules
+
+
+def schedule(
+    fused: tvm.IRModule, target: tvm.target.Target, tuning_dir: Path | None = None, default_rules: bool = True
+) -> tuple[tvm.IRModule, dict[str, str]]:
+    """The fused module lowered for the VM, and each kernel's schedule label."""
+    from tvm.relax.backend import cpu_generic
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        mod = fused
+        if tuning_dir is not None:
+            with ms.database.JSONDatabase(work_dir=str(tuning_dir)):
+                mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+            mod = mod.clone()
+            for gv, f in mod.functions_items():
+                if schedules.is_scheduled(f):
+                    mod[gv] = f.with_attr(schedules.SCHEDULE_ATTR, "tuned")
+        if default_rules:
+            mod = schedules.default_schedules(mod)
+            # Weight repacking blocks become their own kernels, which FoldConstant runs once, here.
+            mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+            mod = relax.transform.FoldConstant()(mod)
+            mod = relax.transform.DeadCodeElimination()(mod)
+            mod = schedules.default_schedules(mod)  # repacking of non-constant operands
+        labels = schedules.labels(mod)
+        lowered = tvm.transform.Sequential(
+            cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
+        )(mod)
+    return lowered, labels
 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):

@@ -1,0 +1,362 @@
+"""Default schedules: fast CPU code without tuning.
+
+TVM 0.27's default CPU pipeline leaves every kernel as the naive loop nest that legalization wrote.
+These rules schedule the fused kernels by what their main block computes, in the s_tir schedule
+language MetaSchedule itself uses:
+
+- conv2d (regular and grouped): output channels in SIMD registers, a register tile of output
+  channels x output columns, weights repacked once at build time (O/v, I, H, W, v) so each step loads
+  one vector of weights and broadcasts one input value; the epilogue (bias, batch norm, relu, residual
+  add) is computed from the registers; parallel over channel blocks and rows.
+- depthwise conv2d and pooling: vectorized along output columns, parallel over channels.
+- matmul / dense / batch matmul: a register tile of rows x vectors of columns, the weight repacked
+  at build time when it is stored transposed, epilogue fused, parallel over tiles.
+- softmax, layer norm, reductions: TVM's dlight CPU rules.
+- everything else (elementwise, reshape, transpose): parallel outer loop, vectorized inner loop.
+
+A kernel that no rule fits, or where a rule's schedule is refused by TVM, stays naive. Each PrimFunc
+gets the attribute SCHEDULE_ATTR naming the rule that scheduled it, for the result page.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.target.codegen import target_has_features
+
+SCHEDULE_ATTR = "playground.schedule"
+PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePreproc moves out
+
+
+def simd(target: tvm.target.Target) -> tuple[int, int]:
+    """(float32 lanes per vector register, number of vector registers) for an LLVM target."""
+    if target_has_features("avx512f", target):
+        return 16, 32
+    if target_has_features("avx2", target) or target_has_features("avx", target):
+        return 8, 16
+    if target_has_features("neon", target) or target_has_features("sve", target):
+        return 4, 32
+    return 4, 16  # SSE2, the x86-64 baseline
+
+
+def extent(sch: s_tir.Schedule, loop) -> int:
+    value = sch.get(loop).extent
+    return int(value) if isinstance(value, tirx.IntImm) else -1
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+def iter_kinds(block: tirx.SBlock) -> str:
+    return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
+
+
+def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
+    return any(p.same_as(buffer) for p in func.params)
+
+
+def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
+    """Inlines the elementwise blocks after `main` into one; returns that last block (None when
+    `main` writes the output itself). Raises when the epilogue is not a simple chain."""
+    func = sch.mod["main"]
+    if is_output(func, sch.get(main).writes[0].source):
+        return None
+    while True:
+        consumers = sch.get_consumers(main)
+        if len(consumers) != 1:
+            raise ValueError("epilogue is not a single chain")
+        last = consumers[0]
+        if is_output(func, sch.get(last).writes[0].source):
+            break
+        # Fold the consumer into whatever reads it, so `main` gets a new single consumer.
+        after = sch.get_consumers(last)
+        if not after:
+            raise ValueError("dead block in epilogue")
+        sch.compute_inline(last)
+    # Blocks after the chain's end that also write outputs would need their own schedule.
+    return last
+
+
+def loops_below(sch: s_tir.Schedule, block, loop) -> list:
+    """The loops of `block` nested inside `loop`."""
+    loops = sch.get_loops(block)
+    at = [i for i, candidate in enumerate(loops) if sch.get(candidate).same_as(sch.get(loop))]
+    return loops[at[0] + 1 :] if at else []
+
+
+def parallel_outer(sch: s_tir.Schedule, block, count: int):
+    loops = sch.get_loops(block)[:count]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    sch.parallel(fused)
+    return fused
+
+
+def conv2d(sch: s_tir.Schedule, target) -> str | None:
+    """Regular and grouped conv2d in NCHW with OIHW weights (topi's conv2d_nchw / group_conv2d_nchw)."""
+    blocks = [
+        b
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if sch.get(b).name_hint.endswith("conv2d_nchw")
+    ]
+    if len(blocks) != 1:
+        return None
+    conv = blocks[0]
+    stmt = sch.get(conv)
+    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
+        return None
+    lanes, registers = simd(target)
+    weight = stmt.reads[1].source
+    oc, ic_per_group = int(weight.shape[0]), int(weight.shape[1])
+    groups = int(stmt.reads[0].source.shape[1]) // ic_per_group if stmt.reads[0].source.shape[1] else 1
+    oc_per_group = oc // max(groups, 1)
+    lanes = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and oc_per_group % w == 0), 0)
+    if not lanes:
+        return windowed(sch, target, conv, "depthwise conv2d" if oc_per_group == 1 else "grouped conv2d")
+    n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
+    ow = extent(sch, ow_loop)
+    # Register tile: `vectors` vectors of output channels x `cols` output columns.
+    vectors = 2 if oc_per_group % (2 * lanes) == 0 else 1
+    budget = registers - vectors - 2
+    cols = largest_divisor(ow, budget // vectors)
+    if vectors == 2 and cols < 4:
+        vectors, cols = 1, largest_divisor(ow, registers - 3)
+    block_oc = vectors * lanes
+
+    for pad in sch.get_producers(conv):  # the padded input: its own parallel loop nest
+        sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+    epilogue = inline_epilogue(sch, conv)
+    # Weights repacked to (O / block_oc, I, KH, KW, block_oc), once, at build time.
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i, h, w, o % block_oc))
+    sch.annotate(pack, PREPROC, True)
+
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    sch.transform_layout(conv, ("write", 0), lambda n, c, h, w: (n, c // block_oc, h, w, c % block_oc))
+
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    ow_o, ow_i = sch.split(ow_loop, [None, cols])
+    sch.reorder(n_loop, oc_o, oh_loop, ow_o, ic_loop, kh_loop, kw_loop, oc_v, ow_i, oc_i)
+    parallel_outer(sch, conv, 3)
+    sch.reverse_compute_at(epilogue, ow_o)
+    sch.unroll(oc_v)
+    sch.unroll(ow_i)
+    sch.vectorize(oc_i)
+    init = sch.decompose_reduction(conv, ic_loop)
+    init_loops = sch.get_loops(init)
+    sch.vectorize(init_loops[-1])
+    kind = "grouped conv2d" if groups > 1 else "conv2d"
+    return f"default rule: {kind}"
+
+
+def vector_split(sch: s_tir.Schedule, loop, lanes: int):
+    """Splits off an inner loop of a power-of-two width up to `lanes` that divides the loop (LLVM splits
+    odd-width vectors into pieces); None when there is none."""
+    n = extent(sch, loop)
+    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 2 and n % w == 0), 1)
+    if width < 2:
+        return None
+    return sch.split(loop, [None, width])
+
+
+def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
+    """A reduction over a small window or axis per output element (depthwise conv, pooling, mean):
+    the innermost output axis is vectorized with the reduction loops outside it, accumulating in
+    registers, the epilogue fused; the other output axes run in parallel."""
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    spatial = len(kinds) - len(kinds.lstrip("S"))
+    if spatial == 0 or "S" in kinds[spatial:]:
+        return None
+    lanes, _ = simd(target)
+    loops = sch.get_loops(block)
+    if len(loops) != len(kinds):
+        return None
+    producers = sch.get_producers(block)  # padding
+    epilogue = inline_epilogue(sch, block)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+    # Parallel over the leading output axes (batch, channels), rows and columns inside.
+    lead = max(1, min(2, spatial - 1))
+    outer = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
+    sch.parallel(outer)
+    for producer in producers:  # pad one channel at a time, by the thread that reads it
+        sch.compute_at(producer, outer)
+    rows = loops[lead : spatial - 1]
+    split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
+    reductions = loops[spatial:]
+    if split is None:
+        sch.reverse_compute_at(epilogue, outer)
+        return f"default rule: {kind}"
+    col_o, col_v = split
+    sch.reorder(*rows, col_o, *reductions, col_v)
+    sch.reverse_compute_at(epilogue, col_o)
+    sch.vectorize(col_v)
+    init = sch.decompose_reduction(block, reductions[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    tail = loops_below(sch, epilogue, col_o)
+    if tail:
+        sch.vectorize(sch.fuse(*tail) if len(tail) > 1 else tail[0])
+    return f"default rule: {kind}"
+
+
+def index_vars(region) -> list:
+    """The block variables that index each dimension of a buffer access (None where not a plain var)."""
+    return [r.min if isinstance(r.min, tirx.Var) else None for r in region.region]
+
+
+def matmul(sch: s_tir.Schedule, target) -> str | None:
+    """Dense, matmul and batch matmul: C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k])."""
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    if kinds not in ("SSR", "SSSR") or len(stmt.reads) != 2:
+        return None
+    *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
+    a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
+    if not (a_idx and a_idx[-1] is not None and a_idx[-1].same_as(k_var)):
+        return None
+    b_last = b_idx[-1]
+    if b_last is None or not (b_last.same_as(j_var) or b_last.same_as(k_var)):
+        return None
+    lanes, registers = simd(target)
+    loops = sch.get_loops(block)
+    if len(loops) != len(kinds):
+        return None
+    *batch_loops, i_loop, j_loop, k_loop = loops
+    n = extent(sch, j_loop)
+    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 2 and n % w == 0), 0)
+    if not width:
+        return None
+    vectors = next((v for v in (4, 2, 1) if n % (v * width) == 0), 1)
+    rows = largest_divisor(extent(sch, i_loop), max(1, (registers - vectors - 2) // vectors))
+    block_n = vectors * width
+
+    epilogue = inline_epilogue(sch, block)
+    # B repacked as (.., N / block_n, K, block_n): each tile streams one contiguous panel.
+    pack = sch.cache_read(block, 1, "global")
+    if b_last.same_as(j_var):
+        sch.transform_layout(
+            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)
+        )
+    else:
+        sch.transform_layout(
+            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)
+        )
+    sch.annotate(pack, PREPROC, True)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+
+    i_o, i_i = sch.split(i_loop, [None, rows])
+    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, width])
+    sch.reorder(*batch_loops, i_o, j_o, k_loop, i_i, j_v, j_l)
+    sch.parallel(sch.fuse(*batch_loops, i_o, j_o))
+    tile = sch.get_loops(block)[0]
+    sch.reverse_compute_at(epilogue, tile)
+    sch.unroll(i_i)
+    sch.unroll(j_v)
+    sch.vectorize(j_l)
+    init = sch.decompose_reduction(block, k_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    tail = loops_below(sch, epilogue, tile)
+    if tail:
+        inner = sch.split(tail[-1], [None, width])[-1] if extent(sch, tail[-1]) % width == 0 else tail[-1]
+        sch.vectorize(inner)
+    return "default rule: batch matmul" if batch else "default rule: matmul"
+
+
+def elementwise(sch: s_tir.Schedule, target) -> str | None:
+    """Kernels of spatial blocks only (elementwise, broadcast, reshape, transpose): each remaining
+    block after inlining runs its loops fused, parallel outside and vectorized inside."""
+    root = sch.get_sblock("root")
+    if any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(root)):
+        return None
+    func = sch.mod["main"]
+    for block in sch.get_child_blocks(root)[:-1]:
+        if not is_output(func, sch.get(block).writes[0].source):
+            try:
+                sch.compute_inline(block)
+            except tvm.TVMError:
+                pass  # stays its own loop nest
+    lanes, _ = simd(target)
+    for block in sch.get_child_blocks(root):
+        loops = sch.get_loops(block)
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        total = extent(sch, fused)
+        if total >= 4 * lanes and total % lanes == 0:
+            outer, inner = sch.split(fused, [None, lanes])
+            sch.vectorize(inner)
+        else:
+            outer = fused
+        if total >= 4096:
+            sch.parallel(outer)
+    return "default rule: elementwise"
+
+
+def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] | None:
+    """Softmax, layer norm and other row reductions (dlight's CPU rule), else a single reduction block
+    with its epilogue (pooling, mean) as a windowed reduction."""
+    from tvm.s_tir.dlight.cpu import Reduction
+
+    scheduled = Reduction().apply(sch.mod["main"], target, False)
+    if scheduled is not None:
+        return scheduled, "default rule: row reduction"
+    root = sch.get_sblock("root")
+    main = [b for b in sch.get_child_blocks(root) if "R" in iter_kinds(sch.get(b))]
+    if len(main) != 1:
+        return None
+    return windowed(sch, target, main[0], "pooling" if "pool" in sch.get(main[0]).name_hint else "reduction")
+
+
+RULES = (conv2d, matmul, reduction, elementwise)
+
+
+def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+    """The kernel scheduled by the first rule that fits, labelled; unchanged (labelled naive) when
+    none does or TVM refuses every schedule."""
+    for rule in RULES:
+        sch = s_tir.Schedule(func)
+        try:
+            result = rule(sch, target)
+        except (tvm.TVMError, ValueError):
+            continue  # this rule's schedule does not apply to this kernel; try the next
+        if result is None:
+            continue
+        sch, label = result if isinstance(result, tuple) else (sch, result)
+        return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: label})
+    return func.with_attr(SCHEDULE_ATTR, "naive")
+
+
+def is_scheduled(func) -> bool:
+    return bool(func.attrs and func.attrs.get("tirx.is_scheduled"))
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundDefaultSchedules")
+def default_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Schedules every kernel not scheduled yet (tuned kernels keep their schedule)."""
+    target = tvm.target.Target.current(allow_none=False)
+    updates = {
+        gv: schedule_kernel(func, target)
+        for gv, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc) and not is_scheduled(func)
+    }
+    mod = mod.clone()  # the caller's module stays as it was
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod
+
+
+def labels(mod: tvm.IRModule) -> dict[str, str]:
+    """Kernel name -> how it was scheduled ("tuned", "default rule: ...", "naive")."""
+    return {
+        gv.name_hint: str(func.attrs.get(SCHEDULE_ATTR, "naive")) if func.attrs else "naive"
+        for gv, func in mod.functions_items()
+        if isinstance(func, tirx.PrimFunc)
+    }
