@@ -212,7 +212,7 @@ def inspect_build(
     lowered: tvm.IRModule,
     executable,
     job_dir: Path,
-    tuned_kernels: set = frozenset(),
+    labels: dict[str, str],
     report=lambda f: None,
 ) -> dict:
     views, files = job_dir / "views", job_dir / "files"
@@ -254,7 +254,7 @@ def inspect_build(
         kernels.append(
             {
                 "name": name,
-                "schedule": "tuned" if name in tuned_kernels else "naive",
+                "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
                 "calls": graphs["fused"]["ops"].get(name, 0),
                 "flop": kernel_flop(func),

@@ -64,8 +64,10 @@ def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report
     pass_dir.mkdir(parents=True, exist_ok=True)
     capture = CaptureTopLevelPasses()
     with target, tvm.transform.PassContext(opt_level=3, instruments=[capture]):
-        # Batch norm as plain arithmetic, so it folds into the convolution before it.
-        decomposed = relax.transform.DecomposeOpsForInference()(mod)
+        # Batch norm after a convolution folds into its weights and a bias; any other batch norm
+        # becomes plain arithmetic that fuses into the kernel before it.
+        folded = relax.transform.FoldBatchnormToConv2D()(mod)
+        decomposed = relax.transform.DecomposeOpsForInference()(folded)
         lowered = relax.get_default_pipeline(target)(decomposed)
 
     passes, previous, fused = [], relax_script(mod), None

@@ -142,7 +142,6 @@ def run(job_dir: Path) -> None:
     tuning_dir = job_dir / "tuning"
     trials = int(job.get("tune_trials") or 0)
     records = tuning_dir / "database_tuning_record.json"
-    tuned_kernels: set = set()
     if trials > 0 or (records.is_file() and records.stat().st_size > 0):
         from webapp.pipeline.tune import tune
 
@@ -157,27 +156,25 @@ def run(job_dir: Path) -> None:
     else:
         progress.skip("tune")
 
-    from webapp.pipeline.build import build
+    from webapp.pipeline.build import build, schedule
 
     def do_build(report):
-        """The library to download (tuned where there are records) and the module it was built from;
-        with records, also an untuned twin for the benchmark to compare."""
+        """The library to download (tuned kernels where there are records, default rules elsewhere) and
+        the module it was built from; with records, also a twin on default rules only for the benchmark."""
         library = job_dir / "files" / "model.so"
+        default, default_labels = schedule(optimized.fused, target)
         if "tuning" not in results:
-            return {False: build(optimized.lowered, target, library)}, optimized.lowered
-        from webapp.pipeline.tune import apply_database
-
-        lowered, names = apply_database(optimized.fused, target, tuning_dir)
-        if not names:  # the database has no record for any kernel of this model
-            return {False: build(optimized.lowered, target, library)}, optimized.lowered
-        tuned_kernels.update(names)
+            return {False: build(default, target, library)}, default, default_labels
+        tuned, tuned_labels = schedule(optimized.fused, target, tuning_dir)
+        if "tuned" not in tuned_labels.values():  # the database has no record for any kernel of this model
+            return {False: build(default, target, library)}, default, default_labels
         (job_dir / "files").mkdir(exist_ok=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
         report(0.5)
-        return {True: build(lowered, target, library), False: build(optimized.lowered, target, None)}, lowered
+        return {True: build(tuned, target, library), False: build(default, target, None)}, tuned, tuned_labels
 
-    executables, shown_module = run_stage(progress, "build", do_build)
+    executables, shown_module, labels = run_stage(progress, "build", do_build)
     save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
 
     from webapp.pipeline.inspect import inspect_build
@@ -188,7 +185,7 @@ def run(job_dir: Path) -> None:
             progress,
             "inspect",
             lambda report: inspect_build(
-                model.mod, optimized.fused, shown_module, shown, job_dir, tuned_kernels, report
+                model.mod, optimized.fused, shown_module, shown, job_dir, labels, report
             ),
         )
     )

@@ -115,12 +115,12 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
         return windowed(sch, target, conv, "depthwise conv2d" if oc_per_group == 1 else "grouped conv2d")
     n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
     ow = extent(sch, ow_loop)
-    # Register tile: `vectors` vectors of output channels x `cols` output columns.
+    # Register tile: `vectors` vectors of output channels x `cols` output columns, in at most half the
+    # vector registers (measured on ResNet-50 here: 28 accumulators spill, 16 run twice as fast).
     vectors = 2 if oc_per_group % (2 * lanes) == 0 else 1
-    budget = registers - vectors - 2
-    cols = largest_divisor(ow, budget // vectors)
+    cols = largest_divisor(ow, registers // 2 // vectors)
     if vectors == 2 and cols < 4:
-        vectors, cols = 1, largest_divisor(ow, registers - 3)
+        vectors, cols = 1, largest_divisor(ow, registers // 2)
     block_oc = vectors * lanes
 
     for pad in sch.get_producers(conv):  # the padded input: its own parallel loop nest
@@ -235,7 +235,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     if not width:
         return None
     vectors = next((v for v in (4, 2, 1) if n % (v * width) == 0), 1)
-    rows = largest_divisor(extent(sch, i_loop), max(1, (registers - vectors - 2) // vectors))
+    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
     block_n = vectors * width
 
     epilogue = inline_epilogue(sch, block)

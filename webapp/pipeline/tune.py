@@ -2,7 +2,7 @@
 
 Records go to the job's `tuning/` folder, which the worker fills beforehand with the shared database of
 the job's target and merges back afterwards (webapp/jobs/tuning_db.py), so the next job whose kernels
-were tuned before starts tuned. `apply_database` is how the build uses the records.
+were tuned before starts tuned. The build stage (webapp.pipeline.build.schedule) applies the records.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
-from tvm import relax
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
@@ -229,24 +228,3 @@ def estimated_total_ms(best: dict, weights: dict) -> float | None:
     if any(v is None for v in best.values()):
         return None
     return sum(best[n] * weights[n] for n in best) * 1e3
-
-
-def apply_database(
-    fused: tvm.IRModule, target: tvm.target.Target, work_dir: Path
-) -> tuple[tvm.IRModule, set]:
-    """The fused module with every kernel that has a record replaced by its best schedule, lowered for
-    the VM; and the names of those kernels."""
-    from tvm.relax.backend import cpu_generic
-
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    with target, db, tvm.transform.PassContext(opt_level=3):
-        applied = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(fused)
-        lowered = tvm.transform.Sequential(
-            cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
-        )(applied)
-    tuned = {
-        gv.name_hint
-        for gv, f in applied.functions_items()
-        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get("tirx.is_scheduled")
-    }
-    return lowered, tuned
