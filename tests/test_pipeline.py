@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from webapp.catalog import EXAMPLES
 from webapp.pipeline import bench
-from webapp.pipeline.build import build
+from webapp.pipeline.build import build, schedule
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import inspect_build, relax_graph
@@ -24,8 +24,8 @@ SMALL = ["mlp", "cnn-small", "transformer-block"]
 def test_imported_model_builds_and_matches_its_framework(example_files, tmp_path, name, fmt):
     model = import_model(example_files / f"{name}.{fmt}")
     target = make_target("x86-host")
-    optimized = optimize(model.mod, target, tmp_path)
-    executable = build(optimized.lowered, target, tmp_path / "files" / "model.so")
+    lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    executable = build(lowered, target, tmp_path / "files" / "model.so")
     inputs = bench.make_inputs(model.inputs)
     ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
     if fmt == "onnx":
@@ -54,8 +54,9 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
     model = import_model(example_files / "cnn-small.onnx")
     target = make_target("x86-host")
     optimized = optimize(model.mod, target, tmp_path)
-    executable = build(optimized.lowered, target, tmp_path / "files" / "model.so")
-    info = inspect_build(model.mod, optimized.fused, optimized.lowered, executable, tmp_path)
+    lowered, labels = schedule(optimized.fused, target)
+    executable = build(lowered, target, tmp_path / "files" / "model.so")
+    info = inspect_build(model.mod, optimized.fused, lowered, executable, tmp_path, labels)
     assert info["graphs"]["fused"]["nodes"] < info["graphs"]["imported"]["nodes"]
     svg = (tmp_path / "files" / "graph-fused.svg").read_text()
     assert "<svg" in svg and "1×16×32×32" in svg  # shapes on the edges
@@ -64,6 +65,8 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
     assert "define" in (tmp_path / "views" / "kernels" / f"{conv}.ll").read_text()
     assert conv in (tmp_path / "views" / "kernels" / f"{conv}.s").read_text()
     assert (tmp_path / "files" / "ir.zip").stat().st_size > 0
+    kinds = {k["name"]: k["schedule"] for k in info["kernels"]}
+    assert kinds[conv] == "default rule: conv2d"
 
 
 def test_x86_generic_target_builds_portable_code(example_files, tmp_path):
@@ -144,7 +147,6 @@ def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path,
     """Every kernel the shipped records schedule gives the same outputs as TVM's naive build."""
     from webapp.jobs.tuning_db import RECORDS, SHIPPED_DIR, WORKLOADS, database_key
     from webapp.jobs.worker import ensure_example_files
-    from webapp.pipeline.build import schedule
 
     shipped = SHIPPED_DIR / database_key("x86-host")
     if not (shipped / RECORDS).is_file():

@@ -79,6 +79,14 @@ TARGETS: dict[str, TargetPreset] = {
             {"kind": "llvm", "mcpu": "host"},
         ),
         TargetPreset(
+            "x86-avx2",
+            "x86-64 with AVX2",
+            "LLVM for x86-64 with AVX2 and FMA (Intel since Haswell, AMD since Zen): 256-bit vectors, "
+            "16 vector registers.",
+            "x86_64",
+            {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"},
+        ),
+        TargetPreset(
             "x86-generic",
             "x86-64, portable",
             "LLVM for the baseline x86-64 instruction set (SSE2 only): runs on any 64-bit x86 CPU.",

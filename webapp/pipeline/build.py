@@ -37,7 +37,13 @@ def schedule(
             mod = relax.transform.SplitLayoutRewritePreproc()(mod)
             mod = relax.transform.FoldConstant()(mod)
             mod = relax.transform.DeadCodeElimination()(mod)
-            mod = schedules.default_schedules(mod)  # repacking of non-constant operands
+            # What is left of the repacking runs at every call (its operand is not a constant): it
+            # inherited its kernel's attributes, so it is scheduled here as the copy it is.
+            mod = mod.clone()
+            for gv, f in mod.functions_items():
+                if gv.name_hint.endswith("_weight_prepack"):
+                    mod[gv] = f.without_attr("tirx.is_scheduled").without_attr(schedules.SCHEDULE_ATTR)
+            mod = schedules.default_schedules(mod)
         labels = schedules.labels(mod)
         lowered = tvm.transform.Sequential(
             cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)

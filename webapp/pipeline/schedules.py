@@ -57,25 +57,20 @@ def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
 
 
 def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
-    """Inlines the elementwise blocks after `main` into one; returns that last block (None when
-    `main` writes the output itself). Raises when the epilogue is not a simple chain."""
+    """Inlines the elementwise blocks after `main` into the block that writes the output, and returns
+    that block (None when `main` writes the output itself). Raises when that is not possible."""
     func = sch.mod["main"]
     if is_output(func, sch.get(main).writes[0].source):
         return None
-    while True:
-        consumers = sch.get_consumers(main)
-        if len(consumers) != 1:
-            raise ValueError("epilogue is not a single chain")
-        last = consumers[0]
-        if is_output(func, sch.get(last).writes[0].source):
-            break
-        # Fold the consumer into whatever reads it, so `main` gets a new single consumer.
-        after = sch.get_consumers(last)
-        if not after:
-            raise ValueError("dead block in epilogue")
-        sch.compute_inline(last)
-    # Blocks after the chain's end that also write outputs would need their own schedule.
-    return last
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
+    for block in blocks[at + 1 :]:
+        if not is_output(func, sch.get(block).writes[0].source):
+            sch.compute_inline(block)
+    consumers = sch.get_consumers(main)
+    if len(consumers) != 1:
+        raise ValueError("the result feeds more than one output")
+    return consumers[0]
 
 
 def loops_below(sch: s_tir.Schedule, block, loop) -> list:
@@ -216,7 +211,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     block = blocks[0]
     stmt = sch.get(block)
     kinds = iter_kinds(stmt)
-    if kinds not in ("SSR", "SSSR") or len(stmt.reads) != 2:
+    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
         return None
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
@@ -269,7 +264,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     if tail:
         inner = sch.split(tail[-1], [None, width])[-1] if extent(sch, tail[-1]) % width == 0 else tail[-1]
         sch.vectorize(inner)
-    return "default rule: batch matmul" if batch else "default rule: matmul"
+    return "default rule: batch matmul" if len(b_idx) > 2 else "default rule: matmul"
 
 
 def elementwise(sch: s_tir.Schedule, target) -> str | None:
@@ -283,7 +278,7 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
         if not is_output(func, sch.get(block).writes[0].source):
             try:
                 sch.compute_inline(block)
-            except tvm.TVMError:
+            except RuntimeError:
                 pass  # stays its own loop nest
     lanes, _ = simd(target)
     for block in sch.get_child_blocks(root):
@@ -325,7 +320,7 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         sch = s_tir.Schedule(func)
         try:
             result = rule(sch, target)
-        except (tvm.TVMError, ValueError):
+        except (RuntimeError, ValueError):  # TVM's ScheduleError and InternalError are RuntimeErrors
             continue  # this rule's schedule does not apply to this kernel; try the next
         if result is None:
             continue

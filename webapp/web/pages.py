@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from flask import Blueprint, Response, abort, redirect, render_template, request, send_file, url_for
 
@@ -23,7 +24,13 @@ FILE_HEADERS = {
 @bp.app_context_processor
 def common():
     config, _, _ = ctx()
-    return {"unsandboxed": config.unsandboxed}
+    return {"unsandboxed": config.unsandboxed, "schedule_counts": schedule_counts}
+
+
+def schedule_counts(kernels: list[dict]) -> list[tuple[str, int]]:
+    """How many kernels each kind of schedule covers: tuned, default rule, naive."""
+    counts = Counter(k["schedule"].split(":")[0] for k in kernels)
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def render_index(error: str | None = None, status: int = 200, form=None):
@@ -141,7 +148,7 @@ def format_ms(ms: float) -> str:
 
 
 def bench_chart(job: dict) -> list[dict]:
-    """Bars for the benchmark chart, on a log scale (untuned and framework times differ by 100x)."""
+    """Bars for the benchmark chart, on a log scale (runtimes can differ by 100x)."""
     rows = [r for r in job["results"].get("benchmarks", []) if r.get("median_ms")]
     if not rows:
         return []
@@ -153,7 +160,8 @@ def bench_chart(job: dict) -> list[dict]:
         bars.append(
             {
                 **r,
-                "label": f"{r['runtime']} {r['variant']}" + (" tuned" if r["tuned"] else ""),
+                "label": f"{r['runtime']} {r['variant']}"
+                + (" tuned" if r["tuned"] else " default rules" if r["runtime"] == "tvm" else ""),
                 "value": format_ms(r["median_ms"]),
                 "width": 100 * math.log10(r["median_ms"] / lo) / span,
                 "p90": 100 * math.log10(r["p90_ms"] / lo) / span,

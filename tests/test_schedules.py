@@ -1,0 +1,59 @@
+"""The default schedule rules (webapp/pipeline/schedules.py): every example model computes what TVM's
+naive build computes, on the x86 targets (AVX-512 here, AVX2, SSE2), with its heavy kernels scheduled by
+a rule; an arm64 build compiles with NEON code."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+
+from webapp.catalog import EXAMPLES
+from webapp.pipeline import bench
+from webapp.pipeline.build import build, schedule
+from webapp.pipeline.importers import import_model
+from webapp.pipeline.optimize import optimize
+from webapp.pipeline.targets import make_target
+
+HEAVY = re.compile(r"conv2d|matmul")
+
+
+def scheduled_and_naive(example_path, target, tmp_path):
+    model = import_model(example_path)
+    optimized = optimize(model.mod, target, tmp_path)
+    lowered, labels = schedule(optimized.fused, target)
+    naive, naive_labels = schedule(optimized.fused, target, default_rules=False)
+    assert set(naive_labels.values()) == {"naive"}
+    inputs = bench.make_inputs(model.inputs)
+    outputs = [
+        bench.flatten_outputs(bench.tvm_runner(build(m, target, None), inputs)()) for m in (lowered, naive)
+    ]
+    return labels, outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["x86-host", "x86-avx2", "x86-generic"])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_default_rules_compute_what_the_naive_build_computes(config, tmp_path, name, preset):
+    from webapp.jobs.worker import ensure_example_files
+
+    pt2_path, _ = ensure_example_files(config, name)
+    labels, (scheduled, naive) = scheduled_and_naive(pt2_path, make_target(preset), tmp_path)
+    for ours, reference in zip(scheduled, naive, strict=True):
+        scale = float(np.abs(reference).max()) or 1.0
+        np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5 * scale)
+    heavy = {k: v for k, v in labels.items() if HEAVY.search(k)}
+    assert heavy and all(v.startswith("default rule") for v in heavy.values()), heavy
+    assert "naive" not in labels.values(), labels
+
+
+def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
+    model = import_model(example_files / "cnn-small.onnx")
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    assert any(v == "default rule: conv2d" for v in labels.values())
+    executable = build(lowered, target, None)
+    asm = executable.mod.imports[0].inspect_source("s")
+    assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA in the conv kernels
