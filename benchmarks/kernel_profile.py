@@ -1,0 +1,87 @@
+"""Where a built-in example's time goes, kernel by kernel, on the default schedule rules (or with the
+tuning records of a database folder): each compiled kernel timed on its own with random inputs, with
+its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it.
+
+    .venv/bin/python benchmarks/kernel_profile.py resnet50 [--target x86-host] [--records DIR] [--top 15]
+
+Runs the trusted example models in this process (no sandbox); uploads never come here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from webapp.config import Config
+from webapp.jobs.worker import ensure_example_files
+from webapp.pipeline.build import build, schedule
+from webapp.pipeline.importers import import_model
+from webapp.pipeline.inspect import kernel_flop
+from webapp.pipeline.optimize import optimize
+from webapp.pipeline.targets import make_target
+
+
+def profile(name: str, preset: str, records: Path | None) -> list[dict]:
+    _, onnx_path = ensure_example_files(Config.from_env(), name)
+    target = make_target(preset)
+    model = import_model(onnx_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        fused = optimize(model.mod, target, Path(tmp)).fused
+    lowered, labels = schedule(fused, target, records)
+    library = build(lowered, target, None).mod.imports[0]
+    main_text = lowered["main"].script()
+    dev = tvm.cpu()
+    rows = []
+    for gv, func in lowered.functions_items():
+        name = gv.name_hint
+        calls = len(re.findall(rf"\b{re.escape(name)}\(", main_text))
+        if not isinstance(func, tvm.tirx.PrimFunc) or not calls:
+            continue
+        rng = np.random.default_rng(0)
+        args = [
+            tvm.runtime.tensor(rng.random([int(s) for s in p.shape]).astype(p.dtype), dev)
+            for p in func.params
+        ]
+        seconds = library.time_evaluator(name, dev, number=10, repeat=5)(*args).median
+        flop = kernel_flop(func)
+        rows.append(
+            {
+                "kernel": name,
+                "calls": calls,
+                "ms": seconds * calls * 1e3,
+                "gflops": flop / seconds / 1e9 if flop else None,
+                "schedule": labels.get(name, "naive"),
+            }
+        )
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model")
+    parser.add_argument("--target", default="x86-host")
+    parser.add_argument("--records", type=Path, help="a tuning database folder to apply first")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    rows = profile(args.model, args.target, args.records)
+    total = sum(r["ms"] for r in rows)
+    print(f"{args.model}: {len(rows)} kernels, {total:.3f} ms summed (each kernel timed alone)")
+    for r in rows[: args.top]:
+        rate = f"{r['gflops']:7.1f} GFLOP/s" if r["gflops"] else " " * 15
+        print(
+            f"  {r['ms']:8.3f} ms {100 * r['ms'] / total:5.1f}%  x{r['calls']:<2} {rate}  {r['kernel']}  "
+            f"[{r['schedule']}]"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
