@@ -17,9 +17,14 @@ from webapp.pipeline import schedules
 
 
 def schedule(
-    fused: tvm.IRModule, target: tvm.target.Target, tuning_dir: Path | None = None, default_rules: bool = True
+    fused: tvm.IRModule,
+    target: tvm.target.Target,
+    tuning_dir: Path | None = None,
+    default_rules: bool = True,
+    keep_tuned: set[str] | None = None,
 ) -> tuple[tvm.IRModule, dict[str, str]]:
-    """The fused module lowered for the VM, and each kernel's schedule label."""
+    """The fused module lowered for the VM, and each kernel's schedule label. With `keep_tuned`, only
+    those kernels take their record; the others go to the default rules."""
     from tvm.relax.backend import cpu_generic
 
     with target, tvm.transform.PassContext(opt_level=3):
@@ -29,8 +34,12 @@ def schedule(
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
             mod = mod.clone()
             for gv, f in mod.functions_items():
-                if schedules.is_scheduled(f):
+                if not schedules.is_scheduled(f):
+                    continue
+                if keep_tuned is None or gv.name_hint in keep_tuned:
                     mod[gv] = f.with_attr(schedules.SCHEDULE_ATTR, "tuned")
+                else:
+                    mod[gv] = fused[gv.name_hint]
         if default_rules:
             mod = schedules.default_schedules(mod)
             # Weight repacking blocks become their own kernels, which FoldConstant runs once, here.
@@ -49,6 +58,35 @@ def schedule(
             cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
         )(mod)
     return lowered, labels
+
+
+def kernel_seconds(executable, lowered: tvm.IRModule) -> dict[str, float]:
+    """Each kernel of a built module timed on its own with random inputs, by its name in the fused
+    module (the default rules' kernels are renamed `<name>_prepacked`)."""
+    import numpy as np
+
+    library, dev = executable.mod.imports[0], tvm.cpu()
+    rng = np.random.default_rng(0)
+    out = {}
+    for gv, func in lowered.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint.endswith("_weight_prepack"):
+            continue
+        args = [
+            tvm.runtime.tensor(rng.random([int(d) for d in p.shape]).astype(p.dtype), dev)
+            for p in func.params
+        ]
+        seconds = library.time_evaluator(gv.name_hint, dev, number=3, repeat=3, min_repeat_ms=5)(*args).median
+        out[gv.name_hint.removesuffix("_prepacked")] = seconds
+    return out
+
+
+def faster_tuned(tuned: dict[str, float], default: dict[str, float], labels: dict[str, str]) -> set[str]:
+    """The tuned kernels that ran faster than their default-rule twin."""
+    return {
+        name
+        for name, seconds in tuned.items()
+        if labels.get(name) == "tuned" and seconds < default.get(name, float("inf"))
+    }
 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):

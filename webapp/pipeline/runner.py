@@ -156,7 +156,7 @@ def run(job_dir: Path) -> None:
     else:
         progress.skip("tune")
 
-    from webapp.pipeline.build import build, schedule
+    from webapp.pipeline.build import build, faster_tuned, kernel_seconds, schedule
 
     def do_build(report):
         """The library to download (tuned kernels where there are records, default rules elsewhere) and
@@ -171,10 +171,34 @@ def run(job_dir: Path) -> None:
         (job_dir / "files").mkdir(exist_ok=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
-        report(0.5)
-        return {True: build(tuned, target, library), False: build(default, target, None)}, tuned, tuned_labels
+        report(0.3)
+        # A record is used only where its kernel beats the default rule's, timed here kernel by kernel.
+        default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
+        tuned_s, default_s = kernel_seconds(tuned_exe, tuned), kernel_seconds(default_exe, default)
+        keep = faster_tuned(tuned_s, default_s, tuned_labels)
+        choice.extend(
+            {
+                "kernel": n,
+                "tuned_us": tuned_s[n] * 1e6,
+                "default_us": default_s.get(n, 0) * 1e6,
+                "used": n in keep,
+            }
+            for n in sorted(tuned_s)
+            if tuned_labels.get(n) == "tuned"
+        )
+        report(0.7)
+        if keep != {n for n, label in tuned_labels.items() if label == "tuned"}:
+            tuned, tuned_labels = schedule(optimized.fused, target, tuning_dir, keep_tuned=keep)
+            tuned_exe = build(tuned, target, None)
+        if not keep:  # every default rule beat its record: the records are not used
+            return {False: build(default, target, library)}, default, default_labels
+        tuned_exe.export_library(str(library))
+        return {True: tuned_exe, False: default_exe}, tuned, tuned_labels
 
+    choice: list[dict] = []  # per tuned kernel: its record's time against the default rule's
     executables, shown_module, labels = run_stage(progress, "build", do_build)
+    if choice:
+        save({"record_choice": choice})
     save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
 
     from webapp.pipeline.inspect import inspect_build
