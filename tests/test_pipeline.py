@@ -67,6 +67,8 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
     assert (tmp_path / "files" / "ir.zip").stat().st_size > 0
     kinds = {k["name"]: k["schedule"] for k in info["kernels"]}
     assert kinds[conv] == "default rule: conv2d"
+    assert all(k["calls"] >= 1 for k in info["kernels"] if k["schedule"] != "naive")
+    assert 5e6 < info["model_flop"] < 7e6  # cnn-small: 5.67 MFLOP, counted on the scheduled kernels
 
 
 def test_x86_generic_target_builds_portable_code(example_files, tmp_path):

@@ -57,3 +57,24 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
     executable = build(lowered, target, None)
     asm = executable.mod.imports[0].inspect_source("s")
     assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA in the conv kernels
+
+
+def test_grouped_conv2d_has_its_rule_and_matches_the_naive_build(tmp_path):
+    import torch
+
+    class Grouped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(32, 64, 3, padding=1, groups=2)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    torch.manual_seed(0)
+    ep = torch.export.export(Grouped().eval(), (torch.randn(1, 32, 20, 20),))
+    torch.export.save(ep, tmp_path / "grouped.pt2")
+    labels, (scheduled, naive) = scheduled_and_naive(
+        tmp_path / "grouped.pt2", make_target("x86-host"), tmp_path
+    )
+    assert "default rule: grouped conv2d" in labels.values(), labels
+    np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-5)

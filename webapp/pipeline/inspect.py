@@ -256,7 +256,7 @@ def inspect_build(
                 "name": name,
                 "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
-                "calls": graphs["fused"]["ops"].get(name, 0),
+                "calls": graphs["fused"]["ops"].get(name.removesuffix("_prepacked"), 0),
                 "flop": kernel_flop(func),
             }
         )
