@@ -15,12 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import tvm
 
 from webapp.config import Config
 from webapp.jobs.worker import ensure_example_files
-from webapp.pipeline.build import build, schedule
+from webapp.pipeline.build import build, kernel_seconds, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import kernel_flop
 from webapp.pipeline.optimize import optimize
@@ -34,21 +33,15 @@ def profile(name: str, preset: str, records: Path | None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         fused = optimize(model.mod, target, Path(tmp)).fused
     lowered, labels = schedule(fused, target, records)
-    library = build(lowered, target, None).mod.imports[0]
+    seconds_of = kernel_seconds(build(lowered, target, None), lowered, number=10, repeat=5)
     main_text = lowered["main"].script()
-    dev = tvm.cpu()
     rows = []
     for gv, func in lowered.functions_items():
         name = gv.name_hint
         calls = len(re.findall(rf"\b{re.escape(name)}\(", main_text))
         if not isinstance(func, tvm.tirx.PrimFunc) or not calls:
             continue
-        rng = np.random.default_rng(0)
-        args = [
-            tvm.runtime.tensor(rng.random([int(s) for s in p.shape]).astype(p.dtype), dev)
-            for p in func.params
-        ]
-        seconds = library.time_evaluator(name, dev, number=10, repeat=5)(*args).median
+        seconds = seconds_of[name]
         flop = kernel_flop(func)
         rows.append(
             {

@@ -60,33 +60,39 @@ def schedule(
     return lowered, labels
 
 
-def kernel_seconds(executable, lowered: tvm.IRModule) -> dict[str, float]:
-    """Each kernel of a built module timed on its own with random inputs, by its name in the fused
-    module (the default rules' kernels are renamed `<name>_prepacked`)."""
+def kernel_seconds(executable, lowered: tvm.IRModule, number: int = 3, repeat: int = 3) -> dict[str, float]:
+    """Each kernel of a built module timed on its own (median) with seeded random inputs."""
     import numpy as np
 
     library, dev = executable.mod.imports[0], tvm.cpu()
-    rng = np.random.default_rng(0)
     out = {}
     for gv, func in lowered.functions_items():
-        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint.endswith("_weight_prepack"):
+        if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        rng = np.random.default_rng(0)
         args = [
             tvm.runtime.tensor(rng.random([int(d) for d in p.shape]).astype(p.dtype), dev)
             for p in func.params
         ]
-        seconds = library.time_evaluator(gv.name_hint, dev, number=3, repeat=3, min_repeat_ms=5)(*args).median
-        out[gv.name_hint.removesuffix("_prepacked")] = seconds
+        timer = library.time_evaluator(gv.name_hint, dev, number=number, repeat=repeat, min_repeat_ms=5)
+        out[gv.name_hint] = float(timer(*args).median)
     return out
 
 
-def faster_tuned(tuned: dict[str, float], default: dict[str, float], labels: dict[str, str]) -> set[str]:
-    """The tuned kernels that ran faster than their default-rule twin."""
-    return {
-        name
-        for name, seconds in tuned.items()
-        if labels.get(name) == "tuned" and seconds < default.get(name, float("inf"))
-    }
+def record_choice(tuned: dict[str, float], default: dict[str, float], labels: dict[str, str]) -> list[dict]:
+    """Per tuned kernel, its record's time against its default-rule twin's, and whether the record is
+    used (it is when it was faster)."""
+    by_fused_name = {schedules.fused_name(name): seconds for name, seconds in default.items()}
+    return [
+        {
+            "kernel": name,
+            "tuned_us": seconds * 1e6,
+            "default_us": by_fused_name.get(name, 0) * 1e6,
+            "used": seconds < by_fused_name.get(name, float("inf")),
+        }
+        for name, seconds in sorted(tuned.items())
+        if labels.get(name) == "tuned"
+    ]
 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):

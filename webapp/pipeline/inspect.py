@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from webapp.pipeline.optimize import relax_script
+from webapp.pipeline.schedules import fused_name
 
 CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
 
@@ -256,7 +257,7 @@ def inspect_build(
                 "name": name,
                 "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
-                "calls": graphs["fused"]["ops"].get(name.removesuffix("_prepacked"), 0),
+                "calls": graphs["fused"]["ops"].get(fused_name(name), 0),
                 "flop": kernel_flop(func),
             }
         )

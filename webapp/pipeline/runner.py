@@ -156,7 +156,7 @@ def run(job_dir: Path) -> None:
     else:
         progress.skip("tune")
 
-    from webapp.pipeline.build import build, faster_tuned, kernel_seconds, schedule
+    from webapp.pipeline.build import build, kernel_seconds, record_choice, schedule
 
     def do_build(report):
         """The library to download (tuned kernels where there are records, default rules elsewhere) and
@@ -174,24 +174,19 @@ def run(job_dir: Path) -> None:
         report(0.3)
         # A record is used only where its kernel beats the default rule's, timed here kernel by kernel.
         default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
-        tuned_s, default_s = kernel_seconds(tuned_exe, tuned), kernel_seconds(default_exe, default)
-        keep = faster_tuned(tuned_s, default_s, tuned_labels)
         choice.extend(
-            {
-                "kernel": n,
-                "tuned_us": tuned_s[n] * 1e6,
-                "default_us": default_s.get(n, 0) * 1e6,
-                "used": n in keep,
-            }
-            for n in sorted(tuned_s)
-            if tuned_labels.get(n) == "tuned"
+            record_choice(
+                kernel_seconds(tuned_exe, tuned), kernel_seconds(default_exe, default), tuned_labels
+            )
         )
+        keep = {c["kernel"] for c in choice if c["used"]}
         report(0.7)
-        if keep != {n for n, label in tuned_labels.items() if label == "tuned"}:
+        if not keep:  # every default rule beat its record: the records are not used
+            default_exe.export_library(str(library))
+            return {False: default_exe}, default, default_labels
+        if len(keep) < len(choice):
             tuned, tuned_labels = schedule(optimized.fused, target, tuning_dir, keep_tuned=keep)
             tuned_exe = build(tuned, target, None)
-        if not keep:  # every default rule beat its record: the records are not used
-            return {False: build(default, target, library)}, default, default_labels
         tuned_exe.export_library(str(library))
         return {True: tuned_exe, False: default_exe}, tuned, tuned_labels
 

@@ -44,6 +44,17 @@ def extent(sch: s_tir.Schedule, loop) -> int:
     return int(value) if isinstance(value, tirx.IntImm) else -1
 
 
+def vector_width(n: int, lanes: int, minimum: int = 2) -> int:
+    """The widest of lanes, lanes/2, lanes/4 (at least `minimum`) that divides n; 0 when none does.
+    Powers of two only: LLVM splits odd-width vectors into pieces."""
+    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= minimum and n % w == 0), 0)
+
+
+def fuse(sch: s_tir.Schedule, loops: list):
+    """One loop for `loops` (the loop itself when there is one)."""
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
 def largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
@@ -81,10 +92,9 @@ def loops_below(sch: s_tir.Schedule, block, loop) -> list:
 
 
 def parallel_outer(sch: s_tir.Schedule, block, count: int):
-    loops = sch.get_loops(block)[:count]
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    sch.parallel(fused)
-    return fused
+    outer = fuse(sch, sch.get_loops(block)[:count])
+    sch.parallel(outer)
+    return outer
 
 
 def conv2d(sch: s_tir.Schedule, target) -> str | None:
@@ -105,7 +115,7 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     oc, ic_per_group = int(weight.shape[0]), int(weight.shape[1])
     groups = int(stmt.reads[0].source.shape[1]) // ic_per_group if stmt.reads[0].source.shape[1] else 1
     oc_per_group = oc // max(groups, 1)
-    lanes = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and oc_per_group % w == 0), 0)
+    lanes = vector_width(oc_per_group, lanes, minimum=4)
     if not lanes:
         return windowed(sch, target, conv, "depthwise conv2d" if oc_per_group == 1 else "grouped conv2d")
     n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
@@ -147,13 +157,9 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
 
 
 def vector_split(sch: s_tir.Schedule, loop, lanes: int):
-    """Splits off an inner loop of a power-of-two width up to `lanes` that divides the loop (LLVM splits
-    odd-width vectors into pieces); None when there is none."""
-    n = extent(sch, loop)
-    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 2 and n % w == 0), 1)
-    if width < 2:
-        return None
-    return sch.split(loop, [None, width])
+    """Splits off an inner loop of vector_width iterations; None when there is no such width."""
+    width = vector_width(extent(sch, loop), lanes)
+    return sch.split(loop, [None, width]) if width else None
 
 
 def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
@@ -176,7 +182,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     sch.set_scope(block, 0, "local")
     # Parallel over the leading output axes (batch, channels), rows and columns inside.
     lead = max(1, min(2, spatial - 1))
-    outer = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
+    outer = fuse(sch, loops[:lead])
     sch.parallel(outer)
     for producer in producers:  # pad one channel at a time, by the thread that reads it
         sch.compute_at(producer, outer)
@@ -194,7 +200,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     sch.vectorize(sch.get_loops(init)[-1])
     tail = loops_below(sch, epilogue, col_o)
     if tail:
-        sch.vectorize(sch.fuse(*tail) if len(tail) > 1 else tail[0])
+        sch.vectorize(fuse(sch, tail))
     return f"default rule: {kind}"
 
 
@@ -226,7 +232,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
         return None
     *batch_loops, i_loop, j_loop, k_loop = loops
     n = extent(sch, j_loop)
-    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 2 and n % w == 0), 0)
+    width = vector_width(n, lanes)
     if not width:
         return None
     vectors = next((v for v in (4, 2, 1) if n % (v * width) == 0), 1)
@@ -283,7 +289,7 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
     lanes, _ = simd(target)
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        fused = fuse(sch, loops)
         total = extent(sch, fused)
         if total >= 4 * lanes and total % lanes == 0:
             outer, inner = sch.split(fused, [None, lanes])
@@ -346,6 +352,12 @@ def default_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gv, func in updates.items():
         mod[gv] = func
     return mod
+
+
+def fused_name(kernel: str) -> str:
+    """The fused module's name of a built kernel: the default rules' kernels come out of
+    SplitLayoutRewritePreproc (webapp.pipeline.build) renamed `<name>_prepacked`."""
+    return kernel.removesuffix("_prepacked")
 
 
 def labels(mod: tvm.IRModule) -> dict[str, str]:
