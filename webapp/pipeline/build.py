@@ -60,6 +60,19 @@ def schedule(
     return lowered, labels
 
 
+def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
+    """A Relax module as imported (before legalization) compiled on the default rules, keeping no
+    views: for the quantize stage's calibration and per-layer runs. Returns (executable, labels)."""
+    from tvm.relax.backend import cpu_generic
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        fused = tvm.transform.Sequential(
+            cpu_generic.library_dispatch_passes(target) + cpu_generic.legalize_passes(target)
+        )(mod)
+    lowered, labels = schedule(fused, target)
+    return build(lowered, target, None), labels
+
+
 def kernel_seconds(executable, lowered: tvm.IRModule, number: int = 3, repeat: int = 3) -> dict[str, float]:
     """Each kernel of a built module timed on its own (median) with seeded random inputs."""
     import numpy as np

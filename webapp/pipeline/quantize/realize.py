@@ -1,0 +1,208 @@
+"""Realize: the float function rewritten with integer layers.
+
+Each quantized layer becomes
+
+    uint8 input (padded with its zero point) -> conv2d / matmul with int8 weights, int32 accumulation
+    -> + int32 bias (which also cancels the input's zero point)
+    -> requantize to the next layer's uint8 (a rounding shift when every scale is a power of two, a
+       31-bit fixed-point multiply and shift otherwise), the ReLU / ReLU6 being the clip of that step
+
+when every reader of its result is another quantized layer, so consecutive layers stay in 8 bits;
+when some reader is not (a residual add, pooling, the model output) the accumulator is scaled back
+to float32 instead, and a quantized reader of a float tensor quantizes it on entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+from tvm.relax import op as R
+
+from webapp.pipeline.quantize.annotate import Layer, bindings, users
+from webapp.pipeline.quantize.scales import (
+    ActQuant,
+    fixed_point,
+    is_power_of_two,
+    quantize_weights,
+    weight_scales,
+)
+
+
+@dataclass
+class LayerQuant:
+    """How one layer was quantized, for the page, result.json and the tests."""
+
+    layer: Layer
+    input: ActQuant
+    weight_scale: np.ndarray  # per output channel (or one value)
+    weight_q: np.ndarray  # int8 storage of the b-bit weights
+    bias_q: np.ndarray  # int32, zero-point correction included
+    multiplier: np.ndarray  # input scale x weight scale / output scale (requantize) or x 1 (float)
+    output: ActQuant | None  # the uint8 result's quantization; None when the result is float32
+    requantize: str  # "shift" | "fixed-point" | "float"
+
+
+def const(values, dtype: str) -> relax.Expr:
+    return relax.const(np.ascontiguousarray(np.asarray(values).astype(dtype)), dtype)
+
+
+def substitute(expr, env: dict):
+    """`expr` with its variables replaced through env (Call, Tuple, TupleGetItem, leaves)."""
+    if isinstance(expr, relax.Var):
+        return env.get(expr, expr)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [substitute(a, env) for a in expr.args], expr.attrs, expr.ty_args)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([substitute(f, env) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(substitute(expr.tuple_value, env), expr.index)
+    return expr
+
+
+class Realizer:
+    def __init__(self, func, layers: list[Layer], acts: dict, options, expose: bool = False):
+        self.func, self.bits = func, options.bits
+        self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
+        self.expose = expose  # also return every quantized layer's result, in float32
+        self.layers = {layer.head: layer for layer in layers if layer.quantized}
+        self.absorbed = {v for layer in self.layers.values() for v in layer.absorbed}
+        self.acts = acts  # float tensor Var -> ActQuant, for every input of a quantized layer
+        self.uses = users(func)
+        self.bb = relax.BlockBuilder()
+        self.floats: dict = {}  # original Var -> its float32 value in the new function
+        self.quants: dict = {}  # original Var -> its uint8 value
+        self.report: list[LayerQuant] = []
+
+    def emit(self, expr, name: str = "q"):
+        return self.bb.emit(expr, name_hint=name)
+
+    def float_value(self, var):
+        if var not in self.floats:  # only a requantized layer result: dequantize it
+            p = self.acts[var]
+            q = self.emit(R.astype(self.quants[var], "int32"))
+            shifted = self.emit(R.subtract(q, const(p.zero_point, "int32"))) if p.zero_point else q
+            self.floats[var] = self.emit(R.multiply(R.astype(shifted, "float32"), const(p.scale, "float32")))
+        return self.floats[var]
+
+    def quant_value(self, var):
+        if var not in self.quants:
+            p, x = self.acts[var], self.float_value(var)
+            q = self.emit(R.round(R.divide(x, const(p.scale, "float32"))), "quantize")
+            if p.zero_point:
+                q = self.emit(R.add(q, const(p.zero_point, "float32")))
+            q = self.emit(R.clip(q, float(p.qmin), float(p.qmax)))
+            self.quants[var] = self.emit(R.astype(q, "uint8"), "quantized")
+        return self.quants[var]
+
+    def run(self) -> relax.Function:
+        bb, func = self.bb, self.func
+        with bb.function("main", list(func.params), attrs=dict(func.attrs or {})):
+            with bb.dataflow():
+                for p in func.params:
+                    self.floats[p] = p
+                for b in bindings(func):
+                    if b.var in self.layers:
+                        self.layer(self.layers[b.var])
+                    elif b.var not in self.absorbed:
+                        value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
+                        self.floats[b.var] = self.emit(value, b.var.name)
+                body = func.body.body
+                if self.expose:
+                    body = relax.Tuple([body, *[r.layer.out for r in self.report]])
+                out = bb.emit_output(substitute(body, {v: self.float_value(v) for v in free_vars(body)}))
+            bb.emit_func_output(out)
+        return bb.get()["main"]
+
+    def readers_quantized(self, var) -> tuple[bool, bool]:
+        """(some reader is a quantized layer, some reader needs float32)."""
+        readers = self.uses.get(var, [])
+        quant = [r != "output" and r.var in self.layers and self.layers[r.var].data.same_as(var) for r in readers]
+        return any(quant), not all(quant)
+
+    def layer(self, layer: Layer) -> None:
+        p_in = self.acts[layer.data]
+        xq = self.quant_value(layer.data)
+        w = layer.weight
+        axis = layer.channel_axis
+        w_scale = self.weight_scale(layer)
+        wq = quantize_weights(w, w_scale, self.bits)
+        channels = w.shape[axis]
+        reduce = tuple(i for i in range(w.ndim) if i != axis)
+        w_sum = wq.astype(np.int64).sum(axis=reduce)
+        flat_scale = np.broadcast_to(w_scale.reshape(-1), (channels,)).astype(np.float64)
+        acc_scale = p_in.scale * flat_scale
+        bias = layer.bias if layer.bias is not None else np.zeros(channels)
+        bias_q = np.round(bias / acc_scale).astype(np.int64) - p_in.zero_point * w_sum
+        shape = (1, channels, 1, 1) if layer.kind == "conv2d" else (channels,)
+
+        if layer.kind == "conv2d":
+            a = layer.attrs
+            pad = [int(v) for v in a.padding]  # top, left, bottom, right
+            if any(pad):
+                xq = self.emit(R.nn.pad(xq, [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]], "constant",
+                                        float(p_in.zero_point)), "padded")
+            acc = self.emit(
+                R.nn.conv2d(xq, const(wq, "int8"), strides=[int(s) for s in a.strides], padding=[0, 0],
+                            dilation=[int(d) for d in a.dilation], groups=int(a.groups), out_dtype="int32"),
+                "acc",
+            )
+        else:
+            acc = self.emit(R.matmul(xq, const(wq, "int8"), out_dtype="int32"), "acc")
+        if np.any(bias_q):
+            acc = self.emit(R.add(acc, const(bias_q.reshape(shape), "int32")), "acc")
+
+        to_quant, to_float = self.readers_quantized(layer.out)
+        if to_quant:
+            p_out = self.acts[layer.out]
+            multiplier = acc_scale / p_out.scale
+            lo, hi = p_out.qmin, p_out.qmax
+            if layer.activation is not None:  # ReLU / ReLU6: clipped at the zero point / at hi
+                lo = max(lo, p_out.zero_point)
+                if layer.activation[0] == "clip":
+                    hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
+            y, how = self.requantize(acc, multiplier.reshape(shape))
+            if p_out.zero_point:
+                y = self.emit(R.add(y, const(p_out.zero_point, str(y.ty.dtype))))
+            y = self.emit(R.clip(y, float(lo), float(hi)))
+            self.quants[layer.out] = self.emit(R.astype(y, "uint8"), "requantized")
+            if to_float:
+                self.float_value(layer.out)
+        else:
+            p_out, multiplier, how = None, acc_scale, "float"
+            y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
+            if layer.activation is not None and layer.activation[0] == "relu":
+                y = self.emit(R.nn.relu(y))
+            elif layer.activation is not None:
+                y = self.emit(R.clip(y, layer.activation[1], layer.activation[2]))
+            self.floats[layer.out] = y
+        self.report.append(
+            LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
+        )
+
+    def weight_scale(self, layer: Layer) -> np.ndarray:
+        return weight_scales(layer.weight, self.bits, self.weight_mode, self.per_channel, layer.channel_axis)
+
+    def requantize(self, acc, multiplier: np.ndarray):
+        """int32 accumulator x multiplier, rounded: a shift when the multipliers are powers of two."""
+        if is_power_of_two(multiplier):
+            k = np.round(-np.log2(multiplier)).astype(np.int64)
+            if np.all(k >= 1):
+                rounding = const(np.left_shift(1, k - 1), "int32")
+                y = self.emit(R.right_shift(R.add(acc, rounding), const(k, "int32")), "shifted")
+                return y, "shift"
+            wide = self.emit(R.astype(acc, "int64"))
+            left, right = np.maximum(-k, 0), np.maximum(k, 0)
+            wide = self.emit(R.left_shift(wide, const(left, "int64")))
+            rounding = np.where(right > 0, np.left_shift(1, np.maximum(right - 1, 0)), 0)
+            y = self.emit(R.right_shift(R.add(wide, const(rounding, "int64")), const(right, "int64")))
+            return y, "shift"
+        m, shift = fixed_point(multiplier)
+        wide = self.emit(R.multiply(R.astype(acc, "int64"), const(m, "int64")))
+        y = self.emit(R.right_shift(R.add(wide, const(np.left_shift(1, shift - 1), "int64")), const(shift, "int64")))
+        return y, "fixed-point"
+
+
+def free_vars(expr) -> list:
+    return list(relax.analysis.free_vars(expr))

@@ -1,0 +1,104 @@
+"""Scales: how a float tensor maps onto b-bit integers, and how an int32 accumulator is brought back
+to the next layer's integers (fixed-point multiply, or a shift when every scale is a power of two).
+
+Pure numpy; the tests check these against their definitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def power2_up(scale):
+    """The smallest power of two >= scale (rounding down would saturate the largest values)."""
+    return 2.0 ** np.ceil(np.log2(np.maximum(scale, np.finfo(np.float32).tiny)))
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """An activation tensor stored as uint8: real = scale * (q - zero_point), q in [qmin, qmax].
+    Tensors that are never negative (after a ReLU) use zero point 0 and all 2^bits levels; others
+    are symmetric around zero point 128 (int8 shifted by 128, so that the CPU's uint8 x int8 dot
+    product applies)."""
+
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+
+    @staticmethod
+    def make(threshold: float, nonnegative: bool, bits: int, power2: bool) -> ActQuant:
+        threshold = max(float(threshold), 1e-8)
+        if nonnegative:
+            levels = 2**bits - 1
+            zero_point, qmin, qmax = 0, 0, levels
+        else:
+            levels = max(2 ** (bits - 1) - 1, 1)
+            zero_point = 128
+            qmin, qmax = 128 - 2 ** (bits - 1), 128 + levels
+        scale = threshold / levels
+        return ActQuant(float(power2_up(scale)) if power2 else scale, zero_point, qmin, qmax)
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        q = np.round(x / self.scale) + self.zero_point
+        return np.clip(q, self.qmin, self.qmax).astype(np.uint8)
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        return (q.astype(np.float32) - self.zero_point) * np.float32(self.scale)
+
+    def to_json(self) -> dict:
+        return {"scale": self.scale, "zero_point": self.zero_point, "qmin": self.qmin, "qmax": self.qmax}
+
+
+def weight_scales(w: np.ndarray, bits: int, mode: str, per_channel: bool, axis: int) -> np.ndarray:
+    """Scale per output channel (per_channel) or one for the tensor, shaped to broadcast along `axis`.
+    max: the largest magnitude maps to the largest level; power2: that scale rounded up to a power of
+    two. At 1 bit the weights are signs and the scale is the mean magnitude (binary networks)."""
+    reduce = tuple(i for i in range(w.ndim) if i != axis) if per_channel else None
+    magnitude = np.abs(w.astype(np.float64))
+    if bits == 1:
+        scale = magnitude.mean(axis=reduce, keepdims=True)
+    else:
+        scale = magnitude.max(axis=reduce, keepdims=True) / (2 ** (bits - 1) - 1)
+    scale = np.maximum(scale, 1e-12)
+    return power2_up(scale) if mode == "power2" else scale
+
+
+def quantize_weights(w: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 1:
+        return np.where(w >= 0, 1, -1).astype(np.int8)
+    limit = 2 ** (bits - 1) - 1
+    return np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
+
+
+def fixed_point(multiplier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """multiplier ~= mantissa * 2^-shift with a 31-bit integer mantissa (per element)."""
+    mantissa, exponent = np.frexp(np.asarray(multiplier, dtype=np.float64))
+    m = np.round(mantissa * 2.0**31).astype(np.int64)
+    carry = m == 2**31
+    m = np.where(carry, m // 2, m)
+    shift = 31 - (exponent + carry)
+    return m, shift.astype(np.int64)
+
+
+def is_power_of_two(x) -> bool:
+    x = np.asarray(x, dtype=np.float64)
+    mantissa, _ = np.frexp(x)
+    return bool(np.all((x > 0) & (mantissa == 0.5)))
+
+
+def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant, lo: int, hi: int):
+    """The integer arithmetic the quantized kernels do after their int32 accumulation (numpy).
+    A power-of-two multiplier is a rounding shift; any other a fixed-point multiply and shift."""
+    acc = acc.astype(np.int64)
+    if is_power_of_two(multiplier):
+        k = -np.log2(multiplier).astype(np.int64)
+        left = np.maximum(-k, 0)
+        right = np.maximum(k, 0)
+        y = ((acc << left) + np.where(right > 0, 1 << np.maximum(right - 1, 0), 0)) >> right
+    else:
+        m, shift = fixed_point(multiplier)
+        y = (acc * m + (1 << (shift - 1))) >> shift
+    return np.clip(y + out.zero_point, lo, hi).astype(np.uint8)
