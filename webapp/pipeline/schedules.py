@@ -156,6 +156,114 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
+VNNI = "playground_dot_16x4_vnni"
+
+
+def register_vnni() -> str:
+    """The AVX-512 VNNI tensor intrinsic: 16 int32 lanes += 4 uint8 x 4 int8 each (`vpdpbusd`).
+    TVM's own (`dot_16x4_vnni`) passes int32 vectors, which LLVM 22 rejects (it wants bytes), and
+    accumulates in global memory where these rules accumulate in registers ("local")."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"),
+                a,
+                B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    TensorIntrin.register(VNNI, desc, impl, override=True)
+    return VNNI
+
+
+def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
+    """uint8 x int8 -> int32 conv2d (NCHW, OIHW, no padding inside: webapp.pipeline.quantize pads
+    with the zero point first) on AVX-512 VNNI: 16 output channels x 4 input channels per
+    `vpdpbusd`, a register tile of 16-channel vectors x output columns. The input is copied to
+    (N, C/4, H, W, 4) at each call, the weights repacked (O/16, I/4, KH, KW, 16, 4) at build time."""
+    if not target_has_features("avx512vnni", target):
+        return None
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("conv2d_nchw")]
+    if len(blocks) != 1:
+        return None
+    conv = blocks[0]
+    stmt = sch.get(conv)
+    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
+        return None
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != ("uint8", "int8", "int32"):
+        return None
+    oc, ic = int(weight.shape[0]), int(weight.shape[1])
+    if int(data.shape[1]) != ic or oc % 16 or ic % 4:
+        return None
+    _, registers = simd(target)
+    n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
+    vectors = 2 if oc % 32 == 0 else 1
+    cols = largest_divisor(extent(sch, ow_loop), registers // 2 // vectors)
+    if vectors == 2 and cols < 4:
+        vectors, cols = 1, largest_divisor(extent(sch, ow_loop), registers // 2)
+    block_oc = 16 * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(
+        conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i // 4, h, w, o % block_oc, i % 4)
+    )
+    sch.annotate(pack, PREPROC, True)
+    # The input in (N, C/4, H, W, 4): legalization's padding block writes it so (a copy when the
+    # padding is 0).
+    producers = sch.get_producers(conv)
+    copy = producers[0] if producers else sch.cache_read(conv, 0, "global")
+    sch.transform_layout(conv, ("read", 0), lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+    sch.parallel(sch.fuse(*sch.get_loops(copy)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    sch.transform_layout(conv, ("write", 0), lambda n, c, h, w: (n, c // block_oc, h, w, c % block_oc))
+
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, 16])
+    ow_o, ow_i = sch.split(ow_loop, [None, cols])
+    ic_o, ic_i = sch.split(ic_loop, [None, 4])
+    sch.reorder(n_loop, oc_o, oh_loop, ow_o, ic_o, kh_loop, kw_loop, oc_v, ow_i, oc_i, ic_i)
+    parallel_outer(sch, conv, 3)
+    sch.reverse_compute_at(epilogue, ow_o)
+    init = sch.decompose_reduction(conv, ic_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(oc_v)
+    sch.unroll(ow_i)
+    sch.tensorize(oc_i, register_vnni())
+    tail = loops_below(sch, epilogue, ow_o)
+    if tail:
+        sch.vectorize(sch.split(fuse(sch, tail), [None, 16])[-1])
+    return "default rule: int8 conv2d (VNNI)"
+
+
 def vector_split(sch: s_tir.Schedule, loop, lanes: int):
     """Splits off an inner loop of vector_width iterations; None when there is no such width."""
     width = vector_width(extent(sch, loop), lanes)
@@ -316,7 +424,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     return windowed(sch, target, main[0], "pooling" if "pool" in sch.get(main[0]).name_hint else "reduction")
 
 
-RULES = (conv2d, matmul, reduction, elementwise)
+RULES = (conv2d_int8, conv2d, matmul, reduction, elementwise)
 
 
 def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
