@@ -20,6 +20,7 @@ gets the attribute SCHEDULE_ATTR naming the rule that scheduled it, for the resu
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import s_tir, tirx
 from tvm.target.codegen import target_has_features
@@ -258,9 +259,6 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.unroll(oc_v)
     sch.unroll(ow_i)
     sch.tensorize(oc_i, register_vnni())
-    tail = loops_below(sch, epilogue, ow_o)
-    if tail:
-        sch.vectorize(sch.split(fuse(sch, tail), [None, 16])[-1])
     return "default rule: int8 conv2d (VNNI)"
 
 
@@ -397,13 +395,19 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
     lanes, _ = simd(target)
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
-        fused = fuse(sch, loops)
-        total = extent(sch, fused)
-        if total >= 4 * lanes and total % lanes == 0:
-            outer, inner = sch.split(fused, [None, lanes])
+        total = int(np.prod([extent(sch, loop) for loop in loops]))
+        # The vector loop is split off the innermost axis, not off all axes fused: through the
+        # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
+        width = vector_width(extent(sch, loops[-1]), lanes, minimum=4) if loops else 0
+        if width and total >= 4 * lanes:
+            rest, inner = sch.split(loops[-1], [None, width])
+            outer = fuse(sch, [*loops[:-1], rest])
             sch.vectorize(inner)
         else:
-            outer = fused
+            outer = fuse(sch, loops)
+            if total >= 4 * lanes and total % lanes == 0:
+                outer, inner = sch.split(outer, [None, lanes])
+                sch.vectorize(inner)
         if total >= 4096:
             sch.parallel(outer)
     return "default rule: elementwise"

@@ -89,9 +89,10 @@ class Realizer:
     def quant_value(self, var):
         if var not in self.quants:
             p, x = self.acts[var], self.float_value(var)
-            q = self.emit(R.round(R.divide(x, const(p.scale, "float32"))), "quantize")
-            if p.zero_point:
-                q = self.emit(R.add(q, const(p.zero_point, "float32")))
+            # floor(x / scale + zero point + 1/2): round half up, vectorized (LLVM calls roundf
+            # once per value for R.round's half-away-from-zero)
+            shifted = R.add(R.multiply(x, const(1.0 / p.scale, "float32")), const(p.zero_point + 0.5, "float32"))
+            q = self.emit(R.floor(shifted), "quantize")
             q = self.emit(R.clip(q, float(p.qmin), float(p.qmax)))
             self.quants[var] = self.emit(R.astype(q, "uint8"), "quantized")
         return self.quants[var]
@@ -140,11 +141,14 @@ class Realizer:
         if layer.kind == "conv2d":
             a = layer.attrs
             pad = [int(v) for v in a.padding]  # top, left, bottom, right
-            if any(pad):
+            # The convolution pads with 0, which is the zero point of non-negative inputs; others are
+            # padded with their zero point first.
+            inner_pad = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
+            if any(pad) and p_in.zero_point:
                 xq = self.emit(R.nn.pad(xq, [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]], "constant",
                                         float(p_in.zero_point)), "padded")
             acc = self.emit(
-                R.nn.conv2d(xq, const(wq, "int8"), strides=[int(s) for s in a.strides], padding=[0, 0],
+                R.nn.conv2d(xq, const(wq, "int8"), strides=[int(s) for s in a.strides], padding=inner_pad,
                             dilation=[int(d) for d in a.dilation], groups=int(a.groups), out_dtype="int32"),
                 "acc",
             )

@@ -42,7 +42,9 @@ class ActQuant:
         return ActQuant(float(power2_up(scale)) if power2 else scale, zero_point, qmin, qmax)
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        q = np.round(x / self.scale) + self.zero_point
+        """As the quantized model does it: float32 multiply by 1/scale, round half up."""
+        inverse = np.float32(1.0 / self.scale)
+        q = np.floor(x.astype(np.float32) * inverse + np.float32(self.zero_point + 0.5))
         return np.clip(q, self.qmin, self.qmax).astype(np.uint8)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
