@@ -11,7 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from webapp.catalog import EXAMPLES, TARGETS
+from webapp.catalog import (
+    CALIBRATION_MODES,
+    EXAMPLES,
+    QUANTIZE_MODES,
+    TARGETS,
+    WEIGHT_GRANULARITY,
+    WEIGHT_SCALE_MODES,
+)
 from webapp.config import Config
 
 
@@ -74,7 +81,13 @@ def cmd_worker(args) -> int:
 
 
 def compile_locally(
-    config: Config, model_arg: str, target: str, out: Path, input_shapes: str = "", tune_trials: int = 0
+    config: Config,
+    model_arg: str,
+    target: str,
+    out: Path,
+    input_shapes: str = "",
+    tune_trials: int = 0,
+    quantize: dict | None = None,
 ) -> dict | None:
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
     unless config.unsandboxed. Returns the error ({"stage", "message"}) or None. Raises SubmitError
@@ -83,7 +96,12 @@ def compile_locally(
     from webapp.jobs.worker import prepare_job_folder, run_prepared_job
 
     options = parse_options(
-        {"target": target, "input_shapes": input_shapes or "", "tune_trials": str(tune_trials)}
+        {
+            "target": target,
+            "input_shapes": input_shapes or "",
+            "tune_trials": str(tune_trials),
+            **{k: str(v) for k, v in (quantize or {}).items() if v is not None},
+        }
     )
     if out.exists() and any(out.iterdir()):
         raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
@@ -115,7 +133,16 @@ def cmd_compile(args) -> int:
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        error = compile_locally(config, args.model, args.target, out, args.input_shapes, args.tune_trials)
+        quantize = {
+            "quantize": args.quantize,
+            "calibration": args.calibration,
+            "weight_scale": args.weight_scale,
+            "weight_granularity": args.weight_granularity,
+            "global_scale": args.global_scale,
+        }
+        error = compile_locally(
+            config, args.model, args.target, out, args.input_shapes, args.tune_trials, quantize
+        )
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -159,9 +186,11 @@ def benchmark_table(result: dict) -> str:
         top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
         which = "tuned" if f.get("tuned") else "untuned"
         lines.append(
-            f"  fidelity of TVM {which} vs {f['reference']}: max abs err {f.get('max_abs_err', 0):.3g}, "
-            f"cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
+            f"  fidelity of TVM {f['variant']} {which} vs {f['reference']}: max abs err "
+            f"{f.get('max_abs_err', 0):.3g}, cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
         )
+    for a in result.get("accuracy", []):
+        lines.append(f"  accuracy of TVM {a['variant']} on {a['dataset']}: top-1 {100 * a['top1']:.2f}%")
     return "\n".join(lines)
 
 
@@ -180,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
     p.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials (0: none)")
     p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
+    p.add_argument("--quantize", default="none", choices=QUANTIZE_MODES)
+    p.add_argument("--calibration", default="max", choices=CALIBRATION_MODES)
+    p.add_argument("--weight-scale", default="max", choices=WEIGHT_SCALE_MODES)
+    p.add_argument("--weight-granularity", default="channel", choices=WEIGHT_GRANULARITY)
+    p.add_argument("--global-scale", type=float, help="the threshold for --calibration global")
     p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
     p.set_defaults(func=cmd_compile)
     args = parser.parse_args(argv)

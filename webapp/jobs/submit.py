@@ -10,7 +10,14 @@ import shutil
 from collections.abc import Mapping
 from typing import BinaryIO
 
-from webapp.catalog import CALIBRATION_MODES, EXAMPLES, QUANTIZE_MODES, TARGETS, WEIGHT_SCALE_MODES
+from webapp.catalog import (
+    CALIBRATION_MODES,
+    EXAMPLES,
+    QUANTIZE_MODES,
+    TARGETS,
+    WEIGHT_GRANULARITY,
+    WEIGHT_SCALE_MODES,
+)
 from webapp.config import Config
 from webapp.jobs.queue import JobQueue
 from webapp.jobs.store import JobStore, new_job_id
@@ -68,8 +75,16 @@ def parse_options(form: Mapping[str, str]) -> dict:
         raise SubmitError("tune_trials must be a whole number.") from None
     if options["tune_trials"] < 0:
         raise SubmitError("tune_trials must be 0 or more.")
-    if options["quantize"] != "none":
-        raise SubmitError("Quantization is not available on this server yet; use quantize=none.")
+    options["weight_granularity"] = choice("weight_granularity", WEIGHT_GRANULARITY, "channel")
+    for flag in ("skip_first", "skip_last"):
+        options[flag] = (form.get(flag) or "").strip().lower() in ("1", "true", "on", "yes")
+    if (form.get("global_scale") or "").strip():
+        try:
+            options["global_scale"] = float(form["global_scale"])
+        except ValueError:
+            raise SubmitError("global_scale must be a number (the clipping threshold, e.g. 8.0).") from None
+        if not 0 < options["global_scale"] < 1e6:
+            raise SubmitError("global_scale must be above 0 (the clipping threshold, e.g. 8.0).")
     if options["tune_trials"] > MAX_TUNE_TRIALS:
         raise SubmitError(f"tune_trials is at most {MAX_TUNE_TRIALS} on this server.")
     options["input_shapes"] = parse_input_shapes(form.get("input_shapes") or "")
@@ -99,6 +114,7 @@ def submit_job(
     upload: BinaryIO | None,
     filename: str = "",
     tuning_files: dict[str, BinaryIO] | None = None,
+    calibration: BinaryIO | None = None,
 ) -> str:
     """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
     options = parse_options(form)
@@ -135,6 +151,14 @@ def submit_job(
                     stream, stream.read(16), job_dir / "input" / "tuning" / name, config.max_upload_mb
                 )
             options["tuning_upload"] = True
+        if calibration is not None:
+            if options["quantize"] == "none":
+                raise SubmitError("Calibration data is for quantization: pick a quantize mode too.")
+            head = calibration.read(16)
+            if not head.startswith(ZIP_MAGIC):  # np.savez writes a zip; parsed only in the sandbox
+                raise SubmitError("calibration_data must be a .npz file (numpy.savez), one array per input.")
+            save_upload(calibration, head, job_dir / "input" / "calibration.npz", config.max_upload_mb)
+            options["calibration_data"] = True
     except SubmitError:
         shutil.rmtree(job_dir)
         raise

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from webapp.catalog import STAGES
+from webapp.catalog import EXAMPLES, STAGES
 from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
 from webapp.jobs.store import JobStore, read_untrusted_json
@@ -51,6 +51,15 @@ def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
         "input_shapes": options.get("input_shapes"),
         "bench_budget_s": config.bench_budget_s,
     }
+    if options.get("quantize", "none") != "none":
+        keys = ("quantize", "calibration", "weight_scale", "weight_granularity", "skip_first", "skip_last")
+        spec.update({k: options[k] for k in keys if k in options})
+        if "global_scale" in options:
+            spec["global_scale"] = options["global_scale"]
+        if options.get("calibration_data"):
+            spec["calibration_data"] = "input/calibration.npz"
+    if options.get("example") and EXAMPLES[options["example"]].dataset:
+        spec["dataset"] = EXAMPLES[options["example"]].dataset
     if options.get("example"):
         pt2, onnx = ensure_example_files(config, options["example"])
         (job_dir / "input").mkdir(exist_ok=True)

@@ -156,22 +156,24 @@ def benchmark(
     budget_s: float = 3.0,
     report=lambda f: None,
 ) -> dict:
-    """executables: {tuned (bool): TVM executable}; references: {"pytorch": model.pt2,
-    "onnxruntime": model.onnx}, whichever the job has."""
+    """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
+    ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
+    references run the float model; a quantized variant is also compared with TVM's fp32."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
     makers = {
-        ("tvm", tuned): (lambda ex=ex: tvm_runner(ex, inputs)) for tuned, ex in sorted(executables.items())
+        ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs))
+        for (variant, tuned), ex in sorted(executables.items())
     }
     if "pytorch" in references:
-        makers[("pytorch", False)] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
+        makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
     if "onnxruntime" in references:
-        makers[("onnxruntime", False)] = lambda: onnxruntime_runner(
+        makers[("onnxruntime", "fp32", False)] = lambda: onnxruntime_runner(
             references["onnxruntime"], inputs, threads
         )
 
     rows, outs, unavailable = [], {}, []
-    for i, ((runtime, tuned), make) in enumerate(makers.items()):
+    for i, ((runtime, variant, tuned), make) in enumerate(makers.items()):
         try:
             run = make()
             out = run()
@@ -181,11 +183,11 @@ def benchmark(
             # A reference runtime that cannot run the model is reported, not fatal.
             unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
             continue
-        outs[(runtime, tuned)] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+        outs[(runtime, variant, tuned)] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
         rows.append(
             {
                 "runtime": runtime,
-                "variant": "fp32",
+                "variant": variant,
                 "tuned": tuned,
                 "device": device,
                 "threads": threads,
@@ -194,16 +196,19 @@ def benchmark(
         )
         report((i + 1) / len(makers))
 
+    references_out = {ref: out for (ref, _, _), out in outs.items() if ref != "tvm"}
+    if ("tvm", "fp32", False) in outs and any(v != "fp32" for v, _ in executables):
+        references_out["tvm fp32"] = outs[("tvm", "fp32", False)]
     fid = [
         {
-            "variant": "fp32",
+            "variant": variant,
             "tuned": tuned,
             "reference": ref,
-            **fidelity(outs[("tvm", tuned)], outs[(ref, False)], classifier),
+            **fidelity(outs[("tvm", variant, tuned)], ref_out, classifier),
         }
-        for tuned in sorted(executables)
-        for ref, _ in outs
-        if ref != "tvm"
+        for variant, tuned in sorted(executables)
+        for ref, ref_out in references_out.items()
+        if not (ref == "tvm fp32" and variant == "fp32")
     ]
     return {
         "benchmarks": rows,
@@ -212,3 +217,27 @@ def benchmark(
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }
+
+
+def accuracy(executables: dict, dataset: str) -> list[dict]:
+    """Top-1 accuracy of each TVM build on the dataset's held-out split, one image per run."""
+    import tvm
+    from tvm import relax
+
+    from webapp.pipeline.datasets import load
+
+    _, _, images, labels = load(dataset)
+    rows = []
+    dev = tvm.cpu(0)
+    for (variant, tuned), executable in sorted(executables.items()):
+        main = relax.VirtualMachine(executable, dev)["main"]
+        predicted = [int(flatten_outputs(main(tvm.runtime.tensor(x[None], dev)))[0].argmax()) for x in images]
+        rows.append(
+            {
+                "variant": variant,
+                "tuned": tuned,
+                "dataset": f"{dataset} (held-out {len(labels)} images)",
+                "top1": float(np.mean(np.array(predicted) == labels)),
+            }
+        )
+    return rows

@@ -63,14 +63,19 @@ def schedule(
 def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
     """A Relax module as imported (before legalization) compiled on the default rules, keeping no
     views: for the quantize stage's calibration and per-layer runs. Returns (executable, labels)."""
+    lowered, labels = schedule(fuse(mod, target), target)
+    return build(lowered, target, None), labels
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
+    without its per-pass views."""
     from tvm.relax.backend import cpu_generic
 
     with target, tvm.transform.PassContext(opt_level=3):
-        fused = tvm.transform.Sequential(
+        return tvm.transform.Sequential(
             cpu_generic.library_dispatch_passes(target) + cpu_generic.legalize_passes(target)
         )(mod)
-    lowered, labels = schedule(fused, target)
-    return build(lowered, target, None), labels
 
 
 def kernel_seconds(executable, lowered: tvm.IRModule, number: int = 3, repeat: int = 3) -> dict[str, float]:

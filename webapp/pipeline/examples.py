@@ -165,6 +165,43 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class DigitsCNN(nn.Module):
+    """8x8 grey digits: two convolutions, a linear classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU()
+        )
+        self.fc = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+def train_digits(model: nn.Module, epochs: int = 40) -> nn.Module:
+    """Seconds of Adam on the digits training split, seeded: the same weights every time."""
+    from webapp.pipeline.datasets import digits
+
+    x, y, _, _ = digits()
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same summation order every run
+    try:
+        for _ in range(epochs):
+            order = torch.randperm(len(x), generator=generator)
+            for i in range(0, len(x), 64):
+                batch = order[i : i + 64]
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model
+
+
 BUILDERS = {
     "mlp": MLP,
     "cnn-small": SmallCNN,
@@ -172,12 +209,15 @@ BUILDERS = {
     "resnet50": lambda: ResNet(Bottleneck, [3, 4, 6, 3]),
     "mobilenet-v2": MobileNetV2,
     "transformer-block": TransformerBlock,
+    "digits-cnn": DigitsCNN,
 }
 
 
 def build_example(name: str) -> nn.Module:
     torch.manual_seed(0)
     model = BUILDERS[name]()
+    if EXAMPLES[name].dataset == "digits":
+        return train_digits(model).eval()
     # Random BatchNorm statistics, so that the folded scales are not all ones.
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):

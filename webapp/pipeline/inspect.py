@@ -244,6 +244,7 @@ def inspect_build(
     report(0.6)
 
     kernels = []
+    names = {gv.name_hint for gv in fused.get_global_vars()}
     for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
@@ -258,7 +259,9 @@ def inspect_build(
                 "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
                 "calls": graphs["fused"]["ops"].get(fused_name(name), 0),
-                "flop": kernel_flop(func),
+                # counted on the kernel before scheduling: the counter cannot read tensorized code
+                "flop": kernel_flop(fused[fused_name(name)] if fused_name(name) in names else func),
+                "dtypes": kernel_dtypes(func),
             }
         )
     report(0.9)
@@ -271,7 +274,54 @@ def inspect_build(
         "kernels": kernels,
         "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
         "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
+        "instructions": instruction_counts(asm),
+        "dtype_census": dtype_census(lowered),
     }
+
+
+# Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2
+# multiply-adds, Arm dot product) and float fused multiply-adds.
+COUNTED_INSTRUCTIONS = {
+    "vpdpbusd": "uint8 x int8 dot product, 4 per lane (AVX-512 VNNI / AVX-VNNI)",
+    "vpdpwssd": "int16 x int16 dot product, 2 per lane (VNNI)",
+    "vpmaddubsw": "uint8 x int8 multiply-add to int16 (AVX2 / AVX-512BW)",
+    "vpmaddwd": "int16 multiply-add to int32",
+    "sdot": "int8 dot product, 4 per lane (Arm dot product)",
+    "udot": "uint8 dot product, 4 per lane (Arm dot product)",
+    "vfmadd": "float fused multiply-add (x86 FMA)",
+    "fmla": "float fused multiply-add (Arm NEON)",
+}
+
+
+def instruction_counts(asm: str) -> dict[str, int]:
+    """Occurrences of each COUNTED_INSTRUCTIONS mnemonic (and its variants) in the assembly."""
+    mnemonics = re.findall(r"^\s+([a-z][a-z0-9]*)", asm, re.M)
+    return {
+        name: sum(1 for m in mnemonics if m.startswith(name))
+        for name in COUNTED_INSTRUCTIONS
+        if any(m.startswith(name) for m in mnemonics)
+    }
+
+
+def kernel_dtypes(func: tvm.tirx.PrimFunc) -> str:
+    """A kernel's signature by dtype: its inputs' dtypes -> its outputs' (the last parameter)."""
+    dtypes = [str(p.dtype) for p in func.params if hasattr(p, "dtype")]
+    return f"{' x '.join(dict.fromkeys(dtypes[:-1]))} -> {dtypes[-1]}" if dtypes else ""
+
+
+def dtype_census(lowered: tvm.IRModule) -> dict:
+    """The kernels counted by signature (input dtypes -> output dtype), and the tensors the kernels
+    read and write counted by element type: where the arithmetic happens in int8, int32 or float32."""
+    tensors: dict[str, int] = {}
+    kernels: dict[str, int] = {}
+    for _, func in lowered.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            for p in func.params:
+                if hasattr(p, "dtype"):
+                    tensors[str(p.dtype)] = tensors.get(str(p.dtype), 0) + 1
+            sig = kernel_dtypes(func)
+            kernels[sig] = kernels.get(sig, 0) + 1
+    return {"tensors": tensors, "kernels": kernels}
 
 
 def kernel_flop(func: tvm.tirx.PrimFunc) -> float:

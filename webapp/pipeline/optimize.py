@@ -59,16 +59,21 @@ class CaptureTopLevelPasses:
             self.snapshots.append((info.name, time.perf_counter() - started, mod))
 
 
+def canonical(mod: tvm.IRModule) -> tvm.IRModule:
+    """Batch norm after a convolution folded into its weights and a bias, any other batch norm
+    decomposed into plain arithmetic (which fuses into the kernel before it): the form both the float
+    pipeline and quantization (webapp.pipeline.quantize) start from."""
+    mod = relax.transform.FoldBatchnormToConv2D()(mod)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    return relax.transform.FoldConstant()(mod)
+
+
 def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report=lambda f: None) -> Optimized:
     pass_dir = job_dir / "views" / "passes"
     pass_dir.mkdir(parents=True, exist_ok=True)
     capture = CaptureTopLevelPasses()
     with target, tvm.transform.PassContext(opt_level=3, instruments=[capture]):
-        # Batch norm after a convolution folds into its weights and a bias; any other batch norm
-        # becomes plain arithmetic that fuses into the kernel before it.
-        folded = relax.transform.FoldBatchnormToConv2D()(mod)
-        decomposed = relax.transform.DecomposeOpsForInference()(folded)
-        lowered = relax.get_default_pipeline(target)(decomposed)
+        lowered = relax.get_default_pipeline(target)(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None
     for i, (name, seconds, snapshot) in enumerate(capture.snapshots):

@@ -139,6 +139,16 @@ def run(job_dir: Path) -> None:
     optimized = run_stage(progress, "optimize", lambda report: optimize(model.mod, target, job_dir, report))
     save({"passes": [vars(p) for p in optimized.passes]})
 
+    dataset = job.get("dataset")
+    quantized = None
+    if job.get("quantize", "none") != "none":
+        quantized = run_stage(
+            progress, "quantize", lambda report: do_quantize(job, job_dir, model, target, report)
+        )
+        save({"quantization": quantized.to_json()})
+    else:
+        progress.skip("quantize")
+
     tuning_dir = job_dir / "tuning"
     trials = int(job.get("tune_trials") or 0)
     records = tuning_dir / "database_tuning_record.json"
@@ -156,7 +166,7 @@ def run(job_dir: Path) -> None:
     else:
         progress.skip("tune")
 
-    from webapp.pipeline.build import build, kernel_seconds, record_choice, schedule
+    from webapp.pipeline.build import build, fuse, kernel_seconds, record_choice, schedule
 
     def do_build(report):
         """The library to download (tuned kernels where there are records, default rules elsewhere) and
@@ -190,21 +200,39 @@ def run(job_dir: Path) -> None:
         tuned_exe.export_library(str(library))
         return {True: tuned_exe, False: default_exe}, tuned, tuned_labels
 
+    def do_build_all(report):
+        """The float build; with quantization also the integer one, which becomes the library to
+        download and the code the page shows (the float library is kept beside it)."""
+        built = do_build(report)
+        if quantized is None:
+            return {("fp32", t): ex for t, ex in built[0].items()}, *built, optimized.fused
+        (job_dir / "files" / "model.so").rename(job_dir / "files" / "model-fp32.so")
+        fused = fuse(quantized.mod, target)
+        lowered, qlabels = schedule(fused, target)
+        qexe = build(lowered, target, job_dir / "files" / "model.so")
+        executables = {("fp32", t): ex for t, ex in built[0].items()}
+        executables[(quantized.variant, False)] = qexe
+        return executables, lowered, qlabels, fused
+
     choice: list[dict] = []  # per tuned kernel: its record's time against the default rule's
-    executables, shown_module, labels = run_stage(progress, "build", do_build)
+    executables, shown_module, labels, shown_fused = run_stage(progress, "build", do_build_all)
     if choice:
         save({"record_choice": choice})
     save({"library": {"file": "model.so", "bytes": (job_dir / "files" / "model.so").stat().st_size}})
 
     from webapp.pipeline.inspect import inspect_build
 
-    shown = executables.get(True) or executables[False]
+    shown = (
+        executables[(quantized.variant, False)]
+        if quantized is not None
+        else executables.get(("fp32", True)) or executables[("fp32", False)]
+    )
     save(
         run_stage(
             progress,
             "inspect",
             lambda report: inspect_build(
-                model.mod, optimized.fused, shown_module, shown, job_dir, labels, report
+                model.mod, shown_fused, shown_module, shown, job_dir, labels, report
             ),
         )
     )
@@ -214,15 +242,56 @@ def run(job_dir: Path) -> None:
     references = {k: job_dir / v for k, v in (job.get("references") or {}).items()}
     device = f"{os.uname().machine} CPU ({target.attrs.get('mcpu', 'generic')})"
     inputs = bench.make_inputs(model.inputs)
-    save(
-        run_stage(
-            progress,
-            "benchmark",
-            lambda report: bench.benchmark(
-                executables, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report
-            ),
+    if dataset:  # a held-out image, in the range the model was trained and calibrated on
+        from webapp.pipeline.datasets import load
+
+        inputs = {model.inputs[0].name: load(dataset)[2][:1]}
+
+    def do_benchmark(report):
+        results = bench.benchmark(
+            executables, inputs, model.outputs, references, device, job.get("bench_budget_s", 3.0), report
         )
-    )
+        if dataset:
+            results["accuracy"] = bench.accuracy(executables, dataset)
+        return results
+
+    save(run_stage(progress, "benchmark", do_benchmark))
+
+
+def do_quantize(job: dict, job_dir: Path, model, target, report):
+    """Calibration inputs (the user's .npz, the example's training images, or random inputs of the
+    model's shapes), then webapp.pipeline.quantize; its Relax and the bit-packed weights are saved."""
+    import numpy as np
+
+    from webapp.pipeline.bench import make_inputs
+    from webapp.pipeline.quantize import QuantOptions, quantize
+    from webapp.pipeline.quantize.calibrate import samples_from_npz
+    from webapp.pipeline.quantize.scales import pack_bits
+
+    options = QuantOptions.from_job(job)
+    if job.get("calibration_data"):
+        samples, source = samples_from_npz(job_dir / job["calibration_data"], model.inputs), "uploaded .npz"
+    elif job.get("dataset"):
+        from webapp.pipeline.datasets import load
+
+        images = load(job["dataset"])[0][:64]
+        samples, source = (
+            [{model.inputs[0].name: x[None]} for x in images],
+            f"{job['dataset']} training images",
+        )
+    else:
+        samples, source = [make_inputs(model.inputs, seed=1 + i) for i in range(8)], "random inputs"
+    if options.calibration == "global":
+        source = f"none (one global threshold of {options.global_threshold:g})"
+    quantized = quantize(model.mod, target, options, samples, report)
+    quantized.calibration = {"source": source, "samples": len(samples)}
+    (job_dir / "views" / "quantized.py").write_text(quantized.mod.script())
+    packed = {r.layer.name: pack_bits(r.weight_q, options.bits) for r in quantized.layers}
+    (job_dir / "files").mkdir(exist_ok=True)
+    np.savez(job_dir / "files" / f"weights-int{options.bits}.npz", **packed)
+    quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
+    quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
+    return quantized
 
 
 if __name__ == "__main__":

@@ -190,7 +190,9 @@ def register_vnni() -> str:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:4], B[0:16, 0:4])
             T.writes(C[0:16])
-            a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64")
+            a = T.reinterpret(
+                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"
+            )
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
                 C.vload([0], dtype="int32x16"),
@@ -210,7 +212,11 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     (N, C/4, H, W, 4) at each call, the weights repacked (O/16, I/4, KH, KW, 16, 4) at build time."""
     if not target_has_features("avx512vnni", target):
         return None
-    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith("conv2d_nchw")]
+    blocks = [
+        b
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if sch.get(b).name_hint.endswith("conv2d_nchw")
+    ]
     if len(blocks) != 1:
         return None
     conv = blocks[0]

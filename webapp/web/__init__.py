@@ -37,6 +37,7 @@ def submit_from_request() -> str:
         for field in TUNING_UPLOADS
         if field in request.files and request.files[field].filename
     }
+    calibration = request.files.get("calibration_data")
     return submit_job(
         config,
         store,
@@ -45,4 +46,5 @@ def submit_from_request() -> str:
         upload.stream if upload else None,
         upload.filename if upload else "",
         tuning,
+        calibration.stream if calibration is not None and calibration.filename else None,
     )

@@ -9,7 +9,7 @@ is the CPU's 8-bit arithmetic (no CPU here has sub-byte dot products).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import tvm
@@ -51,6 +51,23 @@ class Quantized:
     skipped: list[Layer]
     stats: dict  # Var -> TensorStats (empty with global calibration)
     options: QuantOptions
+    errors: list[dict]  # per quantized layer, against the float model
+    calibration: dict = field(default_factory=dict)  # where the calibration inputs came from
+    packed_bytes: int = 0  # the quantized weights bit-packed (files/weights-int<b>.npz)
+    float_bytes: int = 0  # the same weights in float32
+
+    @property
+    def variant(self) -> str:
+        return f"int{self.options.bits}"
+
+    @property
+    def mode(self) -> str:
+        if self.options.bits == 8:
+            return "int8 integer kernels (uint8 x int8, int32 accumulation)"
+        return (
+            f"int{self.options.bits} values on 8-bit integer kernels (no sub-byte arithmetic on this CPU; "
+            "weights also saved bit-packed)"
+        )
 
     def layer_table(self) -> list[dict]:
         return [
@@ -75,7 +92,12 @@ class Quantized:
     def to_json(self) -> dict:
         return {
             "options": asdict(self.options),
+            "variant": self.variant,
+            "mode": self.mode,
+            "calibration": self.calibration,
+            "weights": {"packed_bytes": self.packed_bytes, "float32_bytes": self.float_bytes},
             "layers": self.layer_table(),
+            "layer_errors": self.errors,
             "skipped": [layer.name for layer in self.skipped],
         }
 
@@ -84,15 +106,6 @@ def scales_power2(*scales) -> bool:
     from webapp.pipeline.quantize.scales import is_power_of_two
 
     return all(is_power_of_two(s) for s in scales)
-
-
-def canonical(mod: tvm.IRModule) -> tvm.IRModule:
-    """Batch norm folded into the convolutions, the rest decomposed, constants folded: the form both
-    the float pipeline (webapp.pipeline.optimize) and quantization start from."""
-    with tvm.transform.PassContext(opt_level=3):
-        mod = relax.transform.FoldBatchnormToConv2D()(mod)
-        mod = relax.transform.DecomposeOpsForInference()(mod)
-        return relax.transform.FoldConstant()(mod)
 
 
 def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
@@ -125,8 +138,10 @@ def quantize(
     report=lambda f: None,
 ) -> Quantized:
     from webapp.pipeline.build import compile_relax
+    from webapp.pipeline.optimize import canonical
 
-    func = relax.transform.ToNonDataflow()(canonical(mod))["main"]
+    with tvm.transform.PassContext(opt_level=3):
+        func = relax.transform.ToNonDataflow()(canonical(mod))["main"]
     layers = find_layers(func)
     if not layers:
         raise ValueError("The model has no conv2d or matmul with constant weights: nothing to quantize.")
@@ -136,31 +151,56 @@ def quantize(
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
     tensors = list(dict.fromkeys(t for layer in quantized for t in (layer.data, layer.out)))
 
+    # The float model, returning every tensor quantization touches as well: calibration reads all
+    # the inputs (none with a global threshold), the per-layer error the first.
+    executable, _ = compile_relax(with_outputs(func, tensors), target)
+    report(0.2)
+    runs = run_all(executable, samples if options.calibration != "global" else samples[:1])
+    n_out = len(runs[0]) - len(tensors)
+    float_of = {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
     stats: dict = {}
     if options.calibration != "global":
-        executable, _ = compile_relax(with_outputs(func, tensors), target)
-        report(0.3)
-        runs = run_all(executable, samples)
-        n_out = len(runs[0]) - len(tensors)
-        stats = {t: gather([run[n_out + i] for run in runs]) for i, t in enumerate(tensors)}
+        stats = {t: gather(float_of[t]) for t in tensors}
     report(0.5)
     acts = {}
     for t in tensors:
-        nonnegative = t in stats and stats[t].nonnegative or any(
-            layer.out.same_as(t) and layer.nonnegative_out for layer in layers
+        nonnegative = (
+            t in stats
+            and stats[t].nonnegative
+            or any(layer.out.same_as(t) and layer.nonnegative_out for layer in layers)
         )
         levels = 2**options.bits - 1 if nonnegative else max(2 ** (options.bits - 1) - 1, 1)
         limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_threshold
         acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2")
     realizer = Realizer(func, layers, acts, options)
     qfunc = realizer.run()
+    report(0.6)
+    errors = layer_errors(func, layers, acts, options, target, samples[0], float_of)
+    report(1.0)
     return Quantized(
         tvm.IRModule({"main": qfunc}),
         realizer.report,
         [layer for layer in layers if not layer.quantized],
         stats,
         options,
+        errors,
     )
 
 
-__all__ = ["QuantOptions", "Quantized", "quantize", "canonical", "TensorStats"]
+def layer_errors(func, layers, acts, options, target, sample, float_of) -> list[dict]:
+    """Each quantized layer's result in the integer model (scaled back to float) against the float
+    model's, on one input: the error as it accumulates layer after layer."""
+    from webapp.pipeline.bench import fidelity
+    from webapp.pipeline.build import compile_relax
+
+    exposed = Realizer(func, layers, acts, options, expose=True)
+    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), target)
+    outs = run_all(executable, [sample])[0]
+    ours = outs[len(outs) - len(exposed.report) :]
+    return [
+        {"layer": r.layer.name, **fidelity([q], [float_of[r.layer.out][0]], classifier=False)}
+        for r, q in zip(exposed.report, ours, strict=True)
+    ]
+
+
+__all__ = ["QuantOptions", "Quantized", "quantize", "TensorStats"]

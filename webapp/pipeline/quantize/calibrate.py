@@ -85,3 +85,50 @@ def threshold(stats: TensorStats, mode: str, levels: int, global_threshold: floa
     if mode == "kl":
         return kl_threshold(stats.magnitudes, stats.absmax, levels) or stats.absmax
     return stats.absmax
+
+
+MAX_SAMPLES = 64
+
+
+def samples_from_npz(path, specs) -> list[dict[str, np.ndarray]]:
+    """Calibration inputs from a user's .npz: one array per model input, named like it (a single
+    input may use any name), holding N inputs stacked on a new first axis: shape (N, *input shape),
+    or (N, *input shape[1:]) when the batch is 1. Raises StageError saying what does not fit."""
+    from webapp.pipeline.errors import StageError
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+        arrays = {name: archive[name] for name in archive.files}
+    except Exception as exc:
+        raise StageError(
+            f"The calibration file is not a readable .npz of arrays ({type(exc).__name__})."
+        ) from None
+    if len(specs) == 1 and len(arrays) == 1:
+        arrays = {specs[0].name: next(iter(arrays.values()))}
+    missing = [s.name for s in specs if s.name not in arrays]
+    if missing:
+        raise StageError(
+            f"The calibration file has no array for input(s) {', '.join(missing)} "
+            f"(it has: {', '.join(arrays) or 'nothing'})."
+        )
+    stacked = {}
+    for spec in specs:
+        a, shape = arrays[spec.name], tuple(spec.shape)
+        if a.shape[1:] == shape:
+            stacked[spec.name] = a
+        elif shape[0] == 1 and a.shape[1:] == shape[1:]:
+            stacked[spec.name] = a[:, None]
+        else:
+            raise StageError(
+                f"Calibration array {spec.name!r} has shape {list(a.shape)}; expected [N, "
+                f"{', '.join(str(d) for d in shape)}] (N inputs of the model's input shape)."
+            )
+        if a.dtype.kind not in "fiub":
+            raise StageError(f"Calibration array {spec.name!r} is not numeric ({a.dtype}).")
+    count = min(len(a) for a in stacked.values())
+    if count == 0:
+        raise StageError("The calibration file holds no inputs (N = 0).")
+    return [
+        {s.name: np.ascontiguousarray(stacked[s.name][i]).astype(s.dtype) for s in specs}
+        for i in range(min(count, MAX_SAMPLES))
+    ]

@@ -91,7 +91,9 @@ class Realizer:
             p, x = self.acts[var], self.float_value(var)
             # floor(x / scale + zero point + 1/2): round half up, vectorized (LLVM calls roundf
             # once per value for R.round's half-away-from-zero)
-            shifted = R.add(R.multiply(x, const(1.0 / p.scale, "float32")), const(p.zero_point + 0.5, "float32"))
+            shifted = R.add(
+                R.multiply(x, const(1.0 / p.scale, "float32")), const(p.zero_point + 0.5, "float32")
+            )
             q = self.emit(R.floor(shifted), "quantize")
             q = self.emit(R.clip(q, float(p.qmin), float(p.qmax)))
             self.quants[var] = self.emit(R.astype(q, "uint8"), "quantized")
@@ -119,7 +121,9 @@ class Realizer:
     def readers_quantized(self, var) -> tuple[bool, bool]:
         """(some reader is a quantized layer, some reader needs float32)."""
         readers = self.uses.get(var, [])
-        quant = [r != "output" and r.var in self.layers and self.layers[r.var].data.same_as(var) for r in readers]
+        quant = [
+            r != "output" and r.var in self.layers and self.layers[r.var].data.same_as(var) for r in readers
+        ]
         return any(quant), not all(quant)
 
     def layer(self, layer: Layer) -> None:
@@ -145,11 +149,22 @@ class Realizer:
             # padded with their zero point first.
             inner_pad = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
             if any(pad) and p_in.zero_point:
-                xq = self.emit(R.nn.pad(xq, [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]], "constant",
-                                        float(p_in.zero_point)), "padded")
+                xq = self.emit(
+                    R.nn.pad(
+                        xq, [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]], "constant", float(p_in.zero_point)
+                    ),
+                    "padded",
+                )
             acc = self.emit(
-                R.nn.conv2d(xq, const(wq, "int8"), strides=[int(s) for s in a.strides], padding=inner_pad,
-                            dilation=[int(d) for d in a.dilation], groups=int(a.groups), out_dtype="int32"),
+                R.nn.conv2d(
+                    xq,
+                    const(wq, "int8"),
+                    strides=[int(s) for s in a.strides],
+                    padding=inner_pad,
+                    dilation=[int(d) for d in a.dilation],
+                    groups=int(a.groups),
+                    out_dtype="int32",
+                ),
                 "acc",
             )
         else:
@@ -204,7 +219,9 @@ class Realizer:
             return y, "shift"
         m, shift = fixed_point(multiplier)
         wide = self.emit(R.multiply(R.astype(acc, "int64"), const(m, "int64")))
-        y = self.emit(R.right_shift(R.add(wide, const(np.left_shift(1, shift - 1), "int64")), const(shift, "int64")))
+        y = self.emit(
+            R.right_shift(R.add(wide, const(np.left_shift(1, shift - 1), "int64")), const(shift, "int64"))
+        )
         return y, "fixed-point"
 
 

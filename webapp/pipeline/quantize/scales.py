@@ -104,3 +104,23 @@ def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant,
         m, shift = fixed_point(multiplier)
         y = (acc * m + (1 << (shift - 1))) >> shift
     return np.clip(y + out.zero_point, lo, hi).astype(np.uint8)
+
+
+def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
+    """b-bit integers stored 8/b to a byte (two's complement fields, first value in the low bits);
+    at 1 bit the values are signs: -1 -> 0, +1 -> 1."""
+    flat = q.reshape(-1).astype(np.int16)
+    fields = (flat > 0).astype(np.uint8) if bits == 1 else (flat & (2**bits - 1)).astype(np.uint8)
+    per_byte = 8 // bits
+    fields = np.concatenate([fields, np.zeros((-len(fields)) % per_byte, np.uint8)]).reshape(-1, per_byte)
+    shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(fields << shifts, axis=1).astype(np.uint8)
+
+
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+    fields = ((packed[:, None] >> shifts) & (2**bits - 1)).reshape(-1)[:count].astype(np.int16)
+    if bits == 1:
+        return np.where(fields > 0, 1, -1).astype(np.int8)
+    return np.where(fields >= 2 ** (bits - 1), fields - 2**bits, fields).astype(np.int8)
