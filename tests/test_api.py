@@ -46,8 +46,9 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     job = wait_for_job(client, created["id"])
     assert job["status"] == "done", job["error"]
     names = [s["name"] for s in job["stages"]]
-    assert names == ["import", "optimize", "tune", "build", "inspect", "benchmark"]
+    assert names == ["import", "optimize", "quantize", "tune", "build", "inspect", "benchmark"]
     stages = {s["name"]: s for s in job["stages"]}
+    assert stages.pop("quantize")["status"] == "skipped"  # quantize=none
     assert stages.pop("tune")["status"] == "skipped"  # no trials asked, no records for x86-host yet
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
