@@ -90,7 +90,12 @@ def requested_code_view(job: dict) -> dict:
 def result(job_id: str):
     job = view_or_404(job_id)
     return render_template(
-        "job.html", job=job, code=requested_code_view(job), views=VIEWS, chart=bench_chart(job)
+        "job.html",
+        job=job,
+        code=requested_code_view(job),
+        views=VIEWS,
+        chart=bench_chart(job),
+        quant=quantization_view(job["results"]),
     )
 
 
@@ -168,3 +173,57 @@ def bench_chart(job: dict) -> list[dict]:
             }
         )
     return bars
+
+
+def quantization_view(results: dict) -> dict | None:
+    """What the Quantization section says beyond the raw tables: the speedup over TVM fp32 (or why
+    there is none), the accuracy change, and the layer whose error grows the most."""
+    q = results.get("quantization")
+    if not q:
+        return None
+    variant = q["variant"]
+    times = {
+        (b["variant"], b["tuned"]): b["median_ms"] for b in results.get("benchmarks", []) if b["runtime"] == "tvm"
+    }
+    fp32_ms, quant_ms = times.get(("fp32", False)), times.get((variant, False))
+    speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None
+    dots = (results.get("instructions") or {}).get("vpdpbusd", 0) + (results.get("instructions") or {}).get(
+        "sdot", 0
+    )
+    why = None
+    if speedup is not None and speedup < 1.1:
+        if not dots:
+            why = (
+                "the generated code has no integer dot-product instruction (vpdpbusd / sdot): this target "
+                "lacks AVX-512 VNNI or Arm dot product, so 8-bit products are widened and multiplied one "
+                "by one, no faster than float FMAs"
+            )
+        else:
+            why = (
+                "the integer kernels are fast, but this model is small: converting activations to 8 bits "
+                "and back around the layers that stay in float costs about as much as the arithmetic "
+                "saved (the kernel table under Code shows which kernels are integer)"
+            )
+    accuracy = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
+    errors = q.get("layer_errors") or []
+    # The errors accumulate layer after layer: the layer that hurts most is where the SQNR falls the
+    # most from the layer before it (the first layer is compared with nothing).
+    worst, previous = None, None
+    for row in errors:
+        sqnr = row.get("sqnr_db")
+        if sqnr is None:
+            continue
+        if previous is not None and (worst is None or previous - sqnr > worst[1]):
+            worst = (row["layer"], previous - sqnr)
+        previous = sqnr
+    return {
+        "variant": variant,
+        "fp32_ms": fp32_ms,
+        "quant_ms": quant_ms,
+        "speedup": speedup,
+        "why_no_speedup": why,
+        "fp32_top1": accuracy.get("fp32"),
+        "quant_top1": accuracy.get(variant),
+        "worst_layer": worst[0] if worst else None,
+        "worst_drop_db": worst[1] if worst else None,
+    }
