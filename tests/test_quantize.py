@@ -102,8 +102,8 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale):
     acc = integer_layer(kind, h, second)
     expected = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
-    if kind == "conv2d":  # this machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rule ran
-        assert "default rule: int8 conv2d (VNNI)" in labels.values()
+    # This machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rules ran.
+    assert f"default rule: int8 {kind} (VNNI)" in labels.values()
 
 
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):

@@ -268,6 +268,57 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: int8 conv2d (VNNI)"
 
 
+def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
+    """uint8 [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on AVX-512 VNNI: 16 columns x
+    4 of K per `vpdpbusd`, a register tile of rows x 16-column vectors, the weight repacked
+    (N/16, K/4, 16, 4) at build time."""
+    if not target_has_features("avx512vnni", target):
+        return None
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
+        return None
+    a, b = stmt.reads[0].source, stmt.reads[1].source
+    if (str(a.dtype), str(b.dtype), str(stmt.writes[0].source.dtype)) != ("uint8", "int8", "int32"):
+        return None
+    *_, j_var, k_var = [iv.var for iv in stmt.iter_vars]
+    b_idx = index_vars(stmt.reads[1])
+    if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
+        return None
+    k, n = int(b.shape[0]), int(b.shape[1])
+    if k % 4 or n % 16:
+        return None
+    _, registers = simd(target)
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
+    vectors = next(v for v in (4, 2, 1) if n % (16 * v) == 0)
+    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
+
+    epilogue = inline_epilogue(sch, block)
+    pack = sch.cache_read(block, 1, "global")
+    sch.transform_layout(block, ("read", 1), lambda kk, jj: (jj // 16, kk // 4, jj % 16, kk % 4))
+    sch.annotate(pack, PREPROC, True)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+    i_o, i_i = sch.split(i_loop, [None, rows])
+    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, 16])
+    k_o, k_i = sch.split(k_loop, [None, 4])
+    sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
+    tile = sch.fuse(*batch_loops, i_o, j_o)
+    sch.parallel(tile)
+    sch.reverse_compute_at(epilogue, tile)
+    init = sch.decompose_reduction(block, k_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(i_i)
+    sch.unroll(j_v)
+    sch.tensorize(j_l, register_vnni())
+    return "default rule: int8 matmul (VNNI)"
+
+
 def vector_split(sch: s_tir.Schedule, loop, lanes: int):
     """Splits off an inner loop of vector_width iterations; None when there is no such width."""
     width = vector_width(extent(sch, loop), lanes)
@@ -434,7 +485,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     return windowed(sch, target, main[0], "pooling" if "pool" in sch.get(main[0]).name_hint else "reduction")
 
 
-RULES = (conv2d_int8, conv2d, matmul, reduction, elementwise)
+RULES = (conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
 
 
 def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:

@@ -183,7 +183,9 @@ def quantization_view(results: dict) -> dict | None:
         return None
     variant = q["variant"]
     times = {
-        (b["variant"], b["tuned"]): b["median_ms"] for b in results.get("benchmarks", []) if b["runtime"] == "tvm"
+        (b["variant"], b["tuned"]): b["median_ms"]
+        for b in results.get("benchmarks", [])
+        if b["runtime"] == "tvm"
     }
     fp32_ms, quant_ms = times.get(("fp32", False)), times.get((variant, False))
     speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None

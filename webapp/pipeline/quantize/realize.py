@@ -9,7 +9,8 @@ Each quantized layer becomes
 
 when every reader of its result is another quantized layer, so consecutive layers stay in 8 bits;
 when some reader is not (a residual add, pooling, the model output) the accumulator is scaled back
-to float32 instead, and a quantized reader of a float tensor quantizes it on entry.
+to float32 instead, and a quantized reader of a float tensor quantizes it on entry (in the kernel
+that computes it, where fusion allows).
 """
 
 from __future__ import annotations
@@ -173,7 +174,11 @@ class Realizer:
             acc = self.emit(R.add(acc, const(bias_q.reshape(shape), "int32")), "acc")
 
         to_quant, to_float = self.readers_quantized(layer.out)
-        if to_quant:
+        # Requantized straight from the accumulator when only quantized layers read the result; when
+        # a float op reads it too (a residual add), the kernel writes float32 and the readers that
+        # want 8 bits quantize that (a dequantize feeding the next kernel would be fused into it and
+        # recomputed there).
+        if to_quant and not to_float:
             p_out = self.acts[layer.out]
             multiplier = acc_scale / p_out.scale
             lo, hi = p_out.qmin, p_out.qmax
@@ -186,8 +191,6 @@ class Realizer:
                 y = self.emit(R.add(y, const(p_out.zero_point, str(y.ty.dtype))))
             y = self.emit(R.clip(y, float(lo), float(hi)))
             self.quants[layer.out] = self.emit(R.astype(y, "uint8"), "requantized")
-            if to_float:
-                self.float_value(layer.out)
         else:
             p_out, multiplier, how = None, acc_scale, "float"
             y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
