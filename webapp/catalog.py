@@ -108,7 +108,8 @@ TARGETS: dict[str, TargetPreset] = {
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them).
 STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark")
 
-QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1")
+# "sweep": every bit-width (and int8 with every calibration mode) in one job, side by side
+QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1", "sweep")
 CALIBRATION_MODES = ("max", "percentile", "kl", "global")
 WEIGHT_SCALE_MODES = ("max", "power2")
 WEIGHT_GRANULARITY = ("channel", "tensor")

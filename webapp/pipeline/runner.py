@@ -140,12 +140,29 @@ def run(job_dir: Path) -> None:
     save({"passes": [vars(p) for p in optimized.passes]})
 
     dataset = job.get("dataset")
-    quantized = None
+    quantized, failed_variants = [], []  # what quantized, and (in a sweep) what failed, where and why
+    sweep = job.get("quantize") == "sweep"
     if job.get("quantize", "none") != "none":
-        quantized = run_stage(
-            progress, "quantize", lambda report: do_quantize(job, job_dir, model, target, report)
-        )
-        save({"quantization": quantized.to_json()})
+
+        def do_quantize_all(report):
+            variants = quant_variants(job)
+            for i, (name, options) in enumerate(variants):
+                step = lambda f, i=i: report((i + f) / len(variants))  # noqa: E731
+                try:
+                    quantized.append(do_quantize(job, job_dir, model, target, name, options, step))
+                except Exception as exc:
+                    if not sweep:
+                        raise
+                    traceback.print_exc()
+                    failed_variants.append(
+                        {"variant": name, "stage": "quantize", "message": error_message(exc)}
+                    )
+            if not quantized:
+                raise StageError("Every variant failed: " + "; ".join(f["message"] for f in failed_variants))
+            (job_dir / "views" / "quantized.py").write_text(quantized[0].mod.script())
+
+        run_stage(progress, "quantize", do_quantize_all)
+        save({"quantization": quantized[0].to_json()})
     else:
         progress.skip("quantize")
 
@@ -204,15 +221,32 @@ def run(job_dir: Path) -> None:
         """The float build; with quantization also the integer one, which becomes the library to
         download and the code the page shows (the float library is kept beside it)."""
         built = do_build(report)
-        if quantized is None:
-            return {("fp32", t): ex for t, ex in built[0].items()}, *built, optimized.fused
-        (job_dir / "files" / "model.so").rename(job_dir / "files" / "model-fp32.so")
-        fused = fuse(quantized.mod, target)
-        lowered, qlabels = schedule(fused, target)
-        qexe = build(lowered, target, job_dir / "files" / "model.so")
         executables = {("fp32", t): ex for t, ex in built[0].items()}
-        executables[(quantized.variant, False)] = qexe
-        return executables, lowered, qlabels, fused
+        if not quantized:
+            return executables, *built[1:], optimized.fused
+        (job_dir / "files" / "model.so").rename(job_dir / "files" / "model-fp32.so")
+        shown = None
+        for q in list(quantized):
+            try:
+                fused = fuse(q.mod, target)
+                lowered, qlabels = schedule(fused, target)
+                library = job_dir / "files" / "model.so" if shown is None else None
+                executables[(q.variant, False)] = build(lowered, target, library)
+            except Exception as exc:
+                if not sweep:
+                    raise
+                traceback.print_exc()
+                quantized.remove(q)
+                failed_variants.append(
+                    {"variant": q.variant, "stage": "build", "message": error_message(exc)}
+                )
+                continue
+            shown = shown or (lowered, qlabels, fused)
+        if shown is None:
+            raise StageError(
+                "Every variant failed to build: " + "; ".join(f["message"] for f in failed_variants)
+            )
+        return executables, *shown
 
     choice: list[dict] = []  # per tuned kernel: its record's time against the default rule's
     executables, shown_module, labels, shown_fused = run_stage(progress, "build", do_build_all)
@@ -222,9 +256,11 @@ def run(job_dir: Path) -> None:
 
     from webapp.pipeline.inspect import inspect_build
 
+    if sweep:
+        save({"quantization": quantized[0].to_json(), "sweep": sweep_summary(quantized, failed_variants)})
     shown = (
-        executables[(quantized.variant, False)]
-        if quantized is not None
+        executables[(quantized[0].variant, False)]
+        if quantized
         else executables.get(("fp32", True)) or executables[("fp32", False)]
     )
     save(
@@ -258,17 +294,41 @@ def run(job_dir: Path) -> None:
     save(run_stage(progress, "benchmark", do_benchmark))
 
 
-def do_quantize(job: dict, job_dir: Path, model, target, report):
+def quant_variants(job: dict) -> list:
+    """(name, QuantOptions) of each quantized build the job asks for: one, or for a sweep int8, int4,
+    int2 and int1 with the job's calibration, then int8 with each other calibration mode."""
+    from dataclasses import replace
+
+    from webapp.catalog import CALIBRATION_MODES
+    from webapp.pipeline.quantize import QuantOptions
+
+    options = QuantOptions.from_job(job)
+    if job["quantize"] != "sweep":
+        return [(f"int{options.bits}", options)]
+    variants = [(f"int{b}", replace(options, bits=b)) for b in (8, 4, 2, 1)]
+    others = [c for c in CALIBRATION_MODES if c != options.calibration]
+    return variants + [(f"int8 {c}", replace(options, bits=8, calibration=c)) for c in others]
+
+
+def sweep_summary(quantized: list, failed: list[dict]) -> dict:
+    rows = [
+        {"variant": q.variant, "bits": q.options.bits, "calibration": q.options.calibration, "mode": q.mode}
+        | {"status": "done", "weights_bytes": q.packed_bytes}
+        for q in quantized
+    ]
+    return {"variants": rows, "failed": failed}
+
+
+def do_quantize(job: dict, job_dir: Path, model, target, name: str, options, report):
     """Calibration inputs (the user's .npz, the example's training images, or random inputs of the
     model's shapes), then webapp.pipeline.quantize; its Relax and the bit-packed weights are saved."""
     import numpy as np
 
     from webapp.pipeline.bench import make_inputs
-    from webapp.pipeline.quantize import QuantOptions, quantize
+    from webapp.pipeline.quantize import quantize
     from webapp.pipeline.quantize.calibrate import samples_from_npz
     from webapp.pipeline.quantize.scales import pack_bits
 
-    options = QuantOptions.from_job(job)
     if job.get("calibration_data"):
         samples, source = samples_from_npz(job_dir / job["calibration_data"], model.inputs), "uploaded .npz"
     elif job.get("dataset"):
@@ -284,11 +344,12 @@ def do_quantize(job: dict, job_dir: Path, model, target, report):
     if options.calibration == "global":
         source = f"none (one global threshold of {options.global_threshold:g})"
     quantized = quantize(model.mod, target, options, samples, report)
+    quantized.variant = name
     quantized.calibration = {"source": source, "samples": len(samples)}
-    (job_dir / "views" / "quantized.py").write_text(quantized.mod.script())
+    slug = name.replace(" ", "-")
     packed = {r.layer.name: pack_bits(r.weight_q, options.bits) for r in quantized.layers}
     (job_dir / "files").mkdir(exist_ok=True)
-    np.savez(job_dir / "files" / f"weights-int{options.bits}.npz", **packed)
+    np.savez(job_dir / "files" / f"weights-{slug}.npz", **packed)
     quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
     quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
     return quantized

@@ -19,6 +19,7 @@ MAX_SHOWN_BYTES = (
 # view name -> (title, lexer, path template relative to the job folder)
 VIEWS = {
     "relax-imported": ("Relax IR, imported", PythonLexer, "views/imported.py"),
+    "relax-quantized": ("Relax IR, quantized (integer layers)", PythonLexer, "views/quantized.py"),
     "relax-optimized": ("Relax IR, optimized", PythonLexer, "views/optimized.py"),
     "passes": ("IR after each pass", PythonLexer, None),
     "tir": ("TIR of a kernel", PythonLexer, "views/kernels/{kernel}.tir.py"),

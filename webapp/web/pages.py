@@ -96,6 +96,7 @@ def result(job_id: str):
         views=VIEWS,
         chart=bench_chart(job),
         quant=quantization_view(job["results"]),
+        sweep=sweep_view(job["results"]),
     )
 
 
@@ -228,4 +229,42 @@ def quantization_view(results: dict) -> dict | None:
         "quant_top1": accuracy.get(variant),
         "worst_layer": worst[0] if worst else None,
         "worst_drop_db": worst[1] if worst else None,
+    }
+
+
+def sweep_view(results: dict) -> dict | None:
+    """The bits sweep: one row per build (fp32 first, then each quantized variant, failed ones with
+    their stage and message) and the points of the two charts against bits."""
+    sweep = results.get("sweep")
+    if not sweep:
+        return None
+    tvm_rows = [b for b in results.get("benchmarks", []) if b["runtime"] == "tvm" and not b["tuned"]]
+    ms = {b["variant"]: b["median_ms"] for b in tvm_rows}
+    fid = {f["variant"]: f for f in results.get("fidelity", []) if f["reference"] == "tvm fp32"}
+    acc = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
+    rows = [{"variant": "fp32", "bits": 32, "calibration": "", "status": "done", "mode": "float32"}]
+    rows += sweep["variants"]
+    rows += [{**f, "bits": None, "calibration": "", "status": "failed", "mode": ""} for f in sweep["failed"]]
+    for row in rows:
+        row["ms"] = ms.get(row["variant"])
+        row["speedup"] = ms["fp32"] / row["ms"] if row["ms"] and ms.get("fp32") else None
+        row.update({k: fid.get(row["variant"], {}).get(k) for k in ("sqnr_db", "cosine", "top1_agree")})
+        row["top1"] = acc.get(row["variant"])
+    # The charts: one point per bit-width (the job's calibration), fp32 drawn at "32".
+    by_bits = [r for r in rows if r["status"] == "done" and r["variant"] in ("fp32", f"int{r['bits']}")]
+    quality_key = "top1" if acc else "sqnr_db"
+    points = [r for r in by_bits if r["ms"]]
+    return {
+        "rows": rows,
+        "quality": "top-1 accuracy %" if acc else "SQNR vs fp32, dB",
+        "points": [
+            {
+                "label": "fp32" if r["bits"] == 32 else f"{r['bits']}",
+                "quality": (100 * r[quality_key] if acc else r[quality_key])
+                if r[quality_key] is not None
+                else None,
+                "ms": r["ms"],
+            }
+            for r in points
+        ],
     }

@@ -34,7 +34,7 @@ class QuantOptions:
     @staticmethod
     def from_job(job: dict) -> QuantOptions:
         return QuantOptions(
-            bits=int(job["quantize"].removeprefix("int")),
+            bits=8 if job["quantize"] == "sweep" else int(job["quantize"].removeprefix("int")),
             calibration=job.get("calibration", "max"),
             weight_scale=job.get("weight_scale", "max"),
             per_channel=job.get("weight_granularity", "channel") == "channel",
@@ -56,9 +56,7 @@ class Quantized:
     packed_bytes: int = 0  # the quantized weights bit-packed (files/weights-int<b>.npz)
     float_bytes: int = 0  # the same weights in float32
 
-    @property
-    def variant(self) -> str:
-        return f"int{self.options.bits}"
+    variant: str = ""  # its name in the job: "int8", or in a sweep e.g. "int8 kl"
 
     @property
     def mode(self) -> str:
@@ -184,6 +182,7 @@ def quantize(
         stats,
         options,
         errors,
+        variant=f"int{options.bits}",
     )
 
 

@@ -1,0 +1,124 @@
+"""fp32 against int8, in TVM and in ONNX Runtime, measured in one run.
+
+TVM: the example through the whole pipeline (sandboxed, as a job runs) with quantize=int8, which
+benchmarks its fp32 build (default schedule rules) and its int8 build side by side. ONNX Runtime,
+the peer: the same .onnx in fp32, and quantized by ONNX Runtime's own static quantizer
+(`quantize_static`, QDQ format, uint8 activations x int8 weights per channel, calibrated on the same
+8 random inputs TVM calibrates on). Same harness (webapp/pipeline/bench.py), same thread count, same
+input. Prints medians and the ratios.
+
+    .venv/bin/python benchmarks/quantized.py [--models resnet50,mobilenet-v2,transformer-block]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from webapp.config import Config
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, str(Config.from_env().bench_threads))
+
+
+def ort_int8(onnx_path: Path, out: Path, specs) -> Path:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from webapp.pipeline.bench import make_inputs
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([make_inputs(specs, seed=1 + i) for i in range(8)])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    quantize_static(
+        str(onnx_path),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+    )
+    return out
+
+
+def measure_model(config: Config, name: str, tmp: Path) -> dict:
+    from webapp.cli import compile_locally
+    from webapp.jobs.worker import ensure_example_files
+    from webapp.pipeline import bench
+    from webapp.pipeline.importers import import_model
+
+    out = tmp / name
+    error = compile_locally(config, name, "x86-host", out, quantize={"quantize": "int8"})
+    if error:
+        raise RuntimeError(f"{name}: failed at {error['stage']}: {error['message']}")
+    result = json.loads((out / "result.json").read_text())
+    tvm = {(b["variant"], b["tuned"]): b["median_ms"] for b in result["benchmarks"] if b["runtime"] == "tvm"}
+    fid = next(f for f in result["fidelity"] if f["variant"] == "int8" and f["reference"] == "tvm fp32")
+
+    _, onnx_path = ensure_example_files(config, name)
+    specs = import_model(onnx_path).inputs
+    inputs = bench.make_inputs(specs)
+    quantized = ort_int8(onnx_path, tmp / f"{name}.int8.onnx", specs)
+    threads = config.bench_threads
+    ort = {}
+    outs = {}
+    for variant, path in (("fp32", onnx_path), ("int8", quantized)):
+        run = bench.onnxruntime_runner(path, inputs, threads)
+        outs[variant] = bench.flatten_outputs(run())
+        ort[variant] = bench.measure(run, config.bench_budget_s)["median_ms"]
+    ort_fid = bench.fidelity(outs["int8"], outs["fp32"], classifier=False)
+    return {
+        "model": name,
+        "threads": threads,
+        "tvm_fp32_ms": tvm[("fp32", False)],
+        "tvm_int8_ms": tvm[("int8", False)],
+        "ort_fp32_ms": ort["fp32"],
+        "ort_int8_ms": ort["int8"],
+        "tvm_int8_sqnr_db": fid["sqnr_db"],
+        "ort_int8_sqnr_db": ort_fid["sqnr_db"],
+        "vpdpbusd": result.get("instructions", {}).get("vpdpbusd", 0),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="resnet50,mobilenet-v2,transformer-block")
+    parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config.from_env(bench_budget_s=args.budget, data_dir=Path(tmp) / "data")
+        print(f"{config.bench_threads} threads; medians in ms; SQNR of int8 against the same runtime's fp32")
+        print(
+            f"{'model':<18} {'TVM fp32':>9} {'TVM int8':>9} {'speedup':>8} {'ORT fp32':>9} {'ORT int8':>9} "
+            f"{'speedup':>8} {'TVM/ORT int8':>12} {'SQNR TVM':>9} {'SQNR ORT':>9}"
+        )
+        for name in args.models.split(","):
+            r = measure_model(config, name, Path(tmp))
+            rows.append(r)
+            print(
+                f"{name:<18} {r['tvm_fp32_ms']:9.3f} {r['tvm_int8_ms']:9.3f} "
+                f"{r['tvm_fp32_ms'] / r['tvm_int8_ms']:7.2f}x "
+                f"{r['ort_fp32_ms']:9.3f} {r['ort_int8_ms']:9.3f} "
+                f"{r['ort_fp32_ms'] / r['ort_int8_ms']:7.2f}x {r['tvm_int8_ms'] / r['ort_int8_ms']:11.2f}x "
+                f"{r['tvm_int8_sqnr_db']:8.1f} {r['ort_int8_sqnr_db']:8.1f}",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
