@@ -204,3 +204,84 @@ def test_refuses_a_file_over_the_size_limit(config, size_mb):
     resp = submit(small, {}, (content, "big.onnx"))
     assert resp.status_code == 400
     assert "larger than this server's limit of 1 MB" in resp.get_json()["error"]
+
+
+def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, example_files, tmp_path):
+    """int8 with power-of-two scales, KL calibration on the user's inputs: the JSON names every
+    quantized layer with its scales and error, and benchmarks int8 beside fp32."""
+    buf = io.BytesIO()
+    np.savez(buf, input=np.random.default_rng(0).standard_normal((6, 3, 32, 32)).astype(np.float32))
+    resp = client.post(
+        "/api/jobs",
+        data={
+            "target": "x86-host",
+            "quantize": "int8",
+            "calibration": "kl",
+            "weight_scale": "power2",
+            "model": (io.BytesIO((example_files / "cnn-small.onnx").read_bytes()), "cnn.onnx"),
+            "calibration_data": (io.BytesIO(buf.getvalue()), "calib.npz"),
+        },
+        content_type="multipart/form-data",
+    )
+    job = wait_for_job(client, resp.get_json()["id"])
+    assert job["status"] == "done", job["error"]
+    q = job["results"]["quantization"]
+    assert q["calibration"] == {"source": "uploaded .npz", "samples": 6}
+    assert q["options"]["calibration"] == "kl" and len(q["layers"]) == 4  # 3 convs and the classifier
+    assert all(layer["power2"] for layer in q["layers"])
+    assert len(q["layer_errors"]) == 4 and all(e["cosine"] > 0.99 for e in q["layer_errors"])
+    assert {(b["runtime"], b["variant"]) for b in job["results"]["benchmarks"]} >= {
+        ("tvm", "fp32"),
+        ("tvm", "int8"),
+    }
+    vs_fp32 = next(
+        f for f in job["results"]["fidelity"] if f["variant"] == "int8" and f["reference"] == "tvm fp32"
+    )
+    assert vs_fp32["cosine"] > 0.99
+    assert job["results"]["instructions"]["vpdpbusd"] > 0  # this CPU has AVX-512 VNNI
+    assert "uint8 x int8" in " ".join(job["results"]["dtype_census"]["kernels"])
+
+
+@pytest.mark.parametrize(
+    "npz_arrays, message",
+    [
+        (
+            {"other": np.zeros((2, 3, 32, 32), np.float32), "extra": np.zeros(1)},
+            "no array for input(s) input",
+        ),
+        ({"input": np.zeros((2, 3, 16, 16), np.float32)}, "expected [N, 1, 3, 32, 32]"),
+    ],
+)
+def test_bad_calibration_data_fails_at_quantize_with_what_is_wrong(
+    client, example_files, npz_arrays, message
+):
+    buf = io.BytesIO()
+    np.savez(buf, **npz_arrays)
+    resp = client.post(
+        "/api/jobs",
+        data={
+            "target": "x86-host",
+            "quantize": "int8",
+            "model": (io.BytesIO((example_files / "cnn-small.onnx").read_bytes()), "cnn.onnx"),
+            "calibration_data": (io.BytesIO(buf.getvalue()), "calib.npz"),
+        },
+        content_type="multipart/form-data",
+    )
+    job = wait_for_job(client, resp.get_json()["id"])
+    assert job["status"] == "failed" and job["error"]["stage"] == "quantize"
+    assert message in job["error"]["message"]
+
+
+def test_refuses_calibration_data_that_is_not_npz_or_without_quantization(client):
+    for form, message in (
+        ({"quantize": "int8"}, "must be a .npz file"),
+        ({}, "pick a quantize mode"),
+    ):
+        data = {
+            "target": "x86-host",
+            "example": "mlp",
+            **form,
+            "calibration_data": (io.BytesIO(b"hello"), "c.npz"),
+        }
+        resp = client.post("/api/jobs", data=data, content_type="multipart/form-data")
+        assert resp.status_code == 400 and message in resp.get_json()["error"]

@@ -116,3 +116,24 @@ def test_failed_job_page_names_the_stage_and_the_reason(page, live_server, examp
     expect(page.locator("#job-status")).to_have_text("failed", timeout=120_000)
     expect(page.locator("#job-error")).to_contain_text("Failed at the import stage")
     expect(page.locator(".stage[data-stage=import] .status")).to_have_text("failed")
+
+
+def test_bits_sweep_of_the_digits_example_from_the_form(page, live_server):
+    """One click: fp32 and every bit-width on the trained digits CNN; the page shows accuracy and
+    latency against bits and the Quantization section for int8."""
+    page.goto(live_server + "/")
+    page.select_option("#example", "digits-cnn")
+    page.select_option("#quantize", "sweep")
+    page.click("#submit")
+    expect(page.locator("#job-status")).to_have_text("done", timeout=300_000)
+    rows = page.locator("#sweep-table tr")
+    expect(rows).to_have_count(1 + 1 + 4 + 3)  # header, fp32, int8..int1, int8 x 3 other calibrations
+    expect(page.locator("#sweep-quality")).to_be_visible()
+    expect(page.locator("#sweep-ms")).to_be_visible()
+    int8 = page.locator("#sweep-table tr", has=page.locator("code", has_text=re.compile("^int8$")))
+    accuracy = float(int8.locator("td").last.inner_text().rstrip("%"))
+    fp32 = float(page.locator("#sweep-table tr").nth(1).locator("td").last.inner_text().rstrip("%"))
+    assert fp32 > 95 and accuracy >= fp32 - 1
+    expect(page.locator("#quantization")).to_contain_text("int8 integer kernels")
+    expect(page.locator("#instructions")).to_contain_text("vpdpbusd")
+    expect(page.locator("#quant-layers tr")).to_have_count(1 + 3)
