@@ -4,6 +4,7 @@ digits example's accuracy at each bit-width (a correctness bar, run through the 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -75,14 +76,21 @@ def integer_layer(kind: str, q: np.ndarray, r) -> np.ndarray:
     return (np.einsum("chwij,ocij->ohw", windows, wq) + r.bias_q[:, None, None])[None]
 
 
+ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
+
+
 @pytest.mark.parametrize("kind", ["conv2d", "matmul"])
 @pytest.mark.parametrize("weight_scale", ["max", "power2"])
-def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale):
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale, activations):
+    """uint8 activations as for x86; int8 as for Arm (quantized for the Arm target, run here)."""
     mod, shapes = float_model(kind)
     target = make_target("x86-host")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
-    q = quantize(mod, target, QuantOptions(weight_scale=weight_scale), samples)
+    quantize_for = ARM if activations == "int8" else target
+    q = quantize(mod, quantize_for, QuantOptions(weight_scale=weight_scale), samples)
     first, second = q.layers
+    assert first.input.dtype == activations
     assert first.output is not None and second.output is None  # 8 bits between them, float after
     assert first.requantize == ("shift" if weight_scale == "power2" else "fixed-point")
 
@@ -92,18 +100,14 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale):
 
     xq = first.input.quantize(x)
     shape = (1, -1, 1, 1) if kind == "conv2d" else (-1,)
-    h = requantize_reference(
-        integer_layer(kind, xq, first),
-        first.multiplier.reshape(shape),
-        first.output,
-        first.output.zero_point,
-        255,
-    )
+    out = first.output
+    acc = integer_layer(kind, xq, first)
+    h = requantize_reference(acc, first.multiplier.reshape(shape), out, out.zero_point, out.qmax)
     acc = integer_layer(kind, h, second)
     expected = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
-    # This machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rules ran.
-    assert f"default rule: int8 {kind} (VNNI)" in labels.values()
+    if activations == "uint8":  # this machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rules ran
+        assert f"default rule: int8 {kind} (VNNI)" in labels.values()
 
 
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
@@ -186,3 +190,24 @@ def test_digits_accuracy_at_each_bit_width(config, tmp_path):
     assert accuracy["int8"] >= accuracy["fp32"] - 0.01
     assert accuracy["int4"] >= accuracy["fp32"] - 0.03
     assert 0.0 <= accuracy["int2"] <= 1.0 and 0.0 <= accuracy["int1"] <= 1.0
+
+
+def test_int8_conv_uses_sdot_on_arm_with_dot_product():
+    """Cross-compiled for a Raspberry Pi 5's Cortex-A76 (calibration runs on this machine): int8
+    activations (Arm's dot product is int8 x int8) and `sdot` in the assembly; none on a
+    Cortex-A72 (Pi 4), which has no dot product."""
+    mod, shapes = float_model("conv2d")
+    samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
+
+    def asm(mcpu: str) -> tuple[str, dict]:
+        target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
+        q = quantize(mod, target, QuantOptions(), samples)
+        assert all(r.input.dtype == "int8" and r.input.zero_point == 0 for r in q.layers)
+        lowered, labels = schedule(fuse(q.mod, target), target)
+        return build(lowered, target, None).mod.imports[0].inspect_source("asm"), labels
+
+    a76, labels = asm("cortex-a76")
+    assert "default rule: int8 conv2d (sdot)" in labels.values()
+    assert len(re.findall(r"\bsdot\s+v\d+\.4s", a76)) >= 4
+    a72, _ = asm("cortex-a72")
+    assert "sdot" not in a72

@@ -157,61 +157,76 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
-VNNI = "playground_dot_16x4_vnni"
+# Integer dot-product instructions: kind -> (int32 lanes per instruction, activation dtype, LLVM
+# intrinsic, the target feature that has it). Each lane adds 4 products of 8-bit values.
+DOT_INSTRUCTIONS = {
+    "VNNI": (16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd
+    "sdot": (4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),  # Arm dot product
+}
 
 
-def register_vnni() -> str:
-    """The AVX-512 VNNI tensor intrinsic: 16 int32 lanes += 4 uint8 x 4 int8 each (`vpdpbusd`).
-    TVM's own (`dot_16x4_vnni`) passes int32 vectors, which LLVM 22 rejects (it wants bytes), and
-    accumulates in global memory where these rules accumulate in registers ("local")."""
+def dot_instruction(target) -> str | None:
+    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any."""
+    return next((k for k, v in DOT_INSTRUCTIONS.items() if target_has_features(v[3], target)), None)
+
+
+def register_dot(kind: str) -> str:
+    """A tensor intrinsic for one dot-product instruction: `lanes` int32 += 4 activations x 4 int8
+    weights each, accumulating in registers ("local"). TVM's own x86 one (`dot_16x4_vnni`) passes
+    int32 vectors, which LLVM 22 rejects (it wants bytes), and accumulates in global memory."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
+    lanes, a_dtype, intrinsic, _ = DOT_INSTRUCTIONS[kind]
+    name = f"playground_dot_{lanes}x4_{kind}"
+
     @T.prim_func(s_tir=True)
     def desc(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i, k in T.grid(16, 4):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 4):
                 with T.sblock("update"):
                     vi, vk = T.axis.remap("SR", [i, k])
                     C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
     def impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1, scope="local"),
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            a = T.reinterpret(
-                T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"
-            )
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], dtype="int32x16"),
-                a,
-                B.vload([0, 0], dtype="int8x64"),
-                dtype="int32x16",
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            four = T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                C.vload([0], dtype=f"int32x{lanes}"),
+                T.reinterpret(T.broadcast(four, lanes), dtype=f"{a_dtype}x{4 * lanes}"),
+                B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
+                dtype=f"int32x{lanes}",
             )
 
-    TensorIntrin.register(VNNI, desc, impl, override=True)
-    return VNNI
+    TensorIntrin.register(name, desc, impl, override=True)
+    return name
 
 
 def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
-    """uint8 x int8 -> int32 conv2d (NCHW, OIHW, no padding inside: webapp.pipeline.quantize pads
-    with the zero point first) on AVX-512 VNNI: 16 output channels x 4 input channels per
-    `vpdpbusd`, a register tile of 16-channel vectors x output columns. The input is copied to
-    (N, C/4, H, W, 4) at each call, the weights repacked (O/16, I/4, KH, KW, 16, 4) at build time."""
-    if not target_has_features("avx512vnni", target):
+    """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.quantize
+    pads with the zero point first when it is not 0) on the target's dot-product instruction: AVX-512
+    VNNI `vpdpbusd` (uint8 x int8, 16 output channels x 4 input channels an instruction) or Arm `sdot`
+    (int8 x int8, 4 x 4); a register tile of channel vectors x output columns. The input is copied to
+    (N, C/4, H, W, 4) at each call (legalization copies it anyway), the weights repacked
+    (O/v, I/4, KH, KW, v, 4) at build time."""
+    kind = dot_instruction(target)
+    if kind is None:
         return None
+    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
     blocks = [
         b
         for b in sch.get_child_blocks(sch.get_sblock("root"))
@@ -224,18 +239,19 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
         return None
     data, weight = stmt.reads[0].source, stmt.reads[1].source
-    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != ("uint8", "int8", "int32"):
+    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
         return None
     oc, ic = int(weight.shape[0]), int(weight.shape[1])
-    if int(data.shape[1]) != ic or oc % 16 or ic % 4:
+    if int(data.shape[1]) != ic or oc % lanes or ic % 4:
         return None
     _, registers = simd(target)
     n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
-    vectors = 2 if oc % 32 == 0 else 1
+    # 32 channels a tile with VNNI (2 vectors), 16 with sdot (4 vectors), fewer if they do not divide
+    vectors = next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if oc % (lanes * v) == 0)
     cols = largest_divisor(extent(sch, ow_loop), registers // 2 // vectors)
-    if vectors == 2 and cols < 4:
+    if vectors > 1 and cols < 4:
         vectors, cols = 1, largest_divisor(extent(sch, ow_loop), registers // 2)
-    block_oc = 16 * vectors
+    block_oc = lanes * vectors
 
     epilogue = inline_epilogue(sch, conv)
     pack = sch.cache_read(conv, 1, "global")
@@ -254,7 +270,7 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.set_scope(conv, 0, "local")
     sch.transform_layout(conv, ("write", 0), lambda n, c, h, w: (n, c // block_oc, h, w, c % block_oc))
 
-    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, 16])
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
     ow_o, ow_i = sch.split(ow_loop, [None, cols])
     ic_o, ic_i = sch.split(ic_loop, [None, 4])
     sch.reorder(n_loop, oc_o, oh_loop, ow_o, ic_o, kh_loop, kw_loop, oc_v, ow_i, oc_i, ic_i)
@@ -264,16 +280,18 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(oc_v)
     sch.unroll(ow_i)
-    sch.tensorize(oc_i, register_vnni())
-    return "default rule: int8 conv2d (VNNI)"
+    sch.tensorize(oc_i, register_dot(kind))
+    return f"default rule: int8 conv2d ({kind})"
 
 
 def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
-    """uint8 [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on AVX-512 VNNI: 16 columns x
-    4 of K per `vpdpbusd`, a register tile of rows x 16-column vectors, the weight repacked
-    (N/16, K/4, 16, 4) at build time."""
-    if not target_has_features("avx512vnni", target):
+    """8-bit [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on the target's dot-product
+    instruction (see conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x
+    column vectors, the weight repacked (N/lanes, K/4, lanes, 4) at build time."""
+    kind = dot_instruction(target)
+    if kind is None:
         return None
+    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
     if len(blocks) != 1:
         return None
@@ -283,29 +301,29 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
         return None
     a, b = stmt.reads[0].source, stmt.reads[1].source
-    if (str(a.dtype), str(b.dtype), str(stmt.writes[0].source.dtype)) != ("uint8", "int8", "int32"):
+    if (str(a.dtype), str(b.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
         return None
     *_, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     b_idx = index_vars(stmt.reads[1])
     if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
         return None
     k, n = int(b.shape[0]), int(b.shape[1])
-    if k % 4 or n % 16:
+    if k % 4 or n % lanes:
         return None
     _, registers = simd(target)
     *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
-    vectors = next(v for v in (4, 2, 1) if n % (16 * v) == 0)
+    vectors = next(v for v in (4, 2, 1) if n % (lanes * v) == 0)
     rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
 
     epilogue = inline_epilogue(sch, block)
     pack = sch.cache_read(block, 1, "global")
-    sch.transform_layout(block, ("read", 1), lambda kk, jj: (jj // 16, kk // 4, jj % 16, kk % 4))
+    sch.transform_layout(block, ("read", 1), lambda kk, jj: (jj // lanes, kk // 4, jj % lanes, kk % 4))
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
     i_o, i_i = sch.split(i_loop, [None, rows])
-    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, 16])
+    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, lanes])
     k_o, k_i = sch.split(k_loop, [None, 4])
     sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
     tile = sch.fuse(*batch_loops, i_o, j_o)
@@ -315,8 +333,8 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.vectorize(sch.get_loops(init)[-1])
     sch.unroll(i_i)
     sch.unroll(j_v)
-    sch.tensorize(j_l, register_vnni())
-    return "default rule: int8 matmul (VNNI)"
+    sch.tensorize(j_l, register_dot(kind))
+    return f"default rule: int8 matmul ({kind})"
 
 
 def vector_split(sch: s_tir.Schedule, loop, lanes: int):

@@ -18,6 +18,11 @@ def make_target(preset_name: str) -> tvm.target.Target:
     return tvm.target.Target(spec)
 
 
+def host_target() -> tvm.target.Target:
+    """This machine's CPU: where calibration and other measurements run, whatever the job's target."""
+    return make_target("x86-host")
+
+
 def target_json(target: tvm.target.Target) -> dict:
     """The target as the plain JSON dict the result page shows."""
     out = {"kind": target.kind.name}

@@ -19,6 +19,7 @@ from webapp.pipeline.quantize.annotate import Layer, find_layers, skip_layers
 from webapp.pipeline.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.quantize.scales import ActQuant
+from webapp.pipeline.targets import host_target
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class Quantized:
     @property
     def mode(self) -> str:
         if self.options.bits == 8:
-            return "int8 integer kernels (uint8 x int8, int32 accumulation)"
+            activations = self.layers[0].input.dtype if self.layers else "uint8"
+            return f"int8 integer kernels ({activations} x int8, int32 accumulation)"
         return (
             f"int{self.options.bits} values on 8-bit integer kernels (no sub-byte arithmetic on this CPU; "
             "weights also saved bit-packed)"
@@ -104,6 +106,11 @@ def scales_power2(*scales) -> bool:
     from webapp.pipeline.quantize.scales import is_power_of_two
 
     return all(is_power_of_two(s) for s in scales)
+
+
+def activation_dtype(target: tvm.target.Target) -> str:
+    """uint8 on x86 (VNNI multiplies uint8 by int8), int8 on Arm (sdot multiplies int8 by int8)."""
+    return "int8" if str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm")) else "uint8"
 
 
 def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
@@ -151,7 +158,7 @@ def quantize(
 
     # The float model, returning every tensor quantization touches as well: calibration reads all
     # the inputs (none with a global threshold), the per-layer error the first.
-    executable, _ = compile_relax(with_outputs(func, tensors), target)
+    executable, _ = compile_relax(with_outputs(func, tensors), host_target())
     report(0.2)
     runs = run_all(executable, samples if options.calibration != "global" else samples[:1])
     n_out = len(runs[0]) - len(tensors)
@@ -160,6 +167,7 @@ def quantize(
     if options.calibration != "global":
         stats = {t: gather(float_of[t]) for t in tensors}
     report(0.5)
+    dtype = activation_dtype(target)
     acts = {}
     for t in tensors:
         nonnegative = (
@@ -167,13 +175,14 @@ def quantize(
             and stats[t].nonnegative
             or any(layer.out.same_as(t) and layer.nonnegative_out for layer in layers)
         )
-        levels = 2**options.bits - 1 if nonnegative else max(2 ** (options.bits - 1) - 1, 1)
+        probe = ActQuant.make(1.0, nonnegative, options.bits, False, dtype)
+        levels = probe.qmax - probe.zero_point  # positive levels, for KL's histogram
         limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_threshold
-        acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2")
+        acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2", dtype)
     realizer = Realizer(func, layers, acts, options)
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(func, layers, acts, options, target, samples[0], float_of)
+    errors = layer_errors(func, layers, acts, options, samples[0], float_of)
     report(1.0)
     return Quantized(
         tvm.IRModule({"main": qfunc}),
@@ -186,14 +195,14 @@ def quantize(
     )
 
 
-def layer_errors(func, layers, acts, options, target, sample, float_of) -> list[dict]:
+def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer."""
     from webapp.pipeline.bench import fidelity
     from webapp.pipeline.build import compile_relax
 
     exposed = Realizer(func, layers, acts, options, expose=True)
-    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), target)
+    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host_target())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]
     return [

@@ -97,7 +97,7 @@ class Realizer:
             )
             q = self.emit(R.floor(shifted), "quantize")
             q = self.emit(R.clip(q, float(p.qmin), float(p.qmax)))
-            self.quants[var] = self.emit(R.astype(q, "uint8"), "quantized")
+            self.quants[var] = self.emit(R.astype(q, p.dtype), "quantized")
         return self.quants[var]
 
     def run(self) -> relax.Function:
@@ -190,7 +190,7 @@ class Realizer:
             if p_out.zero_point:
                 y = self.emit(R.add(y, const(p_out.zero_point, str(y.ty.dtype))))
             y = self.emit(R.clip(y, float(lo), float(hi)))
-            self.quants[layer.out] = self.emit(R.astype(y, "uint8"), "requantized")
+            self.quants[layer.out] = self.emit(R.astype(y, p_out.dtype), "requantized")
         else:
             p_out, multiplier, how = None, acc_scale, "float"
             y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))

@@ -18,40 +18,49 @@ def power2_up(scale):
 
 @dataclass(frozen=True)
 class ActQuant:
-    """An activation tensor stored as uint8: real = scale * (q - zero_point), q in [qmin, qmax].
-    Tensors that are never negative (after a ReLU) use zero point 0 and all 2^bits levels; others
-    are symmetric around zero point 128 (int8 shifted by 128, so that the CPU's uint8 x int8 dot
-    product applies)."""
+    """An activation tensor stored as 8-bit integers: real = scale * (q - zero_point), q in
+    [qmin, qmax]. As uint8 (x86, whose dot product is uint8 x int8): tensors that are never negative
+    (after a ReLU) use zero point 0 and all 2^bits levels, others are symmetric around zero point 128
+    (int8 shifted by 128). As int8 (Arm, whose dot product is int8 x int8): zero point 0, and a
+    non-negative tensor uses the 2^(bits-1) non-negative levels only."""
 
     scale: float
     zero_point: int
     qmin: int
     qmax: int
+    dtype: str = "uint8"
 
     @staticmethod
-    def make(threshold: float, nonnegative: bool, bits: int, power2: bool) -> ActQuant:
+    def make(threshold: float, nonnegative: bool, bits: int, power2: bool, dtype: str = "uint8") -> ActQuant:
         threshold = max(float(threshold), 1e-8)
-        if nonnegative:
-            levels = 2**bits - 1
-            zero_point, qmin, qmax = 0, 0, levels
+        half = 2 ** (bits - 1)
+        if dtype == "int8":
+            qmax = max(half - 1, 1) if not nonnegative else min(2**bits - 1, 127)
+            zero_point, qmin = 0, 0 if nonnegative else -half
+        elif nonnegative:
+            zero_point, qmin, qmax = 0, 0, 2**bits - 1
         else:
-            levels = max(2 ** (bits - 1) - 1, 1)
-            zero_point = 128
-            qmin, qmax = 128 - 2 ** (bits - 1), 128 + levels
-        scale = threshold / levels
-        return ActQuant(float(power2_up(scale)) if power2 else scale, zero_point, qmin, qmax)
+            zero_point, qmin, qmax = 128, 128 - half, 128 + max(half - 1, 1)
+        scale = threshold / (qmax - zero_point)
+        return ActQuant(float(power2_up(scale)) if power2 else scale, zero_point, qmin, qmax, dtype)
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """As the quantized model does it: float32 multiply by 1/scale, round half up."""
         inverse = np.float32(1.0 / self.scale)
         q = np.floor(x.astype(np.float32) * inverse + np.float32(self.zero_point + 0.5))
-        return np.clip(q, self.qmin, self.qmax).astype(np.uint8)
+        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return (q.astype(np.float32) - self.zero_point) * np.float32(self.scale)
 
     def to_json(self) -> dict:
-        return {"scale": self.scale, "zero_point": self.zero_point, "qmin": self.qmin, "qmax": self.qmax}
+        return {
+            "scale": self.scale,
+            "zero_point": self.zero_point,
+            "qmin": self.qmin,
+            "qmax": self.qmax,
+            "dtype": self.dtype,
+        }
 
 
 def weight_scales(w: np.ndarray, bits: int, mode: str, per_channel: bool, axis: int) -> np.ndarray:
@@ -103,7 +112,7 @@ def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant,
     else:
         m, shift = fixed_point(multiplier)
         y = (acc * m + (1 << (shift - 1))) >> shift
-    return np.clip(y + out.zero_point, lo, hi).astype(np.uint8)
+    return np.clip(y + out.zero_point, lo, hi).astype(out.dtype)
 
 
 def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
