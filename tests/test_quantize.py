@@ -79,11 +79,16 @@ def integer_layer(kind: str, q: np.ndarray, r) -> np.ndarray:
 ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
 
 
-@pytest.mark.parametrize("kind", ["conv2d", "matmul"])
+@pytest.mark.parametrize("kind, layout", [("conv2d", "NHWC"), ("conv2d", "NCHW"), ("matmul", None)])
 @pytest.mark.parametrize("weight_scale", ["max", "power2"])
 @pytest.mark.parametrize("activations", ["uint8", "int8"])
-def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale, activations):
-    """uint8 activations as for x86; int8 as for Arm (quantized for the Arm target, run here)."""
+def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, activations, monkeypatch):
+    """uint8 activations as for x86; int8 as for Arm (quantized for the Arm target, run here). The
+    integer model runs in NHWC when all its convolutions are integer, else in NCHW: both checked."""
+    if layout == "NCHW":
+        import webapp.pipeline.quantize as quantize_package
+
+        monkeypatch.setattr(quantize_package, "integer_layout", lambda mod: mod)
     mod, shapes = float_model(kind)
     target = make_target("x86-host")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
@@ -107,7 +112,10 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, weight_scale, activati
     expected = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
     if activations == "uint8":  # this machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rules ran
-        assert f"default rule: int8 {kind} (VNNI)" in labels.values()
+        expected_rule = (
+            f"default rule: int8 {kind}{' NHWC' if kind == 'conv2d' and layout == 'NHWC' else ''} (VNNI)"
+        )
+        assert expected_rule in labels.values()
 
 
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
@@ -207,7 +215,7 @@ def test_int8_conv_uses_sdot_on_arm_with_dot_product():
         return build(lowered, target, None).mod.imports[0].inspect_source("asm"), labels
 
     a76, labels = asm("cortex-a76")
-    assert "default rule: int8 conv2d (sdot)" in labels.values()
+    assert "default rule: int8 conv2d NHWC (sdot)" in labels.values()
     assert len(re.findall(r"\bsdot\s+v\d+\.4s", a76)) >= 4
     a72, _ = asm("cortex-a72")
     assert "sdot" not in a72

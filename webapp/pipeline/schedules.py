@@ -216,6 +216,69 @@ def register_dot(kind: str) -> str:
     return name
 
 
+def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
+    """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.quantize)
+    on the target's dot-product instruction: input channels are innermost, so each instruction reads
+    4 consecutive input bytes where they lie, and the epilogue writes whole vectors of output
+    channels. A register tile of output columns x channel vectors; weights repacked
+    (O/v, KH, KW, I/4, v, 4) at build time; parallel over rows x column tiles x channel blocks."""
+    kind = dot_instruction(target)
+    if kind is None:
+        return None
+    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
+    blocks = [
+        b
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if sch.get(b).name_hint.endswith("conv2d_nhwc")
+    ]
+    if len(blocks) != 1:
+        return None
+    conv = blocks[0]
+    stmt = sch.get(conv)
+    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
+        return None
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
+        return None
+    ic, oc = int(weight.shape[2]), int(weight.shape[3])
+    if int(data.shape[3]) != ic or oc % lanes or ic % 4:
+        return None
+    _, registers = simd(target)
+    n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
+    vectors = next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if oc % (lanes * v) == 0)
+    cols = largest_divisor(extent(sch, w_loop), registers // 2 // vectors)
+    block_oc = lanes * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(
+        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 4, o % block_oc, i % 4)
+    )
+    sch.annotate(pack, PREPROC, True)
+    for pad in sch.get_producers(conv):  # legalization's padding (or copy) of the input
+        sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    w_o, w_i = sch.split(w_loop, [None, cols])
+    ic_o, ic_i = sch.split(ic_loop, [None, 4])
+    sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
+    tile = sch.fuse(n_loop, h_loop, w_o, oc_o)
+    sch.parallel(tile)
+    sch.reverse_compute_at(epilogue, tile)
+    init = sch.decompose_reduction(conv, kh_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(w_i)
+    sch.unroll(oc_v)
+    sch.tensorize(oc_i, register_dot(kind))
+    tail = loops_below(sch, epilogue, tile)
+    width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
+    if width:
+        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return f"default rule: int8 conv2d NHWC ({kind})"
+
+
 def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.quantize
     pads with the zero point first when it is not 0) on the target's dot-product instruction: AVX-512
@@ -503,7 +566,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     return windowed(sch, target, main[0], "pooling" if "pool" in sch.get(main[0]).name_hint else "reduction")
 
 
-RULES = (conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
+RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
 
 
 def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:

@@ -15,7 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from webapp.pipeline.quantize.annotate import Layer, find_layers, skip_layers
+from webapp.pipeline.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.quantize.scales import ActQuant
@@ -113,6 +113,19 @@ def activation_dtype(target: tvm.target.Target) -> str:
     return "int8" if str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm")) else "uint8"
 
 
+def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
+    """The integer model in NHWC when every convolution in it is integer: the dot-product kernels
+    then read input channels where they lie and write whole vectors of output channels
+    (webapp.pipeline.schedules.conv2d_nhwc_int8). Layout changes are left at the model's edges only.
+    With a float convolution left (a skipped layer) the model stays NCHW, where the float rules are."""
+    convs = [b.value for b in bindings(mod["main"]) if op_name(b.value) == "relax.nn.conv2d"]
+    if not convs or any(str(c.args[0].ty.dtype) == "float32" for c in convs):
+        return mod
+    with tvm.transform.PassContext(opt_level=3):
+        mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+        return relax.transform.FoldConstant()(mod)
+
+
 def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
     """The function (no dataflow blocks) returning (its result, *extra), in dataflow form again."""
     bb = relax.BlockBuilder()
@@ -185,7 +198,7 @@ def quantize(
     errors = layer_errors(func, layers, acts, options, samples[0], float_of)
     report(1.0)
     return Quantized(
-        tvm.IRModule({"main": qfunc}),
+        integer_layout(tvm.IRModule({"main": qfunc})),
         realizer.report,
         [layer for layer in layers if not layer.quantized],
         stats,

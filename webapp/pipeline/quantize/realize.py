@@ -49,6 +49,13 @@ def const(values, dtype: str) -> relax.Expr:
     return relax.const(np.ascontiguousarray(np.asarray(values).astype(dtype)), dtype)
 
 
+def scalar(value, dtype: str, like) -> relax.Expr:
+    """A constant shaped [1, 1, ...] like `like`: layout conversion (ConvertLayout) follows binary ops
+    whose operands have the same rank, not a 0-d one."""
+    ndim = len(like.ty.shape.values) if like.ty.shape is not None else 0
+    return const(np.full([1] * ndim, value), dtype)
+
+
 def substitute(expr, env: dict):
     """`expr` with its variables replaced through env (Call, Tuple, TupleGetItem, leaves)."""
     if isinstance(expr, relax.Var):
@@ -83,8 +90,10 @@ class Realizer:
         if var not in self.floats:  # only a requantized layer result: dequantize it
             p = self.acts[var]
             q = self.emit(R.astype(self.quants[var], "int32"))
-            shifted = self.emit(R.subtract(q, const(p.zero_point, "int32"))) if p.zero_point else q
-            self.floats[var] = self.emit(R.multiply(R.astype(shifted, "float32"), const(p.scale, "float32")))
+            shifted = self.emit(R.subtract(q, scalar(p.zero_point, "int32", q))) if p.zero_point else q
+            self.floats[var] = self.emit(
+                R.multiply(R.astype(shifted, "float32"), scalar(p.scale, "float32", q))
+            )
         return self.floats[var]
 
     def quant_value(self, var):
@@ -93,10 +102,10 @@ class Realizer:
             # floor(x / scale + zero point + 1/2): round half up, vectorized (LLVM calls roundf
             # once per value for R.round's half-away-from-zero)
             shifted = R.add(
-                R.multiply(x, const(1.0 / p.scale, "float32")), const(p.zero_point + 0.5, "float32")
+                R.multiply(x, scalar(1.0 / p.scale, "float32", x)), scalar(p.zero_point + 0.5, "float32", x)
             )
             q = self.emit(R.floor(shifted), "quantize")
-            q = self.emit(R.clip(q, float(p.qmin), float(p.qmax)))
+            q = self.clip(q, p.qmin, p.qmax, "float32")
             self.quants[var] = self.emit(R.astype(q, p.dtype), "quantized")
         return self.quants[var]
 
@@ -188,8 +197,8 @@ class Realizer:
                     hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
             y, how = self.requantize(acc, multiplier.reshape(shape))
             if p_out.zero_point:
-                y = self.emit(R.add(y, const(p_out.zero_point, str(y.ty.dtype))))
-            y = self.emit(R.clip(y, float(lo), float(hi)))
+                y = self.emit(R.add(y, scalar(p_out.zero_point, str(y.ty.dtype), y)))
+            y = self.clip(y, lo, hi, str(y.ty.dtype))
             self.quants[layer.out] = self.emit(R.astype(y, p_out.dtype), "requantized")
         else:
             p_out, multiplier, how = None, acc_scale, "float"
@@ -197,11 +206,15 @@ class Realizer:
             if layer.activation is not None and layer.activation[0] == "relu":
                 y = self.emit(R.nn.relu(y))
             elif layer.activation is not None:
-                y = self.emit(R.clip(y, layer.activation[1], layer.activation[2]))
+                y = self.clip(y, layer.activation[1], layer.activation[2], "float32")
             self.floats[layer.out] = y
         self.report.append(
             LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
         )
+
+    def clip(self, x, lo, hi, dtype: str):
+        """max then min with constants: unlike R.clip, these keep the layout ConvertLayout chose."""
+        return self.emit(R.minimum(R.maximum(x, scalar(lo, dtype, x)), scalar(hi, dtype, x)))
 
     def weight_scale(self, layer: Layer) -> np.ndarray:
         return weight_scales(layer.weight, self.bits, self.weight_mode, self.per_channel, layer.channel_axis)
