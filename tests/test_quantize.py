@@ -31,11 +31,12 @@ RNG = np.random.default_rng(0)
 
 def float_model(kind: str) -> tuple[tvm.IRModule, dict]:
     """Two layers, the first with bias and ReLU (so the pair stays in 8 bits between them):
-    conv 16->32 3x3 (pad 1) -> conv 32->16 3x3 stride 2 (pad 1), or matmul 64->48 -> matmul 48->32."""
+    conv 3->32 3x3 (pad 1; 3 input channels, as an RGB image) -> conv 32->16 3x3 stride 2 (pad 1), or
+    matmul 64->48 -> matmul 48->32."""
     if kind == "conv2d":
         shape, w1, w2 = (
-            (1, 16, 12, 12),
-            RNG.normal(0, 0.2, (32, 16, 3, 3)),
+            (1, 3, 12, 12),
+            RNG.normal(0, 0.2, (32, 3, 3, 3)),
             RNG.normal(0, 0.2, (16, 32, 3, 3)),
         )
         b1 = RNG.normal(0, 0.5, (1, 32, 1, 1))

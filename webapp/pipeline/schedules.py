@@ -556,14 +556,16 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     with its epilogue (pooling, mean) as a windowed reduction."""
     from tvm.s_tir.dlight.cpu import Reduction
 
-    scheduled = Reduction().apply(sch.mod["main"], target, False)
-    if scheduled is not None:
-        return scheduled, "default rule: row reduction"
     root = sch.get_sblock("root")
     main = [b for b in sch.get_child_blocks(root) if "R" in iter_kinds(sch.get(b))]
+    pooling = len(main) == 1 and "pool" in sch.get(main[0]).name_hint
+    if not pooling:  # pooling is a window per output, not a row: dlight's rule would serialize NHWC
+        scheduled = Reduction().apply(sch.mod["main"], target, False)
+        if scheduled is not None:
+            return scheduled, "default rule: row reduction"
     if len(main) != 1:
         return None
-    return windowed(sch, target, main[0], "pooling" if "pool" in sch.get(main[0]).name_hint else "reduction")
+    return windowed(sch, target, main[0], "pooling" if pooling else "reduction")
 
 
 RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)

@@ -155,22 +155,24 @@ class Realizer:
         if layer.kind == "conv2d":
             a = layer.attrs
             pad = [int(v) for v in a.padding]  # top, left, bottom, right
-            # The convolution pads with 0, which is the zero point of non-negative inputs; others are
-            # padded with their zero point first.
-            inner_pad = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
-            if any(pad) and p_in.zero_point:
+            # Input channels padded to a multiple of 4 (zero weights) when they are not one, for the
+            # dot-product instructions (4 channels an instruction): an RGB image's 3, say.
+            extra = -wq.shape[1] % 4 if int(a.groups) == 1 else 0
+            weight = np.pad(wq, ((0, 0), (0, extra), (0, 0), (0, 0)))
+            # The convolution pads with 0, the zero point of non-negative inputs; the rest is padded
+            # here, with the input's zero point.
+            inner = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
+            outer = [pad[0], pad[2], pad[1], pad[3]] if p_in.zero_point else [0, 0, 0, 0]
+            if any(outer) or extra:
                 xq = self.emit(
-                    R.nn.pad(
-                        xq, [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]], "constant", float(p_in.zero_point)
-                    ),
-                    "padded",
+                    R.nn.pad(xq, [0, 0, 0, extra, *outer], "constant", float(p_in.zero_point)), "padded"
                 )
             acc = self.emit(
                 R.nn.conv2d(
                     xq,
-                    const(wq, "int8"),
+                    const(weight, "int8"),
                     strides=[int(s) for s in a.strides],
-                    padding=inner_pad,
+                    padding=inner,
                     dilation=[int(d) for d in a.dilation],
                     groups=int(a.groups),
                     out_dtype="int32",
