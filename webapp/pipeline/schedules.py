@@ -160,14 +160,23 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
 # Integer dot-product instructions: kind -> (int32 lanes per instruction, activation dtype, LLVM
 # intrinsic, the target feature that has it). Each lane adds 4 products of 8-bit values.
 DOT_INSTRUCTIONS = {
-    "VNNI": (16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd
+    "VNNI": (16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
+    "VNNI-256": (8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avx512vnni"),  # vpdpbusd ymm: 8 channels
     "sdot": (4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),  # Arm dot product
 }
 
 
-def dot_instruction(target) -> str | None:
-    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any."""
-    return next((k for k, v in DOT_INSTRUCTIONS.items() if target_has_features(v[3], target)), None)
+def dot_instruction(target, channels: int | None = None) -> str | None:
+    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any: the
+    widest whose lanes divide `channels` when given."""
+    return next(
+        (
+            k
+            for k, v in DOT_INSTRUCTIONS.items()
+            if target_has_features(v[3], target) and (channels is None or channels % v[0] == 0)
+        ),
+        None,
+    )
 
 
 def register_dot(kind: str) -> str:
@@ -241,8 +250,10 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
         return None
     ic, oc = int(weight.shape[2]), int(weight.shape[3])
-    if int(data.shape[3]) != ic or oc % lanes or ic % 4:
+    kind = dot_instruction(target, oc)
+    if int(data.shape[3]) != ic or kind is None or ic % 4:
         return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
     vectors = next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if oc % (lanes * v) == 0)
@@ -305,8 +316,10 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
         return None
     oc, ic = int(weight.shape[0]), int(weight.shape[1])
-    if int(data.shape[1]) != ic or oc % lanes or ic % 4:
+    kind = dot_instruction(target, oc)
+    if int(data.shape[1]) != ic or kind is None or ic % 4:
         return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
     # 32 channels a tile with VNNI (2 vectors), 16 with sdot (4 vectors), fewer if they do not divide
@@ -371,8 +384,10 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
         return None
     k, n = int(b.shape[0]), int(b.shape[1])
-    if k % 4 or n % lanes:
+    kind = dot_instruction(target, n)
+    if k % 4 or kind is None:
         return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
     vectors = next(v for v in (4, 2, 1) if n % (lanes * v) == 0)
@@ -558,14 +573,17 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
 
     root = sch.get_sblock("root")
     main = [b for b in sch.get_child_blocks(root) if "R" in iter_kinds(sch.get(b))]
-    pooling = len(main) == 1 and "pool" in sch.get(main[0]).name_hint
-    if not pooling:  # pooling is a window per output, not a row: dlight's rule would serialize NHWC
+    name = sch.get(main[0]).name_hint if len(main) == 1 else ""
+    pooling = "pool" in name
+    if not pooling and "conv2d" not in name:  # a window per output, not a row: dlight would serialize
+        # NHWC pooling and depthwise convolutions
         scheduled = Reduction().apply(sch.mod["main"], target, False)
         if scheduled is not None:
             return scheduled, "default rule: row reduction"
     if len(main) != 1:
         return None
-    return windowed(sch, target, main[0], "pooling" if pooling else "reduction")
+    kind = "pooling" if pooling else "depthwise conv2d" if "conv2d" in name else "reduction"
+    return windowed(sch, target, main[0], kind)
 
 
 RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
