@@ -144,7 +144,8 @@ def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(EXAMPLES))
+# digits-cnn is trained when its files are first written: no records are shipped for it
+@pytest.mark.parametrize("name", [name for name in EXAMPLES if name != "digits-cnn"])
 def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path, name):
     """Every kernel the shipped records schedule gives the same outputs as TVM's naive build."""
     from webapp.jobs.tuning_db import RECORDS, SHIPPED_DIR, WORKLOADS, database_key
