@@ -80,7 +80,7 @@ class Realizer:
         self.uses = users(func)
         self.bb = relax.BlockBuilder()
         self.floats: dict = {}  # original Var -> its float32 value in the new function
-        self.quants: dict = {}  # original Var -> its uint8 value
+        self.quants: dict = {}  # original Var -> its 8-bit value (uint8, or int8 on Arm)
         self.report: list[LayerQuant] = []
 
     def emit(self, expr, name: str = "q"):
@@ -99,8 +99,8 @@ class Realizer:
     def quant_value(self, var):
         if var not in self.quants:
             p, x = self.acts[var], self.float_value(var)
-            # floor(x / scale + zero point + 1/2): round half up, vectorized (LLVM calls roundf
-            # once per value for R.round's half-away-from-zero)
+            # floor(x * (1 / scale) + zero point + 1/2): round half up, which vectorizes (for
+            # R.round's half away from zero LLVM calls roundf value by value)
             shifted = R.add(
                 R.multiply(x, scalar(1.0 / p.scale, "float32", x)), scalar(p.zero_point + 0.5, "float32", x)
             )
