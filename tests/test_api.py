@@ -18,10 +18,15 @@ from webapp.jobs.store import JobStore
 from webapp.jobs.worker import run_job
 
 
-def submit(client, data: dict, file: tuple[bytes, str] | None = None):
+def submit(client, data: dict, file: tuple[bytes, str] | None = None, calibration: dict | None = None):
+    """POST /api/jobs; `calibration`, arrays by name, goes up as a calibration_data .npz."""
     data = {"target": "x86-host", **data}
     if file is not None:
         data["model"] = (io.BytesIO(file[0]), file[1])
+    if calibration is not None:
+        npz = io.BytesIO()
+        np.savez(npz, **calibration)
+        data["calibration_data"] = (io.BytesIO(npz.getvalue()), "calib.npz")
     return client.post("/api/jobs", data=data, content_type="multipart/form-data")
 
 
@@ -209,19 +214,11 @@ def test_refuses_a_file_over_the_size_limit(config, size_mb):
 def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, example_files, tmp_path):
     """int8 with power-of-two scales, KL calibration on the user's inputs: the JSON names every
     quantized layer with its scales and error, and benchmarks int8 beside fp32."""
-    buf = io.BytesIO()
-    np.savez(buf, input=np.random.default_rng(0).standard_normal((6, 3, 32, 32)).astype(np.float32))
-    resp = client.post(
-        "/api/jobs",
-        data={
-            "target": "x86-host",
-            "quantize": "int8",
-            "calibration": "kl",
-            "weight_scale": "power2",
-            "model": (io.BytesIO((example_files / "cnn-small.onnx").read_bytes()), "cnn.onnx"),
-            "calibration_data": (io.BytesIO(buf.getvalue()), "calib.npz"),
-        },
-        content_type="multipart/form-data",
+    resp = submit(
+        client,
+        {"quantize": "int8", "calibration": "kl", "weight_scale": "power2"},
+        ((example_files / "cnn-small.onnx").read_bytes(), "cnn.onnx"),
+        calibration={"input": np.random.default_rng(0).standard_normal((6, 3, 32, 32)).astype(np.float32)},
     )
     job = wait_for_job(client, resp.get_json()["id"])
     assert job["status"] == "done", job["error"]
@@ -255,18 +252,8 @@ def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, 
 def test_bad_calibration_data_fails_at_quantize_with_what_is_wrong(
     client, example_files, npz_arrays, message
 ):
-    buf = io.BytesIO()
-    np.savez(buf, **npz_arrays)
-    resp = client.post(
-        "/api/jobs",
-        data={
-            "target": "x86-host",
-            "quantize": "int8",
-            "model": (io.BytesIO((example_files / "cnn-small.onnx").read_bytes()), "cnn.onnx"),
-            "calibration_data": (io.BytesIO(buf.getvalue()), "calib.npz"),
-        },
-        content_type="multipart/form-data",
-    )
+    model = ((example_files / "cnn-small.onnx").read_bytes(), "cnn.onnx")
+    resp = submit(client, {"quantize": "int8"}, model, calibration=npz_arrays)
     job = wait_for_job(client, resp.get_json()["id"])
     assert job["status"] == "failed" and job["error"]["stage"] == "quantize"
     assert message in job["error"]["message"]

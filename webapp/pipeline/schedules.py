@@ -98,19 +98,24 @@ def parallel_outer(sch: s_tir.Schedule, block, count: int):
     return outer
 
 
-def conv2d(sch: s_tir.Schedule, target) -> str | None:
-    """Regular and grouped conv2d in NCHW with OIHW weights (topi's conv2d_nchw / group_conv2d_nchw)."""
+def conv_block(sch: s_tir.Schedule, suffix: str):
+    """The kernel's one conv2d block (named ...`suffix`: "conv2d_nchw", "conv2d_nhwc"), four output
+    axes and three reduction axes over two inputs; None when the kernel has not exactly one."""
     blocks = [
-        b
-        for b in sch.get_child_blocks(sch.get_sblock("root"))
-        if sch.get(b).name_hint.endswith("conv2d_nchw")
+        b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith(suffix)
     ]
     if len(blocks) != 1:
         return None
-    conv = blocks[0]
-    stmt = sch.get(conv)
-    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
+    stmt = sch.get(blocks[0])
+    return blocks[0] if iter_kinds(stmt) == "SSSSRRR" and len(stmt.reads) == 2 else None
+
+
+def conv2d(sch: s_tir.Schedule, target) -> str | None:
+    """Regular and grouped conv2d in NCHW with OIHW weights (topi's conv2d_nchw / group_conv2d_nchw)."""
+    conv = conv_block(sch, "conv2d_nchw")
+    if conv is None:
         return None
+    stmt = sch.get(conv)
     lanes, registers = simd(target)
     weight = stmt.reads[1].source
     oc, ic_per_group = int(weight.shape[0]), int(weight.shape[1])
@@ -225,30 +230,31 @@ def register_dot(kind: str) -> str:
     return name
 
 
+def multiplies_for_dot(stmt, target) -> bool:
+    """Whether the block multiplies what the target's dot-product instruction does: its activation
+    dtype (uint8 on x86, int8 on Arm) by int8 weights, into int32."""
+    kind = dot_instruction(target)
+    dtypes = tuple(str(r.source.dtype) for r in (*stmt.reads, *stmt.writes))
+    return kind is not None and dtypes == (DOT_INSTRUCTIONS[kind][1], "int8", "int32")
+
+
+def tile_vectors(channels: int, lanes: int) -> int:
+    """Vectors of output channels in a register tile: 32 channels with 16 or 8 lanes (x86), 16 with
+    4 (Arm), fewer when they do not divide the channels."""
+    return next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if channels % (lanes * v) == 0)
+
+
 def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.quantize)
     on the target's dot-product instruction: input channels are innermost, so each instruction reads
     4 consecutive input bytes where they lie, and the epilogue writes whole vectors of output
     channels. A register tile of output columns x channel vectors; weights repacked
     (O/v, KH, KW, I/4, v, 4) at build time; parallel over rows x column tiles x channel blocks."""
-    kind = dot_instruction(target)
-    if kind is None:
+    conv = conv_block(sch, "conv2d_nhwc")
+    if conv is None or not multiplies_for_dot(sch.get(conv), target):
         return None
-    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
-    blocks = [
-        b
-        for b in sch.get_child_blocks(sch.get_sblock("root"))
-        if sch.get(b).name_hint.endswith("conv2d_nhwc")
-    ]
-    if len(blocks) != 1:
-        return None
-    conv = blocks[0]
     stmt = sch.get(conv)
-    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
-        return None
     data, weight = stmt.reads[0].source, stmt.reads[1].source
-    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
-        return None
     ic, oc = int(weight.shape[2]), int(weight.shape[3])
     kind = dot_instruction(target, oc)
     if int(data.shape[3]) != ic or kind is None or ic % 4:
@@ -256,7 +262,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
-    vectors = next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if oc % (lanes * v) == 0)
+    vectors = tile_vectors(oc, lanes)
     # Accumulators in half the vector registers: the inner loop is one load per vector of weights,
     # one broadcast per column and a dot product per accumulator. (28 accumulators ran single
     # ResNet-50 convs 3-25% faster here, the whole model no faster: within the noise of 2 runs.)
@@ -304,24 +310,11 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     (int8 x int8, 4 x 4); a register tile of channel vectors x output columns. The input is copied to
     (N, C/4, H, W, 4) at each call (legalization copies it anyway), the weights repacked
     (O/v, I/4, KH, KW, v, 4) at build time."""
-    kind = dot_instruction(target)
-    if kind is None:
+    conv = conv_block(sch, "conv2d_nchw")
+    if conv is None or not multiplies_for_dot(sch.get(conv), target):
         return None
-    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
-    blocks = [
-        b
-        for b in sch.get_child_blocks(sch.get_sblock("root"))
-        if sch.get(b).name_hint.endswith("conv2d_nchw")
-    ]
-    if len(blocks) != 1:
-        return None
-    conv = blocks[0]
     stmt = sch.get(conv)
-    if iter_kinds(stmt) != "SSSSRRR" or len(stmt.reads) != 2:
-        return None
     data, weight = stmt.reads[0].source, stmt.reads[1].source
-    if (str(data.dtype), str(weight.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
-        return None
     oc, ic = int(weight.shape[0]), int(weight.shape[1])
     kind = dot_instruction(target, oc)
     if int(data.shape[1]) != ic or kind is None or ic % 4:
@@ -329,8 +322,7 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
-    # 32 channels a tile with VNNI (2 vectors), 16 with sdot (4 vectors), fewer if they do not divide
-    vectors = next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if oc % (lanes * v) == 0)
+    vectors = tile_vectors(oc, lanes)
     cols = largest_divisor(extent(sch, ow_loop), registers // 2 // vectors)
     if vectors > 1 and cols < 4:
         vectors, cols = 1, largest_divisor(extent(sch, ow_loop), registers // 2)
@@ -371,10 +363,6 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     """8-bit [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on the target's dot-product
     instruction (see conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x
     column vectors, the weight repacked (N/lanes, K/4, lanes, 4) at build time."""
-    kind = dot_instruction(target)
-    if kind is None:
-        return None
-    lanes, a_dtype, _, _ = DOT_INSTRUCTIONS[kind]
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
     if len(blocks) != 1:
         return None
@@ -383,9 +371,9 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     kinds = iter_kinds(stmt)
     if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
         return None
-    a, b = stmt.reads[0].source, stmt.reads[1].source
-    if (str(a.dtype), str(b.dtype), str(stmt.writes[0].source.dtype)) != (a_dtype, "int8", "int32"):
+    if not multiplies_for_dot(stmt, target):
         return None
+    b = stmt.reads[1].source
     *_, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     b_idx = index_vars(stmt.reads[1])
     if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):

@@ -190,9 +190,8 @@ def quantization_view(results: dict) -> dict | None:
     }
     fp32_ms, quant_ms = times.get(("fp32", False)), times.get((variant, False))
     speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None
-    dots = (results.get("instructions") or {}).get("vpdpbusd", 0) + (results.get("instructions") or {}).get(
-        "sdot", 0
-    )
+    instructions = results.get("instructions") or {}
+    dots = instructions.get("vpdpbusd", 0) + instructions.get("sdot", 0)
     why = None
     if speedup is not None and speedup < 1.1:
         if not dots:

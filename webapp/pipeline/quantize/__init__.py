@@ -18,7 +18,7 @@ from tvm import relax
 from webapp.pipeline.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.quantize.realize import LayerQuant, Realizer
-from webapp.pipeline.quantize.scales import ActQuant
+from webapp.pipeline.quantize.scales import ActQuant, is_power_of_two
 from webapp.pipeline.targets import host_target
 
 
@@ -103,8 +103,6 @@ class Quantized:
 
 
 def scales_power2(*scales) -> bool:
-    from webapp.pipeline.quantize.scales import is_power_of_two
-
     return all(is_power_of_two(s) for s in scales)
 
 
