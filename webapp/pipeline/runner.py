@@ -145,11 +145,25 @@ def run(job_dir: Path) -> None:
     if job.get("quantize", "none") != "none":
 
         def do_quantize_all(report):
+            from webapp.pipeline.quantize import observe
+
             variants = quant_variants(job)
+            samples, source = calibration_samples(job, job_dir, model)
+            # The float run, once for all the variants (only its first input when nothing calibrates)
+            calibrating = any(options.calibration != "global" for _, options in variants)
+            share = 1 / (len(variants) + 1)
+            observed = observe(
+                model.mod,
+                variants[0][1],
+                samples if calibrating else samples[:1],
+                lambda f: report(f * share),
+            )
             for i, (name, options) in enumerate(variants):
-                step = lambda f, i=i: report((i + f) / len(variants))  # noqa: E731
+                step = lambda f, i=i: report((i + 1 + f) * share)  # noqa: E731
                 try:
-                    quantized.append(do_quantize(job, job_dir, model, target, name, options, step))
+                    quantized.append(
+                        do_quantize(job_dir, target, name, options, samples, source, observed, step)
+                    )
                 except Exception as exc:
                     if not sweep:
                         raise
@@ -319,31 +333,33 @@ def sweep_summary(quantized: list, failed: list[dict]) -> dict:
     return {"variants": rows, "failed": failed}
 
 
-def do_quantize(job: dict, job_dir: Path, model, target, name: str, options, report):
-    """Calibration inputs (the user's .npz, the example's training images, or random inputs of the
-    model's shapes), then webapp.pipeline.quantize; its Relax and the bit-packed weights are saved."""
-    import numpy as np
-
+def calibration_samples(job: dict, job_dir: Path, model) -> tuple[list[dict], str]:
+    """The calibration inputs and where they came from: the user's .npz, the example's training
+    images, or random inputs of the model's shapes."""
     from webapp.pipeline.bench import make_inputs
-    from webapp.pipeline.quantize import quantize
     from webapp.pipeline.quantize.calibrate import samples_from_npz
-    from webapp.pipeline.quantize.scales import pack_bits
 
     if job.get("calibration_data"):
-        samples, source = samples_from_npz(job_dir / job["calibration_data"], model.inputs), "uploaded .npz"
-    elif job.get("dataset"):
+        return samples_from_npz(job_dir / job["calibration_data"], model.inputs), "uploaded .npz"
+    if job.get("dataset"):
         from webapp.pipeline.datasets import load
 
         images = load(job["dataset"])[0][:64]
-        samples, source = (
-            [{model.inputs[0].name: x[None]} for x in images],
-            f"{job['dataset']} training images",
-        )
-    else:
-        samples, source = [make_inputs(model.inputs, seed=1 + i) for i in range(8)], "random inputs"
+        return [{model.inputs[0].name: x[None]} for x in images], f"{job['dataset']} training images"
+    return [make_inputs(model.inputs, seed=1 + i) for i in range(8)], "random inputs"
+
+
+def do_quantize(job_dir: Path, target, name: str, options, samples, source: str, observed, report):
+    """One quantized variant (webapp.pipeline.quantize) of the observed float model; its bit-packed
+    weights are saved."""
+    import numpy as np
+
+    from webapp.pipeline.quantize import quantize
+    from webapp.pipeline.quantize.scales import pack_bits
+
     if options.calibration == "global":
         source = f"none (one global threshold of {options.global_threshold:g})"
-    quantized = quantize(model.mod, target, options, samples, report)
+    quantized = quantize(None, target, options, samples, report, observed)
     quantized.variant = name
     quantized.calibration = {"source": source, "samples": len(samples)}
     slug = name.replace(" ", "-")

@@ -146,13 +146,20 @@ def run_all(executable, samples: list[dict[str, np.ndarray]]) -> list[list[np.nd
     ]
 
 
-def quantize(
-    mod: tvm.IRModule,
-    target: tvm.target.Target,
-    options: QuantOptions,
-    samples: list[dict[str, np.ndarray]],
-    report=lambda f: None,
-) -> Quantized:
+@dataclass
+class Observed:
+    """The float model as quantization sees it: its layers and every tensor quantization touches,
+    run on the calibration inputs. The same for every bit-width and calibration mode of a job."""
+
+    func: relax.Function  # without dataflow blocks
+    layers: list[Layer]
+    tensors: list  # the inputs and results of the quantized layers
+    float_of: dict  # tensor -> its value on each calibration input
+
+
+def observe(
+    mod: tvm.IRModule, options: QuantOptions, samples: list[dict[str, np.ndarray]], report=lambda f: None
+) -> Observed:
     from webapp.pipeline.build import compile_relax
     from webapp.pipeline.optimize import canonical
 
@@ -166,14 +173,28 @@ def quantize(
     if not quantized:
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
     tensors = list(dict.fromkeys(t for layer in quantized for t in (layer.data, layer.out)))
-
-    # The float model, returning every tensor quantization touches as well: calibration reads all
-    # the inputs (none with a global threshold), the per-layer error the first.
+    # The float model returning those tensors as well, run on this machine whatever the target.
     executable, _ = compile_relax(with_outputs(func, tensors), host_target())
     report(0.2)
-    runs = run_all(executable, samples if options.calibration != "global" else samples[:1])
+    runs = run_all(executable, samples)
     n_out = len(runs[0]) - len(tensors)
-    float_of = {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
+    return Observed(
+        func, layers, tensors, {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
+    )
+
+
+def quantize(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    options: QuantOptions,
+    samples: list[dict[str, np.ndarray]],
+    report=lambda f: None,
+    observed: Observed | None = None,
+) -> Quantized:
+    """`observed`, when given, is the float run several quantizations of one job share (observe())."""
+    if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
+        observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
+    func, layers, tensors, float_of = observed.func, observed.layers, observed.tensors, observed.float_of
     stats: dict = {}
     if options.calibration != "global":
         stats = {t: gather(float_of[t]) for t in tensors}
@@ -222,4 +243,4 @@ def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     ]
 
 
-__all__ = ["QuantOptions", "Quantized", "quantize", "TensorStats"]
+__all__ = ["QuantOptions", "Quantized", "Observed", "observe", "quantize", "TensorStats"]
