@@ -68,7 +68,7 @@ def main() -> int:
         rows = []
         for name in args.models.split(","):
             out = Path(tmp) / name
-            error = compile_locally(config, name, args.target, out)
+            error = compile_locally(config, name, {"target": args.target}, out)
             if error:
                 print(f"{name}: failed at {error['stage']}: {error['message']}", file=sys.stderr)
                 continue

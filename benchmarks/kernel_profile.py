@@ -23,7 +23,7 @@ from webapp.pipeline.build import build, kernel_seconds, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import kernel_flop
 from webapp.pipeline.optimize import optimize
-from webapp.pipeline.targets import make_target
+from webapp.targets import make_target
 
 
 def profile(name: str, preset: str, records: Path | None) -> list[dict]:

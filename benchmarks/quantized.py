@@ -56,7 +56,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     from webapp.pipeline.importers import import_model
 
     out = tmp / name
-    error = compile_locally(config, name, "x86-host", out, quantize={"quantize": "int8"})
+    error = compile_locally(config, name, {"target": "x86-host", "quantize": "int8"}, out)
     if error:
         raise RuntimeError(f"{name}: failed at {error['stage']}: {error['message']}")
     result = json.loads((out / "result.json").read_text())

@@ -58,7 +58,9 @@ def main() -> int:
     for item in args.trials.split(","):
         name, trials = item.split("=")
         with tempfile.TemporaryDirectory() as tmp:
-            error = compile_locally(config, name, args.target, Path(tmp) / name, tune_trials=int(trials))
+            error = compile_locally(
+                config, name, {"target": args.target, "tune_trials": int(trials)}, Path(tmp) / name
+            )
             if error:
                 print(f"{name}: failed at {error['stage']}: {error['message']}", file=sys.stderr)
                 continue

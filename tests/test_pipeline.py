@@ -14,7 +14,7 @@ from webapp.pipeline.errors import StageError
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import inspect_build, relax_graph
 from webapp.pipeline.optimize import optimize
-from webapp.pipeline.targets import make_target
+from webapp.targets import make_target
 
 SMALL = ["mlp", "cnn-small", "transformer-block"]
 

@@ -13,9 +13,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 from tvm.relax import op as R
 
+from webapp.options import JobOptions
 from webapp.pipeline import bench
 from webapp.pipeline.build import build, compile_relax, fuse, schedule
-from webapp.pipeline.quantize import QuantOptions, quantize
+from webapp.pipeline.quantize import quantize
 from webapp.pipeline.quantize.calibrate import gather, kl_threshold, threshold
 from webapp.pipeline.quantize.scales import (
     fixed_point,
@@ -24,7 +25,7 @@ from webapp.pipeline.quantize.scales import (
     requantize_reference,
     unpack_bits,
 )
-from webapp.pipeline.targets import make_target
+from webapp.targets import make_target
 
 RNG = np.random.default_rng(0)
 
@@ -94,7 +95,7 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
     target = make_target("x86-host")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
     quantize_for = ARM if activations == "int8" else target
-    q = quantize(mod, quantize_for, QuantOptions(weight_scale=weight_scale), samples)
+    q = quantize(mod, quantize_for, JobOptions(quantize="int8", weight_scale=weight_scale), samples)
     first, second = q.layers
     assert first.input.dtype == activations
     assert first.output is not None and second.output is None  # 8 bits between them, float after
@@ -122,7 +123,7 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
-    q = quantize(mod, make_target("x86-host"), QuantOptions(), samples)
+    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8"), samples)
 
     def asm(target_json: dict) -> str:
         target = tvm.target.Target(target_json)
@@ -138,7 +139,7 @@ def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
 def test_power2_scales_are_powers_of_two_and_requantize_by_shift():
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
-    q = quantize(mod, make_target("x86-host"), QuantOptions(weight_scale="power2"), samples)
+    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8", weight_scale="power2"), samples)
     for r in q.layers:
         assert is_power_of_two(r.input.scale) and is_power_of_two(r.weight_scale)
         if r.output is not None:
@@ -146,7 +147,7 @@ def test_power2_scales_are_powers_of_two_and_requantize_by_shift():
     script = q.mod.script()
     assert "R.right_shift" in script and "int64" not in script  # no fixed-point multiply
     # And in max mode the same model needs the 31-bit fixed-point multiply
-    q = quantize(mod, make_target("x86-host"), QuantOptions(weight_scale="max"), samples)
+    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8", weight_scale="max"), samples)
     assert "int64" in q.mod.script()
 
 
@@ -185,9 +186,7 @@ def test_digits_accuracy_at_each_bit_width(config, tmp_path):
 
     accuracy = {}
     for bits in ("int8", "int4", "int2", "int1"):
-        error = compile_locally(
-            config, "digits-cnn", "x86-host", tmp_path / bits, quantize={"quantize": bits}
-        )
+        error = compile_locally(config, "digits-cnn", {"quantize": bits}, tmp_path / bits)
         assert error is None, f"{bits} failed at {error}"
         result = json.loads((tmp_path / bits / "result.json").read_text())
         rows = {a["variant"]: a["top1"] for a in result["accuracy"]}
@@ -210,7 +209,7 @@ def test_int8_conv_uses_sdot_on_arm_with_dot_product():
 
     def asm(mcpu: str) -> tuple[str, dict]:
         target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
-        q = quantize(mod, target, QuantOptions(), samples)
+        q = quantize(mod, target, JobOptions(quantize="int8"), samples)
         assert all(r.input.dtype == "int8" and r.input.zero_point == 0 for r in q.layers)
         lowered, labels = schedule(fuse(q.mod, target), target)
         return build(lowered, target, None).mod.imports[0].inspect_source("asm"), labels

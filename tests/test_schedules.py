@@ -15,7 +15,7 @@ from webapp.pipeline import bench
 from webapp.pipeline.build import build, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.optimize import optimize
-from webapp.pipeline.targets import make_target
+from webapp.targets import make_target
 
 HEAVY = re.compile(r"conv2d|matmul")
 

@@ -1,4 +1,4 @@
-"""What the playground offers: built-in example models and target presets.
+"""What the playground offers: built-in example models, target presets and job option choices.
 
 Plain data, no TVM or torch import: the web layer lists these, the sandboxed
 pipeline turns them into models and TVM targets.
@@ -6,8 +6,9 @@ pipeline turns them into models and TVM targets.
 
 from __future__ import annotations
 
-import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+
+from webapp.targets import TARGETS  # noqa: F401  (the target presets, one module per kind)
 
 
 @dataclass(frozen=True)
@@ -58,52 +59,6 @@ EXAMPLES: dict[str, Example] = {
     ]
 }
 
-
-@dataclass(frozen=True)
-class TargetPreset:
-    name: str
-    title: str
-    description: str
-    arch: str  # the machine architecture the built code runs on
-    # TVM target as a JSON dict; "mcpu": "host" is replaced by the detected host CPU in the sandbox
-    tvm_target: dict = field(default_factory=dict)
-
-    @property
-    def can_run_here(self) -> bool:
-        return platform.machine() == self.arch
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "can_run_here": self.can_run_here}
-
-
-TARGETS: dict[str, TargetPreset] = {
-    t.name: t
-    for t in [
-        TargetPreset(
-            "x86-host",
-            "x86-64, this server's CPU",
-            "LLVM for the CPU of the machine that runs the job (its mcpu is detected, e.g. znver4 "
-            "with AVX-512), using all the vector extensions it has.",
-            "x86_64",
-            {"kind": "llvm", "mcpu": "host"},
-        ),
-        TargetPreset(
-            "x86-avx2",
-            "x86-64 with AVX2",
-            "LLVM for x86-64 with AVX2 and FMA (Intel since Haswell, AMD since Zen): 256-bit vectors, "
-            "16 vector registers.",
-            "x86_64",
-            {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"},
-        ),
-        TargetPreset(
-            "x86-generic",
-            "x86-64, portable",
-            "LLVM for the baseline x86-64 instruction set (SSE2 only): runs on any 64-bit x86 CPU.",
-            "x86_64",
-            {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"},
-        ),
-    ]
-}
 
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them).
 STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark")

@@ -15,11 +15,12 @@ from webapp.catalog import (
     CALIBRATION_MODES,
     EXAMPLES,
     QUANTIZE_MODES,
-    TARGETS,
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
 )
 from webapp.config import Config
+from webapp.options import JobOptions, SubmitError
+from webapp.targets import TARGETS
 
 
 def cmd_serve(args) -> int:
@@ -80,29 +81,14 @@ def cmd_worker(args) -> int:
     return 0
 
 
-def compile_locally(
-    config: Config,
-    model_arg: str,
-    target: str,
-    out: Path,
-    input_shapes: str = "",
-    tune_trials: int = 0,
-    quantize: dict | None = None,
-) -> dict | None:
+def compile_locally(config: Config, model_arg: str, form: dict, out: Path) -> dict | None:
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
-    unless config.unsandboxed. Returns the error ({"stage", "message"}) or None. Raises SubmitError
-    for arguments refused before anything runs."""
-    from webapp.jobs.submit import SubmitError, parse_options, sniff_model_format
+    unless config.unsandboxed, with the options in `form` (the API's field names). Returns the error
+    ({"stage", "message"}) or None. Raises SubmitError for arguments refused before anything runs."""
+    from webapp.jobs.submit import sniff_model_format
     from webapp.jobs.worker import prepare_job_folder, run_prepared_job
 
-    options = parse_options(
-        {
-            "target": target,
-            "input_shapes": input_shapes or "",
-            "tune_trials": str(tune_trials),
-            **{k: str(v) for k, v in (quantize or {}).items() if v is not None},
-        }
-    )
+    options = JobOptions.parse({k: str(v) for k, v in form.items() if v is not None}).to_json()
     if out.exists() and any(out.iterdir()):
         raise SubmitError(f"{out} is not empty; give a new or empty folder with --out.")
     model = Path(model_arg)
@@ -118,12 +104,26 @@ def compile_locally(
         raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
     out.mkdir(parents=True, exist_ok=True)
     prepare_job_folder(config, out, options)
-    return run_prepared_job(config, out, target)
+    return run_prepared_job(config, out, options["target"])
+
+
+# The JobOptions fields the compile command takes, as its --flags (dashes for underscores).
+OPTION_ARGS = (
+    "target",
+    "tune_trials",
+    "input_shapes",
+    "quantize",
+    "calibration",
+    "weight_scale",
+    "weight_granularity",
+    "global_scale",
+    "skip_first",
+    "skip_last",
+)
 
 
 def cmd_compile(args) -> int:
     from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
-    from webapp.jobs.submit import SubmitError
 
     config = Config.from_env()
     if args.no_sandbox:
@@ -133,16 +133,8 @@ def cmd_compile(args) -> int:
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        quantize = {
-            "quantize": args.quantize,
-            "calibration": args.calibration,
-            "weight_scale": args.weight_scale,
-            "weight_granularity": args.weight_granularity,
-            "global_scale": args.global_scale,
-        }
-        error = compile_locally(
-            config, args.model, args.target, out, args.input_shapes, args.tune_trials, quantize
-        )
+        form = {name: getattr(args, name) for name in OPTION_ARGS}
+        error = compile_locally(config, args.model, form, out)
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -205,15 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_worker)
     p = sub.add_parser("compile", help="compile one model and print the benchmark table")
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
-    p.add_argument("--target", default="x86-host", choices=list(TARGETS))
+    d = JobOptions()
+    p.add_argument("--target", default=d.target, choices=list(TARGETS))
     p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
-    p.add_argument("--tune-trials", type=int, default=0, help="MetaSchedule trials (0: none)")
+    p.add_argument("--tune-trials", type=int, default=d.tune_trials, help="MetaSchedule trials (0: none)")
     p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
-    p.add_argument("--quantize", default="none", choices=QUANTIZE_MODES)
-    p.add_argument("--calibration", default="max", choices=CALIBRATION_MODES)
-    p.add_argument("--weight-scale", default="max", choices=WEIGHT_SCALE_MODES)
-    p.add_argument("--weight-granularity", default="channel", choices=WEIGHT_GRANULARITY)
-    p.add_argument("--global-scale", type=float, help="the threshold for --calibration global")
+    p.add_argument("--quantize", default=d.quantize, choices=QUANTIZE_MODES)
+    p.add_argument("--calibration", default=d.calibration, choices=CALIBRATION_MODES)
+    p.add_argument("--weight-scale", default=d.weight_scale, choices=WEIGHT_SCALE_MODES)
+    p.add_argument("--weight-granularity", default=d.weight_granularity, choices=WEIGHT_GRANULARITY)
+    p.add_argument("--global-scale", type=float, default=d.global_scale, help="for --calibration global")
+    p.add_argument("--skip-first", action="store_true", help="keep the first quantizable layer in float")
+    p.add_argument("--skip-last", action="store_true", help="keep the last quantizable layer in float")
     p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
     p.set_defaults(func=cmd_compile)
     args = parser.parse_args(argv)

@@ -5,37 +5,25 @@ One function serves the HTML form, the JSON API and anything else that submits.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Mapping
 from typing import BinaryIO
 
-from webapp.catalog import (
-    CALIBRATION_MODES,
-    EXAMPLES,
-    QUANTIZE_MODES,
-    TARGETS,
-    WEIGHT_GRANULARITY,
-    WEIGHT_SCALE_MODES,
-)
+from webapp.catalog import EXAMPLES
 from webapp.config import Config
 from webapp.jobs.queue import JobQueue
 from webapp.jobs.store import JobStore, new_job_id
+from webapp.options import JobOptions, SubmitError
 
 # First byte of a serialized onnx.ModelProto: the tag of one of its fields (ir_version, producer_name,
 # producer_version, domain, model_version, doc_string, graph, opset_import, metadata_props).
 ONNX_FIRST_BYTES = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72}
 ZIP_MAGIC = b"PK\x03\x04"  # torch.export.save writes a zip archive
-MAX_TUNE_TRIALS = 20000
 # form field -> file name of an uploaded tuning database (TVM's MetaSchedule JSON files)
 TUNING_UPLOADS = {
     "tuning_workloads": "database_workload.json",
     "tuning_records": "database_tuning_record.json",
 }
-
-
-class SubmitError(ValueError):
-    """A request refused at once; the message says why."""
 
 
 def sniff_model_format(head: bytes, filename: str) -> str:
@@ -53,59 +41,6 @@ def sniff_model_format(head: bytes, filename: str) -> str:
     )
 
 
-def parse_options(form: Mapping[str, str]) -> dict:
-    def choice(name: str, allowed, default: str) -> str:
-        value = (form.get(name) or default).strip()
-        if value not in allowed:
-            raise SubmitError(f"Unknown {name} {value!r}; choose one of: {', '.join(allowed)}.")
-        return value
-
-    target = (form.get("target") or "").strip()
-    if target not in TARGETS:
-        raise SubmitError(f"Unknown target {target!r}; GET /api/targets lists them: {', '.join(TARGETS)}.")
-    options = {
-        "target": target,
-        "quantize": choice("quantize", QUANTIZE_MODES, "none"),
-        "calibration": choice("calibration", CALIBRATION_MODES, "max"),
-        "weight_scale": choice("weight_scale", WEIGHT_SCALE_MODES, "max"),
-    }
-    try:
-        options["tune_trials"] = int(form.get("tune_trials") or 0)
-    except ValueError:
-        raise SubmitError("tune_trials must be a whole number.") from None
-    if options["tune_trials"] < 0:
-        raise SubmitError("tune_trials must be 0 or more.")
-    options["weight_granularity"] = choice("weight_granularity", WEIGHT_GRANULARITY, "channel")
-    for flag in ("skip_first", "skip_last"):
-        options[flag] = (form.get(flag) or "").strip().lower() in ("1", "true", "on", "yes")
-    if (form.get("global_scale") or "").strip():
-        try:
-            options["global_scale"] = float(form["global_scale"])
-        except ValueError:
-            raise SubmitError("global_scale must be a number (the clipping threshold, e.g. 8.0).") from None
-        if not 0 < options["global_scale"] < 1e6:
-            raise SubmitError("global_scale must be above 0 (the clipping threshold, e.g. 8.0).")
-    if options["tune_trials"] > MAX_TUNE_TRIALS:
-        raise SubmitError(f"tune_trials is at most {MAX_TUNE_TRIALS} on this server.")
-    options["input_shapes"] = parse_input_shapes(form.get("input_shapes") or "")
-    return options
-
-
-def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
-    if not text.strip():
-        return None
-    try:
-        shapes = json.loads(text)
-    except ValueError:
-        raise SubmitError('input_shapes must be JSON, for example {"input": [1, 3, 224, 224]}.') from None
-    if not isinstance(shapes, dict) or not all(
-        isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
-        for v in shapes.values()
-    ):
-        raise SubmitError("input_shapes must map each input name to a list of positive integers.")
-    return shapes
-
-
 def submit_job(
     config: Config,
     store: JobStore,
@@ -117,7 +52,7 @@ def submit_job(
     calibration: BinaryIO | None = None,
 ) -> str:
     """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
-    options = parse_options(form)
+    options = JobOptions.parse(form).to_json()  # plus what the upload was, below
     example = (form.get("example") or "").strip()
     if upload is None and not example:
         raise SubmitError("Upload a model file (.onnx or .pt2) or pick an example.")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import platform
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from webapp.catalog import TARGETS
 from webapp.config import Config
+from webapp.targets import TARGETS
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -27,24 +26,9 @@ MAX_FILE_BYTES = 256 << 20
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "tuning_records"
 
 
-def host_vector_isa() -> str:
-    """The host's widest vector extension: what a tuned CPU schedule depends on most."""
-    try:
-        flags = next(
-            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
-        )
-    except OSError:
-        flags = ""
-    words = set(flags.split())
-    for isa in ("avx512f", "avx2", "neon", "asimd"):
-        if isa in words:
-            return isa.removesuffix("f")
-    return platform.machine()
-
-
 def database_key(preset: str) -> str:
-    """Records for a host-detected target are kept per vector ISA (e.g. x86-host-avx512)."""
-    return f"{preset}-{host_vector_isa()}" if TARGETS[preset].tvm_target.get("mcpu") == "host" else preset
+    """The folder name of a preset's shared database (its target kind decides, e.g. x86-host-avx512)."""
+    return TARGETS[preset].database_key()
 
 
 def shared_dir(config: Config, preset: str) -> Path:

@@ -15,7 +15,8 @@ from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
 from webapp.jobs.store import JobStore, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
-from webapp.pipeline.runner import write_json_atomic
+from webapp.jsonfile import write_json_atomic
+from webapp.options import JobOptions
 
 
 def worker_name() -> str:
@@ -40,35 +41,27 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
     return pt2, onnx
 
 
-def prepare_job_folder(config: Config, job_dir: Path, options: dict) -> None:
-    """job.json for the pipeline; for an example, copies of its model files."""
-    copy_in(config, options["target"], job_dir / "tuning")
-    if options.get("tuning_upload"):  # warm start from the records the user sent
+def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
+    """job.json for the pipeline: the job's options and where its files are; for an example, copies
+    of its model files."""
+    options = JobOptions.from_json(stored)
+    copy_in(config, options.target, job_dir / "tuning")
+    if stored.get("tuning_upload"):  # warm start from the records the user sent
         merge_database(job_dir / "input" / "tuning", job_dir / "tuning")
-    spec = {
-        "target": options["target"],
-        "tune_trials": options.get("tune_trials", 0),
-        "input_shapes": options.get("input_shapes"),
-        "bench_budget_s": config.bench_budget_s,
-    }
-    if options.get("quantize", "none") != "none":
-        keys = ("quantize", "calibration", "weight_scale", "weight_granularity", "skip_first", "skip_last")
-        spec.update({k: options[k] for k in keys if k in options})
-        if "global_scale" in options:
-            spec["global_scale"] = options["global_scale"]
-        if options.get("calibration_data"):
-            spec["calibration_data"] = "input/calibration.npz"
-    if options.get("example") and EXAMPLES[options["example"]].dataset:
-        spec["dataset"] = EXAMPLES[options["example"]].dataset
-    if options.get("example"):
-        pt2, onnx = ensure_example_files(config, options["example"])
+    spec = {"options": options.to_json(), "bench_budget_s": config.bench_budget_s}
+    if stored.get("calibration_data"):
+        spec["calibration_data"] = "input/calibration.npz"
+    example = EXAMPLES.get(stored.get("example") or "")
+    if example:
+        spec["dataset"] = example.dataset
+        pt2, onnx = ensure_example_files(config, example.name)
         (job_dir / "input").mkdir(exist_ok=True)
         shutil.copyfile(onnx, job_dir / "input" / "model.onnx")
         shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
         spec["model"] = "input/model.onnx"
         spec["references"] = {"pytorch": "input/reference.pt2", "onnxruntime": "input/model.onnx"}
     else:
-        model = options["model_file"]
+        model = stored["model_file"]
         spec["model"] = f"input/{model}"
         spec["references"] = {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
     write_json_atomic(job_dir / "job.json", spec)

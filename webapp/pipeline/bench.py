@@ -241,3 +241,20 @@ def accuracy(executables: dict, dataset: str) -> list[dict]:
             }
         )
     return rows
+
+
+def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> dict:
+    """The benchmark stage of a job: its builds against the frameworks' references on the target's
+    device, on a random input (a held-out image for an example with a dataset), and accuracy on the
+    dataset where there is one."""
+    inputs = make_inputs(model.inputs)
+    if job.dataset:  # in the range the model was trained and calibrated on
+        from webapp.pipeline.datasets import load
+
+        inputs = {model.inputs[0].name: load(job.dataset)[2][:1]}
+    device = target.device_name(tvm_target)
+    budget = job.bench_budget_s
+    results = benchmark(executables, inputs, model.outputs, job.references, device, budget, report)
+    if job.dataset:
+        results["accuracy"] = accuracy(executables, job.dataset)
+    return results

@@ -7,6 +7,8 @@ the tuning database's best record where there is one ("tuned"), else a default r
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
@@ -14,6 +16,8 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline import schedules
+from webapp.pipeline.errors import StageError
+from webapp.targets import kind_of
 
 
 def schedule(
@@ -118,5 +122,78 @@ def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):
     executable = tvm.compile(lowered, target=target, relax_pipeline=None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        executable.export_library(str(out))
+        kind_of(target).export_library(executable, str(out))
     return executable
+
+
+# ---------------------------------------------------------------- the stage
+
+
+@dataclass
+class Built:
+    executables: dict  # (variant, tuned) -> VM executable: what the benchmark runs
+    fused: tvm.IRModule  # the build the page shows (the quantized one in a quantized job)...
+    lowered: tvm.IRModule  # ...scheduled and lowered,
+    labels: dict[str, str]  # ...its kernels' schedule labels,
+    executable: object  # ...and its executable (model.so)
+    record_choice: list[dict] = field(default_factory=list)  # per tuned kernel: record vs rule
+
+    def to_json(self, library: Path) -> dict:
+        out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
+        return out | ({"record_choice": self.record_choice} if self.record_choice else {})
+
+
+def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, report) -> Built:
+    """The float build (tuned where records win, with its default-rule twin for the benchmark); with
+    quantization also each quantized variant, the first of which becomes model.so and the code the
+    page shows (the float library is kept beside it as model-fp32.so)."""
+    library = job_dir / "files" / "model.so"
+    built = build_float(fused, target, tuning_dir, job_dir, report)
+    if quantized is None:
+        return built
+    library.rename(job_dir / "files" / "model-fp32.so")
+    shown = None
+    for q in list(quantized.variants):
+        try:
+            qfused = fuse(q.mod, target)
+            lowered, labels = schedule(qfused, target)
+            executable = build(lowered, target, library if shown is None else None)
+        except Exception as exc:  # in a sweep the other variants go on
+            quantized.fail(q.variant, "build", exc)
+            continue
+        built.executables[(q.variant, False)] = executable
+        shown = shown or (qfused, lowered, labels, executable)
+    if shown is None:
+        messages = "; ".join(f["message"] for f in quantized.failed)
+        raise StageError(f"Every variant failed to build: {messages}")
+    built.fused, built.lowered, built.labels, built.executable = shown
+    return built
+
+
+def build_float(fused, target, tuning_dir: Path | None, job_dir: Path, report) -> Built:
+    """model.so on the default rules, or with the tuning records where they beat them: with records,
+    each tuned kernel is timed against its default-rule twin and only the faster records are used."""
+    library = job_dir / "files" / "model.so"
+    default, default_labels = schedule(fused, target)
+    tuned, tuned_labels = schedule(fused, target, tuning_dir) if tuning_dir else (None, {})
+    if "tuned" not in tuned_labels.values():  # no tuning, or no record for any kernel of this model
+        executable = build(default, target, library)
+        return Built({("fp32", False): executable}, fused, default, default_labels, executable)
+    (job_dir / "files").mkdir(exist_ok=True)
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
+    report(0.3)
+    default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
+    tuned_s, default_s = kernel_seconds(tuned_exe, tuned), kernel_seconds(default_exe, default)
+    choice = record_choice(tuned_s, default_s, tuned_labels)
+    keep = {c["kernel"] for c in choice if c["used"]}
+    report(0.7)
+    if not keep:  # every default rule beat its record: the records are not used
+        kind_of(target).export_library(default_exe, str(library))
+        return Built({("fp32", False): default_exe}, fused, default, default_labels, default_exe, choice)
+    if len(keep) < len(choice):
+        tuned, tuned_labels = schedule(fused, target, tuning_dir, keep_tuned=keep)
+        tuned_exe = build(tuned, target, None)
+    kind_of(target).export_library(tuned_exe, str(library))
+    executables = {("fp32", True): tuned_exe, ("fp32", False): default_exe}
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice)

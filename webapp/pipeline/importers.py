@@ -32,6 +32,15 @@ class ImportedModel:
     param_count: int
     framework_ops: dict[str, int] = field(default_factory=dict)
 
+    def to_json(self) -> dict:
+        return {
+            "framework": self.framework,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "param_count": self.param_count,
+            "framework_ops": self.framework_ops,
+        }
+
 
 def import_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ImportedModel:
     data = path.read_bytes()

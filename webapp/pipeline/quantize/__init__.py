@@ -9,40 +9,18 @@ is the CPU's 8-bit arithmetic (no CPU here has sub-byte dot products).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 from tvm import relax
 
+from webapp.options import JobOptions
 from webapp.pipeline.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.quantize.scales import ActQuant, is_power_of_two
-from webapp.pipeline.targets import host_target
-
-
-@dataclass(frozen=True)
-class QuantOptions:
-    bits: int = 8
-    calibration: str = "max"  # max | percentile | kl | global
-    weight_scale: str = "max"  # max | power2
-    per_channel: bool = True
-    skip_first: bool = False
-    skip_last: bool = False
-    global_threshold: float = 8.0  # calibration "global": every activation clipped to +-this
-
-    @staticmethod
-    def from_job(job: dict) -> QuantOptions:
-        return QuantOptions(
-            bits=8 if job["quantize"] == "sweep" else int(job["quantize"].removeprefix("int")),
-            calibration=job.get("calibration", "max"),
-            weight_scale=job.get("weight_scale", "max"),
-            per_channel=job.get("weight_granularity", "channel") == "channel",
-            skip_first=bool(job.get("skip_first")),
-            skip_last=bool(job.get("skip_last")),
-            global_threshold=float(job.get("global_scale") or 8.0),
-        )
+from webapp.targets import host, host_target, kind_of
 
 
 @dataclass
@@ -51,7 +29,7 @@ class Quantized:
     layers: list[LayerQuant]
     skipped: list[Layer]
     stats: dict  # Var -> TensorStats (empty with global calibration)
-    options: QuantOptions
+    options: JobOptions  # its quantize, calibration, weight_scale, ... options
     errors: list[dict]  # per quantized layer, against the float model
     calibration: dict = field(default_factory=dict)  # where the calibration inputs came from
     packed_bytes: int = 0  # the quantized weights bit-packed (files/weights-int<b>.npz)
@@ -91,7 +69,7 @@ class Quantized:
 
     def to_json(self) -> dict:
         return {
-            "options": asdict(self.options),
+            "options": {k: getattr(self.options, k) for k in QUANTIZE_OPTIONS} | {"bits": self.options.bits},
             "variant": self.variant,
             "mode": self.mode,
             "calibration": self.calibration,
@@ -102,13 +80,26 @@ class Quantized:
         }
 
 
+# The job options that decide a quantized build (what the page and the JSON repeat of them).
+QUANTIZE_OPTIONS = (
+    "quantize",
+    "calibration",
+    "weight_scale",
+    "weight_granularity",
+    "global_scale",
+    "skip_first",
+    "skip_last",
+)
+
+
 def scales_power2(*scales) -> bool:
     return all(is_power_of_two(s) for s in scales)
 
 
 def activation_dtype(target: tvm.target.Target) -> str:
-    """uint8 on x86 (VNNI multiplies uint8 by int8), int8 on Arm (sdot multiplies int8 by int8)."""
-    return "int8" if str(target.attrs.get("mtriple", "")).startswith(("aarch64", "arm")) else "uint8"
+    """The 8-bit activations the target's dot product multiplies by int8 weights (its kind says:
+    uint8 for x86 VNNI, int8 for Arm sdot)."""
+    return kind_of(target).activation_dtype
 
 
 def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
@@ -138,7 +129,7 @@ def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
 def run_all(executable, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
     from webapp.pipeline.bench import flatten_outputs
 
-    dev = tvm.cpu(0)
+    dev = host().device()  # calibration runs on this machine, whatever the target
     vm = relax.VirtualMachine(executable, dev)
     return [
         flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in sample.values()]))
@@ -158,7 +149,7 @@ class Observed:
 
 
 def observe(
-    mod: tvm.IRModule, options: QuantOptions, samples: list[dict[str, np.ndarray]], report=lambda f: None
+    mod: tvm.IRModule, options: JobOptions, samples: list[dict[str, np.ndarray]], report=lambda f: None
 ) -> Observed:
     from webapp.pipeline.build import compile_relax
     from webapp.pipeline.optimize import canonical
@@ -186,7 +177,7 @@ def observe(
 def quantize(
     mod: tvm.IRModule,
     target: tvm.target.Target,
-    options: QuantOptions,
+    options: JobOptions,
     samples: list[dict[str, np.ndarray]],
     report=lambda f: None,
     observed: Observed | None = None,
@@ -209,7 +200,7 @@ def quantize(
         )
         probe = ActQuant.make(1.0, nonnegative, options.bits, False, dtype)
         levels = probe.qmax - probe.zero_point  # positive levels, for KL's histogram
-        limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_threshold
+        limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_scale
         acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2", dtype)
     realizer = Realizer(func, layers, acts, options)
     qfunc = realizer.run()
@@ -243,4 +234,4 @@ def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     ]
 
 
-__all__ = ["QuantOptions", "Quantized", "Observed", "observe", "quantize", "TensorStats"]
+__all__ = ["Quantized", "Observed", "observe", "quantize", "TensorStats"]

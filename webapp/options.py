@@ -1,0 +1,110 @@
+"""A job's options: one dataclass, one name per option and one default each, shared by the form,
+the JSON API, the CLI, the worker and the pipeline. Plain Python (the web process parses these)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+
+from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, WEIGHT_GRANULARITY, WEIGHT_SCALE_MODES
+from webapp.targets import TARGETS
+
+MAX_TUNE_TRIALS = 20000
+
+
+class SubmitError(ValueError):
+    """A request refused at once; the message says why."""
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    target: str = "x86-host"
+    quantize: str = "none"  # QUANTIZE_MODES; "sweep" builds every bit-width side by side
+    calibration: str = "max"  # CALIBRATION_MODES
+    weight_scale: str = "max"  # WEIGHT_SCALE_MODES
+    weight_granularity: str = "channel"  # WEIGHT_GRANULARITY
+    global_scale: float = 8.0  # calibration "global": every activation clipped to +-this
+    skip_first: bool = False  # keep the first quantizable layer in float
+    skip_last: bool = False
+    tune_trials: int = 0  # MetaSchedule trials, 0: none
+    input_shapes: dict | None = None  # input name -> shape, for dynamic dimensions
+
+    @property
+    def bits(self) -> int:
+        """The quantized bit-width (8 for a sweep's first variant and for no quantization)."""
+        return int(self.quantize.removeprefix("int")) if self.quantize.startswith("int") else 8
+
+    @property
+    def per_channel(self) -> bool:
+        return self.weight_granularity == "channel"
+
+    def with_(self, **changes) -> JobOptions:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> JobOptions:
+        """From a stored job (unknown keys, e.g. the upload's file name, are ignored)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    @classmethod
+    def parse(cls, form: Mapping[str, str]) -> JobOptions:
+        """From form fields (the HTML form, the API, the CLI): every value checked, SubmitError if not."""
+        d = cls()
+
+        def choice(name: str, allowed) -> str:
+            value = (form.get(name) or getattr(d, name)).strip()
+            if value not in allowed:
+                raise SubmitError(f"Unknown {name} {value!r}; choose one of: {', '.join(allowed)}.")
+            return value
+
+        try:
+            trials = int(form.get("tune_trials") or d.tune_trials)
+        except ValueError:
+            raise SubmitError("tune_trials must be a whole number.") from None
+        if not 0 <= trials <= MAX_TUNE_TRIALS:
+            raise SubmitError(f"tune_trials must be between 0 and {MAX_TUNE_TRIALS} on this server.")
+        scale = d.global_scale
+        if (form.get("global_scale") or "").strip():
+            try:
+                scale = float(form["global_scale"])
+            except ValueError:
+                raise SubmitError(
+                    "global_scale must be a number (the clipping threshold, e.g. 8.0)."
+                ) from None
+            if not 0 < scale < 1e6:
+                raise SubmitError("global_scale must be above 0 (the clipping threshold, e.g. 8.0).")
+        return cls(
+            target=choice("target", tuple(TARGETS)),
+            quantize=choice("quantize", QUANTIZE_MODES),
+            calibration=choice("calibration", CALIBRATION_MODES),
+            weight_scale=choice("weight_scale", WEIGHT_SCALE_MODES),
+            weight_granularity=choice("weight_granularity", WEIGHT_GRANULARITY),
+            global_scale=scale,
+            skip_first=flag(form.get("skip_first")),
+            skip_last=flag(form.get("skip_last")),
+            tune_trials=trials,
+            input_shapes=parse_input_shapes(form.get("input_shapes") or ""),
+        )
+
+
+def flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
+    if not text.strip():
+        return None
+    try:
+        shapes = json.loads(text)
+    except ValueError:
+        raise SubmitError('input_shapes must be JSON, for example {"input": [1, 3, 224, 224]}.') from None
+    if not isinstance(shapes, dict) or not all(
+        isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)
+        for v in shapes.values()
+    ):
+        raise SubmitError("input_shapes must map each input name to a list of positive integers.")
+    return shapes

@@ -1,0 +1,121 @@
+"""The quantize stage of a job: which quantized builds it asks for (one, or a sweep of bit-widths
+and calibration modes), their calibration inputs, and each variant quantized from one shared float
+run. In a sweep a variant that fails is recorded with its stage and message; the others go on."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from webapp.catalog import CALIBRATION_MODES
+from webapp.options import JobOptions
+from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.quantize import Quantized, observe, quantize
+from webapp.pipeline.quantize.scales import pack_bits
+
+
+@dataclass
+class QuantizedJob:
+    variants: list[Quantized]  # the first is the one the page shows and model.so holds
+    sweep: bool
+    failed: list[dict] = field(default_factory=list)  # {"variant", "stage", "message"}
+
+    def fail(self, variant: str, stage: str, exc: BaseException) -> None:
+        """A sweep goes on without a variant that failed (it is listed with why); a single
+        quantized job fails."""
+        if not self.sweep:
+            raise exc
+        traceback.print_exc()
+        self.variants = [q for q in self.variants if q.variant != variant]
+        self.failed.append({"variant": variant, "stage": stage, "message": error_message(exc)})
+
+    def to_json(self) -> dict:
+        out = {"quantization": self.variants[0].to_json()}
+        if self.sweep:
+            rows = [
+                {"variant": q.variant, "bits": q.options.bits, "calibration": q.options.calibration}
+                | {"mode": q.mode, "status": "done", "weights_bytes": q.packed_bytes}
+                for q in self.variants
+            ]
+            out["sweep"] = {"variants": rows, "failed": self.failed}
+        return out
+
+
+def variant_options(options: JobOptions) -> list[tuple[str, JobOptions]]:
+    """(name, options) of each quantized build the job asks for: one, or for a sweep int8, int4, int2
+    and int1 with the job's calibration, then int8 with each other calibration mode."""
+    if options.quantize != "sweep":
+        return [(options.quantize, options)]
+    variants = [(f"int{b}", options.with_(quantize=f"int{b}")) for b in (8, 4, 2, 1)]
+    others = [c for c in CALIBRATION_MODES if c != options.calibration]
+    return variants + [(f"int8 {c}", options.with_(quantize="int8", calibration=c)) for c in others]
+
+
+def calibration_samples(
+    model, calibration_data: Path | None, dataset: str | None
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The calibration inputs and where they came from: the user's .npz, the example's training
+    images, or random inputs of the model's shapes."""
+    from webapp.pipeline.bench import make_inputs
+    from webapp.pipeline.quantize.calibrate import samples_from_npz
+
+    if calibration_data is not None:
+        return samples_from_npz(calibration_data, model.inputs), "uploaded .npz"
+    if dataset:
+        from webapp.pipeline.datasets import load
+
+        images = load(dataset)[0][:64]
+        return [{model.inputs[0].name: x[None]} for x in images], f"{dataset} training images"
+    return [make_inputs(model.inputs, seed=1 + i) for i in range(8)], "random inputs"
+
+
+def quantize_job(
+    model,
+    target,
+    options: JobOptions,
+    job_dir: Path,
+    calibration_data: Path | None,
+    dataset: str | None,
+    report,
+) -> QuantizedJob:
+    variants = variant_options(options)
+    samples, source = calibration_samples(model, calibration_data, dataset)
+    # The float run, once for all the variants (only its first input when nothing calibrates).
+    calibrating = any(o.calibration != "global" for _, o in variants)
+    share = 1 / (len(variants) + 1)
+    observed = observe(
+        model.mod, variants[0][1], samples if calibrating else samples[:1], lambda f: report(f * share)
+    )
+    job = QuantizedJob([], options.quantize == "sweep")
+    for i, (name, opts) in enumerate(variants):
+        step = lambda f, i=i: report((i + 1 + f) * share)  # noqa: E731
+        try:
+            job.variants.append(
+                quantize_variant(job_dir, target, name, opts, samples, source, observed, step)
+            )
+        except Exception as exc:
+            job.fail(name, "quantize", exc)
+    if not job.variants:
+        raise StageError("Every variant failed: " + "; ".join(f["message"] for f in job.failed))
+    (job_dir / "views" / "quantized.py").write_text(job.variants[0].mod.script())
+    return job
+
+
+def quantize_variant(
+    job_dir: Path, target, name: str, options: JobOptions, samples, source: str, observed, report
+) -> Quantized:
+    """One quantized variant of the observed float model; its bit-packed weights are saved."""
+    if options.calibration == "global":
+        source = f"none (one global threshold of {options.global_scale:g})"
+    quantized = quantize(None, target, options, samples, report, observed)
+    quantized.variant = name
+    quantized.calibration = {"source": source, "samples": len(samples)}
+    packed = {r.layer.name: pack_bits(r.weight_q, options.bits) for r in quantized.layers}
+    (job_dir / "files").mkdir(exist_ok=True)
+    np.savez(job_dir / "files" / f"weights-{name.replace(' ', '-')}.npz", **packed)
+    quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
+    quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
+    return quantized

@@ -1,0 +1,63 @@
+"""Targets: one module per kind of target (x86.py, arm.py, ...), each a class whose instances are
+the presets users pick. Adding a preset is one entry in its kind's PRESETS; adding a kind is one
+new module here with a Target subclass and its PRESETS."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from webapp.targets.base import Target
+
+KIND_MODULES = [
+    importlib.import_module(f"{__name__}.{m.name}")
+    for m in pkgutil.iter_modules(__path__)
+    if m.name != "base"
+]
+KINDS: list[type[Target]] = sorted(
+    {
+        cls
+        for m in KIND_MODULES
+        for cls in vars(m).values()
+        if isinstance(cls, type) and issubclass(cls, Target) and cls.kind
+    },
+    key=lambda cls: cls.kind,
+)
+TARGETS: dict[str, Target] = {t.name: t for m in KIND_MODULES for t in getattr(m, "PRESETS", [])}
+HOST = "x86-host"  # the preset for this server's own CPU: where calibration runs
+
+
+def get(name: str) -> Target:
+    return TARGETS[name]
+
+
+def make_target(name: str):
+    """The TVM target of a preset."""
+    return TARGETS[name].tvm_target()
+
+
+def host() -> Target:
+    """This machine's CPU: where calibration and other measurements run, whatever the job's target."""
+    return TARGETS[HOST]
+
+
+def host_target():
+    return host().tvm_target()
+
+
+def kind_of(tvm_target) -> type[Target]:
+    """The kind a TVM target belongs to."""
+    for cls in KINDS:
+        if cls.matches(tvm_target):
+            return cls
+    raise ValueError(f"No target kind handles {tvm_target}")
+
+
+def target_json(tvm_target) -> dict:
+    """The TVM target as the plain JSON dict the result page shows."""
+    import tvm
+
+    out = {"kind": tvm_target.kind.name}
+    for key, value in dict(tvm_target.attrs).items():
+        out[key] = [str(v) for v in value] if isinstance(value, (list, tuple, tvm.ir.Array)) else value
+    return out

@@ -1,0 +1,129 @@
+"""What every kind of target answers, and the part shared by the LLVM CPU kinds.
+
+A target kind is a class; a preset is an instance of it (a name, a title and a TVM target dict).
+The pipeline asks the kind, never a target string: which TVM target, which device runs and times
+the code, which passes lower it, how wide its vectors are, which 8-bit activations its dot product
+takes, how the library is linked, and whether it can run here at all. TVM is imported inside the
+methods, so the web process can list presets without loading it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    title: str
+    description: str
+    spec: dict = field(default_factory=dict)  # the TVM target as a JSON dict
+
+    kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
+    arch: ClassVar[str] = ""  # the machine architecture the built code runs on
+
+    # --- what the web process may ask (no TVM) ---
+    @property
+    def can_run_here(self) -> bool:
+        return platform.machine() == self.arch
+
+    @property
+    def runs_on(self) -> str:
+        """Where its code is run and timed, in words."""
+        if self.can_run_here:
+            return "this server"
+        return f"nowhere here: this server is {platform.machine()}, the code is {self.arch} (built, not run)"
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "description": self.description,
+            "kind": self.kind,
+            "arch": self.arch,
+            "tvm_target": self.spec,
+            "can_run_here": self.can_run_here,
+            "runs_on": self.runs_on,
+        }
+
+    def database_key(self) -> str:
+        """The shared tuning database this preset's records go to."""
+        return self.name
+
+    # --- what the sandboxed pipeline asks ---
+    def tvm_target(self):
+        raise NotImplementedError
+
+    @classmethod
+    def matches(cls, tvm_target) -> bool:
+        """Whether a TVM target is of this kind (the one place a target's strings are read)."""
+        raise NotImplementedError
+
+
+class LLVMCPU(Target):
+    """A CPU that TVM's LLVM back end compiles for, scheduled by the project's default rules."""
+
+    cross_compiler: ClassVar[str | None] = None  # g++ for another architecture, None: the system's
+
+    def tvm_target(self):
+        import tvm
+
+        spec = dict(self.spec)
+        if spec.get("mcpu") == "host":
+            spec["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+        spec.setdefault("num-cores", int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1))
+        return tvm.target.Target(spec)
+
+    @classmethod
+    def device(cls):
+        import tvm
+
+        return tvm.cpu(0)
+
+    @classmethod
+    def device_name(cls, tvm_target) -> str:
+        return f"{cls.arch} CPU ({tvm_target.attrs.get('mcpu', 'generic')})"
+
+    @classmethod
+    def legalize_passes(cls, tvm_target) -> list:
+        """Relax before legalization -> fused TIR kernels (before scheduling)."""
+        from tvm.relax.backend import cpu_generic
+
+        return cpu_generic.library_dispatch_passes(tvm_target) + cpu_generic.legalize_passes(tvm_target)
+
+    @classmethod
+    def lower_passes(cls, tvm_target) -> list:
+        """Scheduled kernels -> a module ready for tvm.compile(..., relax_pipeline=None)."""
+        from tvm.relax.backend import cpu_generic
+
+        return cpu_generic.pipeline.dataflow_lower_passes(tvm_target) + cpu_generic.finalize_passes(
+            tvm_target
+        )
+
+    @classmethod
+    def vector_shape(cls, tvm_target) -> tuple[int, int]:
+        """(float32 lanes per vector register, number of vector registers)."""
+        raise NotImplementedError
+
+    # Integer dot-product instructions the kind may have, widest first: (name, int32 lanes,
+    # activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4 products.
+    dot_instructions: ClassVar[tuple[tuple[str, int, str, str, str], ...]] = ()
+    activation_dtype: ClassVar[str] = "uint8"  # 8-bit activations as its dot product multiplies them
+
+    @classmethod
+    def export_library(cls, executable, path: str) -> None:
+        if cls.cross_compiler is None:
+            executable.export_library(path)
+            return
+        from tvm.contrib import cc
+
+        executable.export_library(path, fcompile=cc.cross_compiler(cls.cross_compiler))
+
+
+def has_feature(tvm_target, feature: str) -> bool:
+    from tvm.target.codegen import target_has_features
+
+    return bool(target_has_features(feature, tvm_target))
