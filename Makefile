@@ -5,7 +5,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PORT ?= 8000
 SERVE_DEBS := bubblewrap graphviz g++
-TEST_DEBS := $(SERVE_DEBS) chromium
+# g++-aarch64-linux-gnu: the Arm target kind's cross compiler (tests/test_targets.py links with it)
+TEST_DEBS := $(SERVE_DEBS) chromium g++-aarch64-linux-gnu
 
 .PHONY: serve test setup setup-test debs debs-test lint clean
 

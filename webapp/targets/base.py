@@ -118,7 +118,7 @@ class LLVMCPU(Target):
         if cls.cross_compiler is None:
             executable.export_library(path)
             return
-        from tvm.contrib import cc
+        from tvm.support import cc
 
         executable.export_library(path, fcompile=cc.cross_compiler(cls.cross_compiler))
 

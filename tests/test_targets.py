@@ -1,0 +1,97 @@
+"""Targets as units: every preset answers the pipeline's questions through its kind, the Arm kind
+cross-compiles, and the web process lists targets without loading TVM or the pipeline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import tvm
+from tvm.script import relax as R
+
+from webapp import targets
+from webapp.options import JobOptions, SubmitError
+from webapp.targets.arm import Arm
+from webapp.targets.x86 import X86
+
+# A Cortex-A76 (Raspberry Pi 5) as an Arm preset would describe it.
+A76 = Arm(
+    "test-a76",
+    "Cortex-A76",
+    "test only",
+    {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"},
+)
+
+
+def test_api_lists_every_preset_with_its_kind_and_where_it_runs(client):
+    listed = {t["name"]: t for t in client.get("/api/targets").get_json()}
+    assert set(listed) == set(targets.TARGETS)
+    for name, t in listed.items():
+        assert t["kind"] == targets.get(name).kind and t["runs_on"] and t["tvm_target"]["kind"] == "llvm"
+    assert listed["x86-generic"]["can_run_here"] and listed["x86-generic"]["runs_on"] == "this server"
+
+
+@pytest.mark.parametrize("name", list(targets.TARGETS))
+def test_each_preset_makes_a_tvm_target_of_its_own_kind(name):
+    preset = targets.get(name)
+    tvm_target = preset.tvm_target()
+    assert targets.kind_of(tvm_target) is type(preset)
+    assert int(tvm_target.attrs["num-cores"]) >= 1
+    assert preset.device_name(tvm_target).startswith(preset.arch)
+
+
+def test_kinds_answer_vector_shape_and_activation_dtype():
+    assert X86.vector_shape(targets.make_target("x86-avx2")) == (8, 16)
+    assert X86.vector_shape(targets.make_target("x86-generic")) == (4, 16)
+    assert targets.kind_of(A76.tvm_target()) is Arm
+    assert Arm.vector_shape(A76.tvm_target()) == (4, 32)
+    assert X86.activation_dtype == "uint8" and Arm.activation_dtype == "int8"
+    assert not A76.can_run_here and "not run" in A76.runs_on
+
+
+def test_database_key_of_the_host_preset_names_its_vector_isa():
+    assert targets.get("x86-host").database_key().startswith("x86-host-")
+    assert targets.get("x86-avx2").database_key() == "x86-avx2"
+
+
+@R.function
+def add_relu(x: R.Tensor((4, 64), "float32"), y: R.Tensor((4, 64), "float32")):
+    with R.dataflow():
+        out = R.nn.relu(R.add(x, y))
+        R.output(out)
+    return out
+
+
+def test_arm_kind_cross_compiles_an_aarch64_library(tmp_path):
+    from webapp.pipeline.build import build, fuse, schedule
+
+    tvm_target = A76.tvm_target()
+    lowered, labels = schedule(fuse(tvm.IRModule({"main": add_relu}), tvm_target), tvm_target)
+    build(lowered, tvm_target, tmp_path / "model.so")
+    header = (tmp_path / "model.so").read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 0xB7  # EM_AARCH64
+
+
+def test_web_process_loads_neither_tvm_nor_the_pipeline(tmp_path):
+    code = (
+        "import sys, pathlib; from webapp import create_app; from webapp.config import Config; "
+        f"app = create_app(Config(data_dir=pathlib.Path({str(tmp_path)!r}), unsandboxed=True)); "
+        "c = app.test_client(); assert c.get('/').status_code == 200; "
+        "assert c.get('/api/targets').status_code == 200; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tvm', 'torch', 'onnx') "
+        "or m.startswith('webapp.pipeline')); print(bad); assert not bad, bad"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_job_options_parse_with_one_default_and_one_name_each():
+    assert JobOptions.parse({}) == JobOptions()
+    parsed = JobOptions.parse({"quantize": "int4", "weight_granularity": "tensor", "global_scale": "4"})
+    assert (parsed.bits, parsed.per_channel, parsed.global_scale) == (4, False, 4.0)
+    assert JobOptions.from_json(parsed.to_json() | {"filename": "x.onnx"}) == parsed
+    with pytest.raises(SubmitError, match="Unknown target"):
+        JobOptions.parse({"target": "arm-nonsense"})
+    with pytest.raises(SubmitError, match="tune_trials"):
+        JobOptions.parse({"tune_trials": "-1"})
