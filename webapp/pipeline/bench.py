@@ -70,11 +70,14 @@ def flatten_outputs(out) -> list[np.ndarray]:
 # ---------------------------------------------------------------- runtimes
 
 
-def tvm_runner(executable, inputs: dict[str, np.ndarray]):
+def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
+    """A call of the model on `dev`, the target's device (this machine's CPU when None)."""
     import tvm
     from tvm import relax
 
-    dev = tvm.cpu(0)
+    from webapp.targets import host
+
+    dev = dev or host().device()
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     main = vm["main"]
@@ -155,6 +158,7 @@ def benchmark(
     device: str,
     budget_s: float = 3.0,
     report=lambda f: None,
+    dev=None,
 ) -> dict:
     """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
     ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
@@ -162,7 +166,7 @@ def benchmark(
     threads = bench_threads()
     classifier = is_classifier(outputs)
     makers = {
-        ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs))
+        ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
         for (variant, tuned), ex in sorted(executables.items())
     }
     if "pytorch" in references:
@@ -219,7 +223,7 @@ def benchmark(
     }
 
 
-def accuracy(executables: dict, dataset: str) -> list[dict]:
+def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
     """Top-1 accuracy of each TVM build on the dataset's held-out split, one image per run."""
     import tvm
     from tvm import relax
@@ -228,7 +232,6 @@ def accuracy(executables: dict, dataset: str) -> list[dict]:
 
     _, _, images, labels = load(dataset)
     rows = []
-    dev = tvm.cpu(0)
     for (variant, tuned), executable in sorted(executables.items()):
         main = relax.VirtualMachine(executable, dev)["main"]
         predicted = [int(flatten_outputs(main(tvm.runtime.tensor(x[None], dev)))[0].argmax()) for x in images]
@@ -254,7 +257,8 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> 
         inputs = {model.inputs[0].name: load(job.dataset)[2][:1]}
     device = target.device_name(tvm_target)
     budget = job.bench_budget_s
-    results = benchmark(executables, inputs, model.outputs, job.references, device, budget, report)
+    dev = target.device()
+    results = benchmark(executables, inputs, model.outputs, job.references, device, budget, report, dev)
     if job.dataset:
-        results["accuracy"] = accuracy(executables, job.dataset)
+        results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
