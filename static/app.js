@@ -1,8 +1,11 @@
-// Progressive enhancement only: tabs for the two graphs, and pan/zoom on the graph pictures.
+// Progressive enhancement only: tabs for the two graphs, and pan/zoom on the graph pictures, set up on
+// the page and on every section htmx swaps in while a job runs.
 document.documentElement.classList.add("js");
 
 function setupTabs(root) {
   root.querySelectorAll(".tabs").forEach((tabs) => {
+    if (tabs.dataset.ready) return;
+    tabs.dataset.ready = "1";
     tabs.querySelectorAll("button.tab").forEach((button) => {
       button.addEventListener("click", () => {
         tabs.querySelectorAll("button.tab").forEach((b) => b.classList.toggle("active", b === button));
@@ -16,6 +19,8 @@ function setupTabs(root) {
 }
 
 function setupPanZoom(view) {
+  if (view.dataset.ready) return;
+  view.dataset.ready = "1";
   const img = view.querySelector("img");
   let scale = 1, x = 0, y = 0, drag = null;
   const apply = () => { img.style.transform = `translate(${x}px, ${y}px) scale(${scale})`; };
@@ -52,7 +57,10 @@ function setupPanZoom(view) {
   view.appendChild(buttons);
 }
 
-document.addEventListener("DOMContentLoaded", () => {
-  setupTabs(document);
-  document.querySelectorAll(".panzoom").forEach(setupPanZoom);
-});
+function setup(root) {
+  setupTabs(root);
+  root.querySelectorAll(".panzoom").forEach(setupPanZoom);
+}
+
+if (window.htmx) htmx.onLoad(setup); // the page itself, then each swapped-in section
+else document.addEventListener("DOMContentLoaded", () => setup(document));

@@ -136,7 +136,10 @@ def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bo
     }
     first, ref_first = ours[0], reference[0]
     if classifier and first.ndim == 2 and first.shape[1] > 1:
+        # On the inputs of this one run (its batch): with one input, 0 or 1 and no evidence of
+        # anything; the page shows it only over several (accuracy() measures it on a dataset).
         result["top1_agree"] = float(np.mean(first.argmax(1) == ref_first.argmax(1)))
+        result["top1_inputs"] = int(first.shape[0])
     return result
 
 
@@ -231,16 +234,27 @@ def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
     from webapp.pipeline.datasets import load
 
     _, _, images, labels = load(dataset)
-    rows = []
-    for (variant, tuned), executable in sorted(executables.items()):
+    predicted = {}
+    for key, executable in sorted(executables.items()):
         main = relax.VirtualMachine(executable, dev)["main"]
-        predicted = [int(flatten_outputs(main(tvm.runtime.tensor(x[None], dev)))[0].argmax()) for x in images]
+        predicted[key] = np.array(
+            [int(flatten_outputs(main(tvm.runtime.tensor(x[None], dev)))[0].argmax()) for x in images]
+        )
+    fp32 = predicted.get(("fp32", False))
+    rows = []
+    for (variant, tuned), classes in predicted.items():
         rows.append(
             {
                 "variant": variant,
                 "tuned": tuned,
                 "dataset": f"{dataset} (held-out {len(labels)} images)",
-                "top1": float(np.mean(np.array(predicted) == labels)),
+                "images": len(labels),
+                "top1": float(np.mean(classes == labels)),
+                # the share of the images whose top-1 class is TVM fp32's (untuned): what quantizing
+                # or tuning changed, measured where it means something
+                "agree_fp32": None
+                if fp32 is None or (variant, tuned) == ("fp32", False)
+                else float(np.mean(classes == fp32)),
             }
         )
     return rows

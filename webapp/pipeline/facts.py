@@ -1,10 +1,252 @@
 """What the result page states beyond the raw measurements (speedups, the reason for no speedup, the
 worst layer, sweep rows, records used), computed once from the results and stored in result.json, so
-that the page and its JSON twin say the same thing. Plain Python: no TVM."""
+that the page and its JSON twin say the same thing. Plain Python: no TVM.
+
+`derive` works on partial results (the runner calls it after each stage): a summary appears once the
+measurements it rests on exist. It reads only the pipeline's own keys, never its own output, so
+calling it again on its result changes nothing.
+"""
 
 from __future__ import annotations
+
+import re
+
+# Below this speedup a quantized build is "no faster" than fp32, and the page says why.
+NO_SPEEDUP_BELOW = 1.1
+DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot")
+
+
+def natural_key(name: str) -> list:
+    """TVM's kernel names in their order: `conv2d` (the first), `conv2d1`, `conv2d2`, `conv2d10`.
+    Word by word (split at "_"), digit runs compared as numbers."""
+    return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", word)] for word in name.split("_")]
 
 
 def derive(results: dict) -> dict:
     """Keys to merge into result.json at the end of the job (and after each stage, from what is known)."""
-    return {}
+    facts = {}
+    if results.get("benchmarks"):
+        facts["benchmark_summary"] = benchmark_summary(results)
+    if results.get("quantization"):
+        facts["quantization_summary"] = quantization_summary(results)
+    if results.get("sweep"):
+        facts["sweep_summary"] = sweep_summary(results)
+    if results.get("tuning"):
+        facts["tuning_summary"] = tuning_summary(results)
+    if results.get("kernels"):
+        facts["kernel_summary"] = kernel_summary(results)
+    return facts
+
+
+def tvm_ms(results: dict, variant: str, tuned: bool) -> float | None:
+    return next(
+        (
+            b["median_ms"]
+            for b in results.get("benchmarks", [])
+            if b["runtime"] == "tvm" and b["variant"] == variant and b["tuned"] == tuned
+        ),
+        None,
+    )
+
+
+def benchmark_summary(results: dict) -> dict:
+    """The fastest run, each run's time against it (rows in the order of `benchmarks`), and what the
+    tuning records gained over the default rules."""
+    rows = [b for b in results["benchmarks"] if b.get("median_ms")]
+    fastest = min(rows, key=lambda b: b["median_ms"]) if rows else None
+    untuned, tuned = tvm_ms(results, "fp32", False), tvm_ms(results, "fp32", True)
+    return {
+        "fastest": {k: fastest[k] for k in ("runtime", "variant", "tuned", "median_ms")} if fastest else None,
+        "rows": [
+            {
+                "runtime": b["runtime"],
+                "variant": b["variant"],
+                "tuned": b["tuned"],
+                "median_ms": b.get("median_ms"),
+                "vs_fastest": b["median_ms"] / fastest["median_ms"]
+                if b.get("median_ms") and fastest
+                else None,
+            }
+            for b in results["benchmarks"]
+        ],
+        # TVM fp32 on the default rules alone / with the tuning records: > 1 when the records help
+        "tuned_speedup": untuned / tuned if untuned and tuned else None,
+    }
+
+
+def why_no_speedup(results: dict) -> str:
+    instructions = results.get("instructions") or {}
+    if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
+        return (
+            "the generated code has no integer dot-product instruction (vpdpbusd / sdot): this target "
+            "lacks AVX-512 VNNI or Arm dot product, so 8-bit products are widened and multiplied one "
+            "by one, no faster than float FMAs"
+        )
+    return (
+        "the integer kernels are fast, but this model is small: converting activations to 8 bits "
+        "and back around the layers that stay in float costs about as much as the arithmetic "
+        "saved (the kernel table under Code shows which kernels are integer)"
+    )
+
+
+def worst_layer(layer_errors: list[dict]) -> dict | None:
+    """The layer where the SQNR against fp32 falls the most from the layer before it (the errors
+    accumulate layer after layer), or None when it never falls. The first layer is compared with
+    nothing, and so is a layer after an exact one (its SQNR is infinite, stored as null)."""
+    worst, previous = None, None
+    for row in layer_errors:
+        sqnr = row.get("sqnr_db")
+        if sqnr is not None and previous is not None and sqnr < previous:
+            drop = previous - sqnr
+            if worst is None or drop > worst["drop_db"]:
+                worst = {"layer": row["layer"], "from_db": previous, "to_db": sqnr, "drop_db": drop}
+        previous = sqnr
+    return worst
+
+
+def quantization_summary(results: dict) -> dict:
+    """The speedup over TVM fp32 (or why there is none), the accuracy change, and the worst layer."""
+    q = results["quantization"]
+    variant = q["variant"]
+    fp32_ms, quant_ms = tvm_ms(results, "fp32", False), tvm_ms(results, variant, False)
+    speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None
+    accuracy = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
+    fp32_top1, quant_top1 = accuracy.get("fp32"), accuracy.get(variant)
+    errors = q.get("layer_errors") or []
+    return {
+        "variant": variant,
+        "fp32_ms": fp32_ms,
+        "quant_ms": quant_ms,
+        "speedup": speedup,
+        "why_no_speedup": why_no_speedup(results)
+        if speedup is not None and speedup < NO_SPEEDUP_BELOW
+        else None,
+        "fp32_top1": fp32_top1,
+        "quant_top1": quant_top1,
+        "top1_change_points": 100 * (quant_top1 - fp32_top1)
+        if fp32_top1 is not None and quant_top1 is not None
+        else None,
+        "worst_layer": worst_layer(errors),
+        # how many layer-to-layer steps had an SQNR on both sides (0: nothing to say about growth)
+        "layer_steps_compared": sum(
+            1
+            for a, b in zip(errors, errors[1:], strict=False)
+            if a.get("sqnr_db") is not None and b.get("sqnr_db") is not None
+        ),
+    }
+
+
+def sweep_summary(results: dict) -> dict:
+    """The bits sweep: one row per build (fp32 first, then each quantized variant, failed ones with
+    their stage and message) and the points of the two charts against bits."""
+    sweep = results["sweep"]
+    ms = {
+        b["variant"]: b["median_ms"]
+        for b in results.get("benchmarks", [])
+        if b["runtime"] == "tvm" and not b["tuned"]
+    }
+    fid = {f["variant"]: f for f in results.get("fidelity", []) if f["reference"] == "tvm fp32"}
+    accuracy = {a["variant"]: a for a in results.get("accuracy", []) if not a["tuned"]}
+    rows = [{"variant": "fp32", "bits": 32, "calibration": "", "status": "done", "mode": "float32"}]
+    rows += [dict(v) for v in sweep.get("variants", [])]
+    rows += [
+        {**f, "bits": None, "calibration": "", "status": "failed", "mode": ""}
+        for f in sweep.get("failed", [])
+    ]
+    for row in rows:
+        variant = row["variant"]
+        row["ms"] = ms.get(variant)
+        row["speedup"] = ms["fp32"] / row["ms"] if row["ms"] and ms.get("fp32") else None
+        f = fid.get(variant, {})
+        row["sqnr_db"], row["cosine"] = f.get("sqnr_db"), f.get("cosine")
+        a = accuracy.get(variant, {})
+        row["top1"] = a.get("top1")
+        # Agreement with fp32's top-1 class only where it was measured on many inputs (the held-out
+        # images); on the one benchmark input it is 0% or 100% and says nothing.
+        if a.get("agree_fp32") is not None:
+            row["top1_agree"], row["agree_inputs"] = a["agree_fp32"], a.get("images")
+        elif (f.get("top1_inputs") or 0) > 1:
+            row["top1_agree"], row["agree_inputs"] = f["top1_agree"], f["top1_inputs"]
+        else:
+            row["top1_agree"], row["agree_inputs"] = None, None
+    # The charts: one point per bit-width (the job's calibration), fp32 drawn at "32".
+    by_bits = [
+        r for r in rows if r["status"] == "done" and r["variant"] in ("fp32", f"int{r['bits']}") and r["ms"]
+    ]
+    with_accuracy = any(r["top1"] is not None for r in rows)
+    quality_key = "top1" if with_accuracy else "sqnr_db"
+    return {
+        "rows": rows,
+        "quality": "top-1 accuracy %" if with_accuracy else "SQNR vs fp32, dB",
+        "has_accuracy": with_accuracy,
+        "has_agreement": any(r["top1_agree"] is not None for r in rows),
+        "points": [
+            {
+                "label": "fp32" if r["bits"] == 32 else str(r["bits"]),
+                "quality": None
+                if r[quality_key] is None
+                else (100 * r[quality_key] if with_accuracy else r[quality_key]),
+                "ms": r["ms"],
+            }
+            for r in by_bits
+        ],
+    }
+
+
+def base_kernel_name(name: str) -> str:
+    """A built kernel's name in the fused module (the default rules' weight repacking renames some
+    kernels `<name>_prepacked`)."""
+    return name.removesuffix("_prepacked")
+
+
+def tuning_summary(results: dict) -> dict:
+    """What tuning did: trials, kernels with records (the only rows worth a table), and, where the build
+    timed a record against its default rule, both times and which won."""
+    t = results["tuning"]
+    timed = {base_kernel_name(c["kernel"]): c for c in results.get("record_choice") or []}
+    rows = []
+    for task in t.get("tasks", []):
+        if task.get("latency_us") is None:
+            continue
+        choice = timed.get(task["name"], {})
+        rows.append(
+            {
+                "name": task["name"],
+                "calls": task.get("weight"),
+                "flop": task.get("flop"),
+                "search_us": task["latency_us"],
+                "search_gflops": task.get("gflops"),
+                "pretuned": task.get("pretuned", False),
+                "build_record_us": choice.get("tuned_us"),
+                "build_default_us": choice.get("default_us"),
+                "used": choice.get("used"),
+            }
+        )
+    rows.sort(key=lambda r: natural_key(r["name"]))
+    choice = results.get("record_choice") or []
+    return {
+        "trials": t.get("trials", 0),
+        "budget": t.get("budget"),
+        "kernels": t.get("kernels", 0),
+        "pretuned": t.get("pretuned", 0),
+        "with_record": len(rows),
+        "without_record": t.get("kernels", 0) - len(rows),
+        "rows": rows,
+        "records_timed": len(choice),
+        "records_used": sum(1 for c in choice if c.get("used")),
+        "records_lost": [
+            {k: c.get(k) for k in ("kernel", "tuned_us", "default_us")} for c in choice if not c.get("used")
+        ],
+    }
+
+
+def kernel_summary(results: dict) -> dict:
+    """How many kernels each kind of schedule covers ("tuned", "default rule", "naive"), most first."""
+    counts: dict[str, int] = {}
+    for k in results["kernels"]:
+        kind = str(k.get("schedule", "naive")).split(":")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return {
+        "count": len(results["kernels"]),
+        "schedules": [[kind, n] for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+    }

@@ -91,9 +91,14 @@ def onnx_dtype(elem_type: int) -> str:
 
 
 def onnx_value_spec(value) -> TensorSpec:
+    """A graph input's or output's spec; a sequence, map or optional value has no shape, and its kind
+    ("sequence", ...) for dtype."""
+    kind = value.type.WhichOneof("value") or "value"
+    if kind != "tensor_type":
+        return TensorSpec(value.name, [], kind.removesuffix("_type"))
     tensor_type = value.type.tensor_type
     shape = [
-        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+        d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
         for d in tensor_type.shape.dim
     ]
     return TensorSpec(value.name, shape, onnx_dtype(tensor_type.elem_type))
@@ -120,6 +125,10 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     # Many exporters list the weights as graph inputs too: the real inputs are the rest.
     initializers = {t.name for t in model.graph.initializer}
     inputs = [onnx_value_spec(v) for v in model.graph.input if v.name not in initializers]
+    for v in model.graph.input:
+        if v.name not in initializers and v.type.WhichOneof("value") != "tensor_type":
+            kind = (v.type.WhichOneof("value") or "value").removesuffix("_type")
+            raise StageError(f"Input {v.name!r} is a {kind}, not a tensor: only tensor inputs are supported.")
     outputs = [onnx_value_spec(v) for v in model.graph.output]
     check_input_names(inputs, input_shapes)
     for spec in inputs:

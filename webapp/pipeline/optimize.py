@@ -11,6 +11,8 @@ from tvm import relax
 
 # Passes whose module we keep for the graph views.
 FUSION_PASS = "FuseTIR"
+# Ops whose legalization computes the output shape with a shape function of its own (canonical()).
+SHAPE_FUNCTION_OPS = ("relax.dynamic_strided_slice",)
 
 
 @dataclass
@@ -63,9 +65,30 @@ def canonical(mod: tvm.IRModule) -> tvm.IRModule:
     """Batch norm after a convolution folded into its weights and a bias, any other batch norm
     decomposed into plain arithmetic (which fuses into the kernel before it): the form both the float
     pipeline and quantization (webapp.pipeline.quantize) start from."""
-    mod = relax.transform.FoldBatchnormToConv2D()(mod)
-    mod = relax.transform.DecomposeOpsForInference()(mod)
+    if not batch_norm_in_training_mode(mod):  # both passes compute any batch norm as in inference
+        mod = relax.transform.FoldBatchnormToConv2D()(mod)
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+    # FoldConstant tries each op by legalizing it; a dynamic_strided_slice's legalization emits a
+    # shape function that FoldConstant (a function pass) never adds to the module, leaving a call to
+    # an undefined function. Legalized first, there is nothing of it left for FoldConstant to try.
+    mod = relax.transform.LegalizeOps(
+        skip_ops=[op for op in tvm.ir.Op.list_op_names() if op not in SHAPE_FUNCTION_OPS]
+    )(mod)
     return relax.transform.FoldConstant()(mod)
+
+
+def batch_norm_in_training_mode(mod: tvm.IRModule) -> bool:
+    """Whether a batch norm normalizes by the batch's own statistics (ONNX training_mode=1)."""
+    batch_norm, found = tvm.ir.Op.get("relax.nn.batch_norm"), []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(batch_norm) and expr.attrs.training:
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report=lambda f: None) -> Optimized:

@@ -14,15 +14,17 @@ language MetaSchedule itself uses:
 - softmax, layer norm, reductions: TVM's dlight CPU rules.
 - everything else (elementwise, reshape, transpose): parallel outer loop, vectorized inner loop.
 
-A kernel that no rule fits, or where a rule's schedule is refused by TVM, stays naive. Each PrimFunc
-gets the attribute SCHEDULE_ATTR naming the rule that scheduled it, for the result page.
+A kernel that no rule fits stays naive. A rule that fails on a kernel (TVM refuses its schedule,
+or the rule has a bug) leaves it to the next rule, never failing the build. Each PrimFunc gets the
+attribute SCHEDULE_ATTR naming the rule that scheduled it, for the result page, followed by the rules
+that failed on it: "naive (reduction rule failed: ScheduleError: ...)".
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import s_tir, tirx
+from tvm import relax, s_tir, tirx
 from tvm.target.codegen import target_has_features
 
 SCHEDULE_ATTR = "playground.schedule"
@@ -463,6 +465,10 @@ def index_vars(region) -> list:
     return [r.min if isinstance(r.min, tirx.Var) else None for r in region.region]
 
 
+def same_vars(indices: list, variables: list) -> bool:
+    return all(i is not None and i.same_as(v) for i, v in zip(indices, variables, strict=True))
+
+
 def matmul(sch: s_tir.Schedule, target) -> str | None:
     """Dense, matmul and batch matmul: C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k])."""
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
@@ -475,10 +481,12 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
         return None
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
-    if not (a_idx and a_idx[-1] is not None and a_idx[-1].same_as(k_var)):
+    # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
+    # operand (matrix x vector) has no such pair of axes.
+    if len(a_idx) < 2 or len(b_idx) < 2 or not same_vars(a_idx[-2:], [i_var, k_var]):
         return None
     b_last = b_idx[-1]
-    if b_last is None or not (b_last.same_as(j_var) or b_last.same_as(k_var)):
+    if not (same_vars(b_idx[-2:], [k_var, j_var]) or same_vars(b_idx[-2:], [j_var, k_var])):
         return None
     lanes, registers = simd(target)
     loops = sch.get_loops(block)
@@ -543,10 +551,12 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
     lanes, _ = simd(target)
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
+        if not loops:  # a 0-d result: one value, nothing to run in parallel or in vectors
+            continue
         total = int(np.prod([extent(sch, loop) for loop in loops]))
         # The vector loop is split off the innermost axis, not off all axes fused: through the
         # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
-        width = vector_width(extent(sch, loops[-1]), lanes, minimum=4) if loops else 0
+        width = vector_width(extent(sch, loops[-1]), lanes, minimum=4)
         if width and total >= 4 * lanes:
             rest, inner = sch.split(loops[-1], [None, width])
             outer = fuse(sch, [*loops[:-1], rest])
@@ -584,20 +594,41 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
 RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
 
 
+def failure(rule, error: Exception) -> str:
+    """What a rule's failure on a kernel looks like in its label: the rule and the error's first line."""
+    kind, lines = type(error).__name__, str(error).strip().splitlines()
+    reason = kind if not lines else lines[0] if lines[0].startswith(kind) else f"{kind}: {lines[0]}"
+    return f"{rule.__name__} rule failed: {reason[:100]}"
+
+
 def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     """The kernel scheduled by the first rule that fits, labelled; unchanged (labelled naive) when
-    none does or TVM refuses every schedule."""
+    none does. A rule that raises, whatever the error (TVM refusing its schedule, or a bug of the
+    rule's own), leaves the kernel to the next rule, and the label says so, e.g.
+    "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build."""
+    try:
+        s_tir.Schedule(func).get_sblock("root")
+    except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
+        return func.with_attr(SCHEDULE_ATTR, "naive")
+    failures = []
     for rule in RULES:
-        sch = s_tir.Schedule(func)
         try:
+            sch = s_tir.Schedule(func)
             result = rule(sch, target)
-        except (RuntimeError, ValueError):  # TVM's ScheduleError and InternalError are RuntimeErrors
-            continue  # this rule's schedule does not apply to this kernel; try the next
+        except Exception as e:  # any failure of one rule leaves the kernel to the next
+            failures.append(failure(rule, e))
+            continue
         if result is None:
             continue
         sch, label = result if isinstance(result, tuple) else (sch, result)
-        return sch.mod["main"].with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: label})
-    return func.with_attr(SCHEDULE_ATTR, "naive")
+        return sch.mod["main"].with_attrs(
+            {"tirx.is_scheduled": True, SCHEDULE_ATTR: with_failures(label, failures)}
+        )
+    return func.with_attr(SCHEDULE_ATTR, with_failures("naive", failures))
+
+
+def with_failures(label: str, failures: list[str]) -> str:
+    return f"{label} ({'; '.join(failures)})" if failures else label
 
 
 def is_scheduled(func) -> bool:
@@ -620,9 +651,64 @@ def default_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 def fused_name(kernel: str) -> str:
-    """The fused module's name of a built kernel: the default rules' kernels come out of
-    SplitLayoutRewritePreproc (webapp.pipeline.build) renamed `<name>_prepacked`."""
-    return kernel.removesuffix("_prepacked")
+    """The fused module's name of a built kernel: its own, as build.schedule keeps the fused names
+    (split_weight_repacking). Only what is left of a weight repacking that runs at every call is a
+    kernel of its own, `<fused name>_weight_prepack`, with no counterpart in the fused module."""
+    return kernel
+
+
+def repacks_weights(func) -> bool:
+    """Whether a kernel has weight repacking blocks (marked PREPROC by a rule, or by a tuning
+    record's layout rewrite) for SplitLayoutRewritePreproc to move into a kernel of their own."""
+    if not isinstance(func, tirx.PrimFunc):
+        return False
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # a kernel TVM cannot schedule has no such blocks
+        return False
+    return any(PREPROC in sch.get(b).annotations for b in blocks)
+
+
+def split_weight_repacking(mod: tvm.IRModule) -> tvm.IRModule:
+    """The weight repacking blocks of the kernels that have them moved into kernels of their own
+    (`<name>_weight_prepack`), called before their kernel, which keeps its name (TVM's pass renames
+    it `<name>_prepacked`; the graph, the tuning table and the kernel list then disagree). TVM's
+    pass checks the form of every kernel and fails on some with no repacking at all (an opaque
+    block, as a cumsum's), so it sees only the kernels that repack."""
+    repacking = {gv for gv, f in mod.functions_items() if repacks_weights(f)}
+    if not repacking:
+        return mod
+    others = [gv for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc) and gv not in repacking]
+    split = mod.clone()
+    for gv in others:
+        del split[gv]
+    split = relax.transform.SplitLayoutRewritePreproc()(split)
+    prepacked = [gv for gv in split.get_global_vars() if gv.name_hint.endswith("_prepacked")]
+    out = split.clone()
+    left = {gv.name_hint for gv in split.get_global_vars()}
+    for gv in [*prepacked, *repacking]:  # the kernels as they were are no longer called
+        if gv.name_hint in left:
+            del out[gv.name_hint]
+    bb = relax.BlockBuilder(out)
+    renamed = {gv: bb.add_func(split[gv], gv.name_hint.removesuffix("_prepacked")) for gv in prepacked}
+    for gv in others:
+        bb.update_func(gv, mod[gv])
+    for gv, func in split.functions_items():
+        if isinstance(func, relax.Function):
+            bb.update_func(gv, rename_calls(func, renamed))
+    return bb.get()
+
+
+def rename_calls(func: relax.Function, renamed: dict) -> relax.Function:
+    """The function calling the kernels `renamed` maps by their new GlobalVars."""
+
+    @relax.expr_functor.mutator
+    class Rename(relax.PyExprMutator):
+        def visit_global_var_(self, gv):
+            return renamed.get(gv, gv)
+
+    return Rename().visit_expr(func)
 
 
 def labels(mod: tvm.IRModule) -> dict[str, str]:

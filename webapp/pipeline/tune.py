@@ -50,7 +50,8 @@ def import_cpu_tensor_intrinsics() -> None:
 class Tuned:
     kernels: int  # kernels that can be tuned
     pretuned: int  # of which the database had records before this job
-    trials: int  # measured by this job
+    trials: int  # measured by this job, never more than the budget
+    budget: int  # the trials the job asked for
     cancelled: bool
     seconds: float
     tasks: list[dict] = field(default_factory=list)
@@ -58,6 +59,44 @@ class Tuned:
 
     def to_json(self) -> dict:
         return vars(self)
+
+
+@derived_object
+class WithinBudget(ms.search_strategy.PySearchStrategy):
+    """A search strategy that hands out at most the job's budget of candidates, over all tasks.
+
+    MetaSchedule's task scheduler checks `max_trials_global` only before asking a task for its next
+    batch, and sends the whole batch: a budget of 32 measured 36. Each task's strategy is a clone of
+    this one; the clones share `left` and cut the last batch to what remains of the budget.
+    """
+
+    def __init__(self, inner: ms.search_strategy.SearchStrategy, left: list[int]):
+        self.inner, self.left = inner, left
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.inner._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def generate_measure_candidates(self):
+        if self.left[0] <= 0:
+            return None
+        candidates = self.inner.generate_measure_candidates()
+        if candidates is None:
+            return None
+        candidates = list(candidates)[: self.left[0]]
+        self.left[0] -= len(candidates)
+        return candidates
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        self.inner.notify_runner_results(measure_candidates, results)
+
+    def clone(self) -> WithinBudget:
+        return WithinBudget(self.inner.clone(), self.left)
 
 
 def fast_build(mod, target, _params):
@@ -155,7 +194,10 @@ def tune(
                 database=db,
                 cost_model="xgb",
                 measure_callbacks=ms.MeasureCallback.create("default") + [Progress()],
-                strategy=ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32),
+                strategy=WithinBudget(
+                    ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32),
+                    [trials],
+                ),
                 seed=1,
             )
         except Exception:
@@ -184,6 +226,7 @@ def tune(
         kernels=len(tasks),
         pretuned=pretuned,
         trials=done,
+        budget=trials,
         cancelled=was_cancelled,
         seconds=time.monotonic() - started,
         tasks=table,

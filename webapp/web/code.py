@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -27,8 +28,28 @@ VIEWS = {
     "asm": ("Assembly", GasLexer, "views/kernels/{kernel}.s"),
     "bytecode": ("VM bytecode", TextLexer, "views/bytecode.txt"),
 }
+KERNEL_VIEWS = ("tir", "llvm", "asm")
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
 MODULE = "__module__"  # the kernel choice that means the whole generated module
+
+
+def natural_key(name: str) -> list:
+    """TVM's kernel names in their order: `conv2d` (the first), `conv2d1`, `conv2d2`, `conv2d10`.
+    Word by word (split at "_"), digit runs compared as numbers."""
+    return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", word)] for word in name.split("_")]
+
+
+def changed_passes(passes: list[dict]) -> list[dict]:
+    """The passes that changed the Relax IR (only they have a text), numbered 1, 2, ... among
+    themselves, each with how many unchanged passes ran since the one before it."""
+    out, skipped = [], 0
+    for p in passes:
+        if p.get("file"):
+            out.append({**p, "number": len(out) + 1, "skipped_before": skipped})
+            skipped = 0
+        else:
+            skipped += 1
+    return out
 
 
 def safe_job_file(job_dir: Path, rel: str) -> Path | None:
@@ -66,10 +87,10 @@ def code_view(
     if view not in VIEWS:
         view = "relax-imported"
     title, lexer, template = VIEWS[view]
-    kernels = [k["name"] for k in results.get("kernels", [])]
-    passes = [p for p in results.get("passes", []) if p.get("file")]
+    kernels = sorted((k["name"] for k in results.get("kernels", [])), key=natural_key)
+    passes = changed_passes(results.get("passes", []))
     download = None
-    if view in ("tir", "llvm", "asm"):
+    if view in KERNEL_VIEWS:
         if kernel not in kernels and not (kernel == MODULE and view in WHOLE_MODULE):
             kernel = kernels[0] if kernels else ""
         rel = WHOLE_MODULE[view] if kernel == MODULE else template.format(kernel=kernel) if kernel else ""
@@ -95,9 +116,10 @@ def code_view(
     return {
         "view": view,
         "title": title,
-        "kernel": kernel,
+        "kernel": kernel if view in KERNEL_VIEWS else "",  # the title names a kernel only where one is shown
         "kernels": kernels,
         "passes": passes,
+        "pass_count": len(results.get("passes", [])),
         "pass_index": pass_index,
         "diff": diff,
         "truncated": truncated,

@@ -1,16 +1,38 @@
-"""HTML pages and htmx fragments. Each renders data built elsewhere (job_view, code_view)."""
+"""HTML pages and htmx fragments. Each renders data built elsewhere: job_view (the job and its
+result.json, whose derived facts webapp.pipeline.facts wrote), code_view, the catalog."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections import Counter
+import re
 
-from flask import Blueprint, Response, abort, redirect, render_template, request, send_file, url_for
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    send_file,
+    url_for,
+)
+from markupsafe import Markup
+from werkzeug.exceptions import HTTPException, InternalServerError
 
-from webapp.catalog import EXAMPLES, TARGETS
+from webapp.catalog import (
+    CALIBRATION_MODES,
+    EXAMPLES,
+    QUANTIZE_MODES,
+    TARGETS,
+    WEIGHT_GRANULARITY,
+    WEIGHT_SCALE_MODES,
+)
 from webapp.jobs.submit import SubmitError
+from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, submit_from_request, view_or_404
-from webapp.web.code import VIEWS, code_view, pygments_css, safe_job_file
+from webapp.web.code import VIEWS, code_view, natural_key, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
 
@@ -20,17 +42,104 @@ FILE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 
+# The result page's sections, in order: each is one partial (templates/_<name>.html) that renders its
+# section, or nothing while the job has not measured what it shows. A running job's page polls
+# /r/<id>/live, which sends back the sections whose HTML changed.
+PARTS = (
+    "head",
+    "summary",
+    "graph",
+    "sweep",
+    "quantization",
+    "tuning",
+    "code",
+    "benchmark",
+    "fidelity",
+    "downloads",
+)
+PART_TEMPLATES = {"code": "_code_section.html"}  # _code.html is the code panel inside it
+
+# What the form says of each choice the catalog offers (a choice without a line shows its name).
+CHOICE_TEXT = {
+    "quantize": {
+        "none": "none: float32",
+        "int8": "int8 (integer kernels, AVX-512 VNNI where the CPU has it)",
+        "int4": "int4 values",
+        "int2": "int2 values",
+        "int1": "int1: binary weights",
+        "sweep": "bits sweep: fp32, int8, int4, int2, int1 and every calibration mode, side by side",
+    },
+    "calibration": {
+        "max": "max: the largest value seen",
+        "percentile": "percentile: the 99.99th",
+        "kl": "KL divergence (entropy, as TensorRT)",
+        "global": "global: one threshold for all, no calibration run",
+    },
+    "weight_scale": {
+        "max": "max: the largest weight",
+        "power2": "power2: rounded up to a power of two (requantize by shift)",
+    },
+    "weight_granularity": {"channel": "per output channel", "tensor": "per tensor"},
+}
+
+
+def choices(name: str, values) -> list[tuple[str, str]]:
+    return [(v, CHOICE_TEXT.get(name, {}).get(v, v)) for v in values]
+
+
+@bp.app_template_filter("natural_sort")
+def natural_sort(items, attribute: str | None = None) -> list:
+    return sorted(items, key=lambda x: natural_key(str(x[attribute] if attribute else x)))
+
+
+@bp.app_template_test("match")
+def matches(value: str, pattern: str) -> bool:
+    return re.match(pattern, value) is not None
+
 
 @bp.app_context_processor
 def common():
     config, _, _ = ctx()
-    return {"unsandboxed": config.unsandboxed, "schedule_counts": schedule_counts}
+    return {"unsandboxed": config.unsandboxed}
 
 
-def schedule_counts(kernels: list[dict]) -> list[tuple[str, int]]:
-    """How many kernels each kind of schedule covers: tuned, default rule, naive."""
-    counts = Counter(k["schedule"].split(":")[0] for k in kernels)
-    return sorted(counts.items(), key=lambda kv: -kv[1])
+# ---------------------------------------------------------------- errors
+
+
+def wants_json() -> bool:
+    return request.path.startswith("/api/") or request.path.endswith(".json")
+
+
+ERROR_TEXT = {
+    404: "There is nothing at this address. A result is reachable only through its exact link.",
+    405: "This address does not answer that kind of request.",
+    413: "The upload is larger than this server accepts.",
+    500: "Something went wrong on the server while answering this request.",
+}
+
+
+@bp.app_errorhandler(HTTPException)
+def http_error(e: HTTPException):
+    """Every error as a styled page, or as JSON for a .json URL and the API."""
+    status = e.code or 500
+    if status == 413 and not wants_json():
+        config, _, _ = ctx()
+        message = f"The file is larger than this server's limit of {config.max_upload_mb} MB."
+    else:
+        message = ERROR_TEXT.get(status, e.description or e.name)
+    if wants_json():
+        return jsonify({"error": message if status != 404 else "Not found."}), status
+    return render_template("error.html", status=status, title=e.name, message=message), status
+
+
+@bp.app_errorhandler(InternalServerError)
+def server_error(e):
+    if wants_json():
+        return jsonify({"error": ERROR_TEXT[500]}), 500
+    return render_template("error.html", status=500, title="Server error", message=ERROR_TEXT[500]), 500
+
+
+# ---------------------------------------------------------------- the form
 
 
 def render_index(error: str | None = None, status: int = 200, form=None):
@@ -38,6 +147,12 @@ def render_index(error: str | None = None, status: int = 200, form=None):
         "index.html",
         examples=EXAMPLES.values(),
         targets=TARGETS.values(),
+        quantize_modes=choices("quantize", QUANTIZE_MODES),
+        calibration_modes=choices("calibration", CALIBRATION_MODES),
+        weight_scales=choices("weight_scale", WEIGHT_SCALE_MODES),
+        granularities=choices("weight_granularity", WEIGHT_GRANULARITY),
+        defaults=JobOptions(),
+        max_tune_trials=MAX_TUNE_TRIALS,
         error=error,
         form=form or {},
         max_upload_mb=ctx()[0].max_upload_mb,
@@ -65,10 +180,11 @@ def too_large(e):
     return render_index(f"The file is larger than this server's limit of {config.max_upload_mb} MB.", 413)
 
 
+# ---------------------------------------------------------------- the result page
+
+
 @bp.get("/r/<job_id>.json")
 def result_json(job_id: str):
-    from flask import jsonify
-
     return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))
 
 
@@ -86,27 +202,54 @@ def requested_code_view(job: dict) -> dict:
     )
 
 
+def downloadable(job: dict) -> set[str]:
+    """The files under /r/<id>/files/ that exist: the pipeline lists them in result.json."""
+    return set(job["results"].get("files") or ())
+
+
+def render_parts(job: dict) -> list[tuple[str, str, str]]:
+    """(name, html, version) of each section; the version changes exactly when the html does."""
+    page = {
+        "job": job,
+        "r": job["results"],
+        "code": requested_code_view(job),
+        "views": VIEWS,
+        "chart": bench_chart(job["results"]),
+        "files": downloadable(job),
+    }
+    parts = []
+    for name in PARTS:
+        html = render_template(PART_TEMPLATES.get(name, f"_{name}.html"), **page)
+        parts.append((name, Markup(html), hashlib.sha1(html.encode()).hexdigest()[:16]))
+    return parts
+
+
+def is_live(job: dict) -> bool:
+    return job["status"] in ("queued", "running")
+
+
 @bp.get("/r/<job_id>")
 def result(job_id: str):
     job = view_or_404(job_id)
-    return render_template(
-        "job.html",
-        job=job,
-        code=requested_code_view(job),
-        views=VIEWS,
-        chart=bench_chart(job),
-        quant=quantization_view(job["results"]),
-        sweep=sweep_view(job["results"]),
-    )
+    return render_template("job.html", job=job, parts=render_parts(job), live=is_live(job))
+
+
+@bp.get("/r/<job_id>/live")
+def live(job_id: str):
+    """The stages, and every section whose HTML differs from the version the page has (the page
+    sends its versions, and its code selection so that the code section renders as it shows it).
+    htmx swaps the sections in by id; the answer 286 tells it to stop polling: the job has ended."""
+    job = view_or_404(job_id)
+    html = [render_template("_stages.html", job=job)]
+    for name, part, version in render_parts(job):
+        if request.args.get(f"v-{name}") != version:
+            html.append(render_template("_part.html", name=name, html=part, version=version, oob=True))
+    return Response("".join(html), status=200 if is_live(job) else 286)
 
 
 @bp.get("/r/<job_id>/stages")
 def stages(job_id: str):
-    job = view_or_404(job_id)
-    resp = Response(render_template("_stages.html", job=job))
-    if job["status"] in ("done", "failed") and request.args.get("live") == "1":
-        resp.headers["HX-Refresh"] = "true"  # the job page becomes the result page
-    return resp
+    return render_template("_stages.html", job=view_or_404(job_id))
 
 
 @bp.post("/r/<job_id>/cancel")
@@ -149,121 +292,75 @@ def pygments_stylesheet():
     return Response(pygments_css(), mimetype="text/css")
 
 
+# ---------------------------------------------------------------- the benchmark chart
+
+
 def format_ms(ms: float) -> str:
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
 
 
-def bench_chart(job: dict) -> list[dict]:
-    """Bars for the benchmark chart, on a log scale (runtimes can differ by 100x)."""
-    rows = [r for r in job["results"].get("benchmarks", []) if r.get("median_ms")]
+def format_tick(ms: float) -> str:
+    return f"{ms:.6g}"  # 0.30000000000000004 -> 0.3
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks (or decades only over a wide range) covering [lo, hi]."""
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    steps = (1, 2, 5) if len(decades) <= 4 else (1,)
+    return [s * 10.0**d for d in decades for s in steps if lo <= s * 10.0**d <= hi * 1.0001]
+
+
+def linear_ticks(high: float) -> list[float]:
+    """About five round ticks from 0 to at least `high`."""
+    magnitude = 10 ** math.floor(math.log10(high / 5))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= high / 5)
+    return [i * step for i in range(math.ceil(high / step - 1e-9) + 1)]
+
+
+CHART_WIDTH = 430  # px of the bar area (the chart is 640 wide; labels take the left, values the right)
+# A log scale only where the runs differ by more than this factor; otherwise bar lengths compare.
+LOG_SCALE_ABOVE = 20
+
+
+def bench_chart(results: dict) -> dict | None:
+    """Bars of the median latencies on a labelled axis (ms), each with its p90 as a line beyond.
+    Linear when the runs are within LOG_SCALE_ABOVE of each other, else logarithmic."""
+    rows = [r for r in results.get("benchmarks", []) if r.get("median_ms")]
     if not rows:
-        return []
-    lo = min(r["median_ms"] for r in rows) / 2
-    hi = max(r["p90_ms"] for r in rows)
-    span = math.log10(hi / lo) or 1.0
-    bars = []
-    for r in rows:
-        bars.append(
-            {
-                **r,
-                "label": f"{r['runtime']} {r['variant']}"
-                + (" tuned" if r["tuned"] else " default rules" if r["runtime"] == "tvm" else ""),
-                "value": format_ms(r["median_ms"]),
-                "width": 100 * math.log10(r["median_ms"] / lo) / span,
-                "p90": 100 * math.log10(r["p90_ms"] / lo) / span,
-            }
-        )
-    return bars
-
-
-def quantization_view(results: dict) -> dict | None:
-    """What the Quantization section says beyond the raw tables: the speedup over TVM fp32 (or why
-    there is none), the accuracy change, and the layer whose error grows the most."""
-    q = results.get("quantization")
-    if not q:
         return None
-    variant = q["variant"]
-    times = {
-        (b["variant"], b["tuned"]): b["median_ms"]
-        for b in results.get("benchmarks", [])
-        if b["runtime"] == "tvm"
-    }
-    fp32_ms, quant_ms = times.get(("fp32", False)), times.get((variant, False))
-    speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None
-    instructions = results.get("instructions") or {}
-    dots = instructions.get("vpdpbusd", 0) + instructions.get("sdot", 0)
-    why = None
-    if speedup is not None and speedup < 1.1:
-        if not dots:
-            why = (
-                "the generated code has no integer dot-product instruction (vpdpbusd / sdot): this target "
-                "lacks AVX-512 VNNI or Arm dot product, so 8-bit products are widened and multiplied one "
-                "by one, no faster than float FMAs"
-            )
-        else:
-            why = (
-                "the integer kernels are fast, but this model is small: converting activations to 8 bits "
-                "and back around the layers that stay in float costs about as much as the arithmetic "
-                "saved (the kernel table under Code shows which kernels are integer)"
-            )
-    accuracy = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
-    errors = q.get("layer_errors") or []
-    # The errors accumulate layer after layer: the layer that hurts most is where the SQNR falls the
-    # most from the layer before it (the first layer is compared with nothing).
-    worst, previous = None, None
-    for row in errors:
-        sqnr = row.get("sqnr_db")
-        if sqnr is None:
-            continue
-        if previous is not None and (worst is None or previous - sqnr > worst[1]):
-            worst = (row["layer"], previous - sqnr)
-        previous = sqnr
-    return {
-        "variant": variant,
-        "fp32_ms": fp32_ms,
-        "quant_ms": quant_ms,
-        "speedup": speedup,
-        "why_no_speedup": why,
-        "fp32_top1": accuracy.get("fp32"),
-        "quant_top1": accuracy.get(variant),
-        "worst_layer": worst[0] if worst else None,
-        "worst_drop_db": worst[1] if worst else None,
-    }
+    low = min(r["median_ms"] for r in rows)
+    high = max(max(r["p90_ms"], r["median_ms"]) for r in rows)
+    log = high / low > LOG_SCALE_ABOVE
+    if log:
+        # the axis starts a step below the fastest run, so that its bar has a length to see
+        steps = log_ticks(10 ** math.floor(math.log10(low / 2)), 10 ** math.ceil(math.log10(high)))
+        lo = max(t for t in steps if t <= low / 1.5)
+        hi = min(t for t in steps if t >= high / 1.0001)
+        ticks = log_ticks(lo, hi)
 
+        def x(ms: float) -> float:
+            return CHART_WIDTH * math.log10(ms / lo) / math.log10(hi / lo)
+    else:
+        ticks = linear_ticks(high)
+        hi = ticks[-1]
 
-def sweep_view(results: dict) -> dict | None:
-    """The bits sweep: one row per build (fp32 first, then each quantized variant, failed ones with
-    their stage and message) and the points of the two charts against bits."""
-    sweep = results.get("sweep")
-    if not sweep:
-        return None
-    tvm_rows = [b for b in results.get("benchmarks", []) if b["runtime"] == "tvm" and not b["tuned"]]
-    ms = {b["variant"]: b["median_ms"] for b in tvm_rows}
-    fid = {f["variant"]: f for f in results.get("fidelity", []) if f["reference"] == "tvm fp32"}
-    acc = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
-    rows = [{"variant": "fp32", "bits": 32, "calibration": "", "status": "done", "mode": "float32"}]
-    rows += sweep["variants"]
-    rows += [{**f, "bits": None, "calibration": "", "status": "failed", "mode": ""} for f in sweep["failed"]]
-    for row in rows:
-        row["ms"] = ms.get(row["variant"])
-        row["speedup"] = ms["fp32"] / row["ms"] if row["ms"] and ms.get("fp32") else None
-        row.update({k: fid.get(row["variant"], {}).get(k) for k in ("sqnr_db", "cosine", "top1_agree")})
-        row["top1"] = acc.get(row["variant"])
-    # The charts: one point per bit-width (the job's calibration), fp32 drawn at "32".
-    by_bits = [r for r in rows if r["status"] == "done" and r["variant"] in ("fp32", f"int{r['bits']}")]
-    quality_key = "top1" if acc else "sqnr_db"
-    points = [r for r in by_bits if r["ms"]]
+        def x(ms: float) -> float:
+            return CHART_WIDTH * ms / hi
+
+    bars = [
+        {
+            "runtime": r["runtime"],
+            "label": f"{r['runtime']} {r['variant']}"
+            + (" tuned" if r["tuned"] else " default rules" if r["runtime"] == "tvm" else ""),
+            "value": format_ms(r["median_ms"]),
+            "median_x": round(x(r["median_ms"]), 1),
+            "p90_x": round(x(max(r["p90_ms"], r["median_ms"])), 1),
+            "p90": format_ms(r["p90_ms"]),
+        }
+        for r in rows
+    ]
     return {
-        "rows": rows,
-        "quality": "top-1 accuracy %" if acc else "SQNR vs fp32, dB",
-        "points": [
-            {
-                "label": "fp32" if r["bits"] == 32 else f"{r['bits']}",
-                "quality": (100 * r[quality_key] if acc else r[quality_key])
-                if r[quality_key] is not None
-                else None,
-                "ms": r["ms"],
-            }
-            for r in points
-        ],
+        "bars": bars,
+        "log": log,
+        "ticks": [{"x": round(x(t), 1), "label": format_tick(t)} for t in ticks],
     }

@@ -1,0 +1,782 @@
+"""The result page and its JSON twin on crafted results (no worker, no TVM): what the page states is
+what webapp.pipeline.facts derived, sections appear as the results grow, errors are styled pages or
+JSON, and every link on the page answers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, WEIGHT_GRANULARITY, WEIGHT_SCALE_MODES
+from webapp.jobs.store import new_job_id
+from webapp.pipeline.facts import derive, natural_key, worst_layer
+from webapp.web.pages import bench_chart
+
+STAGES_DONE = [
+    {"name": s, "status": "done", "seconds": 1.0, "progress": 1.0}
+    for s in ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark")
+]
+
+
+def layer(name: str) -> dict:
+    return {
+        "layer": name,
+        "kind": "conv2d",
+        "input_scale": 0.02,
+        "input_zero_point": 0,
+        "input_levels": 256,
+        "weight_scale_min": 0.01,
+        "weight_scale_max": 0.03,
+        "weight_scales": 8,
+        "output_scale": 0.05,
+        "requantize": "fixed-point",
+        "power2": False,
+    }
+
+
+def crafted_results() -> dict:
+    """A finished int8 job's result.json, shaped as the pipeline writes it, before derive()."""
+    kernels = [
+        "fused_conv2d10_add_relu",
+        "fused_conv2d1_add_relu",
+        "fused_conv2d2_add_relu",
+        "fused_matmul_add",
+    ]
+    return {
+        "model": {
+            "framework": "onnx",
+            "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "dtype": "float32"}],
+            "outputs": [{"name": "output", "shape": [1, 10], "dtype": "float32"}],
+            "param_count": 1234,
+        },
+        "target": {"preset": "x86-host", "tvm": {"kind": "llvm"}},
+        "passes": [
+            {
+                "index": 0,
+                "name": "ConvertToDataflow",
+                "seconds": 0.001,
+                "changed": True,
+                "file": "views/passes/00.py",
+            },
+            *[
+                {"index": i, "name": f"Unchanged{i}", "seconds": 0.001, "changed": False, "file": None}
+                for i in range(1, 272)
+            ],
+            {
+                "index": 272,
+                "name": "FuseTIR",
+                "seconds": 0.01,
+                "changed": True,
+                "file": "views/passes/272.py",
+            },
+        ],
+        "quantization": {
+            "options": {
+                "quantize": "int8",
+                "calibration": "max",
+                "weight_scale": "max",
+                "weight_granularity": "channel",
+                "global_scale": 8.0,
+                "skip_first": False,
+                "skip_last": False,
+                "bits": 8,
+            },
+            "variant": "int8",
+            "mode": "int8 integer kernels (uint8 x int8, int32 accumulation)",
+            "calibration": {"source": "digits training images", "samples": 64},
+            "weights": {"packed_bytes": 1000, "float32_bytes": 4000},
+            "layers": [layer("conv1"), layer("conv2"), layer("fc")],
+            # the SQNR rises at conv2 and falls at fc: fc is where the error grows the most
+            "layer_errors": [
+                {"layer": "conv1", "sqnr_db": 30.0, "cosine": 0.9995},
+                {"layer": "conv2", "sqnr_db": 30.9, "cosine": 0.9996},
+                {"layer": "fc", "sqnr_db": 24.5, "cosine": 0.998},
+            ],
+            "skipped": [],
+        },
+        "tuning": {
+            "kernels": 4,
+            "pretuned": 2,
+            "trials": 8,
+            "budget": 8,
+            "cancelled": False,
+            "seconds": 40.0,
+            "tasks": [
+                {
+                    "name": "fused_conv2d10_add_relu",
+                    "weight": 1,
+                    "flop": 2e6,
+                    "latency_us": 22.8,
+                    "gflops": 87.7,
+                    "pretuned": True,
+                },
+                {
+                    "name": "fused_conv2d1_add_relu",
+                    "weight": 1,
+                    "flop": 2e6,
+                    "latency_us": 30.0,
+                    "gflops": 66.0,
+                    "pretuned": True,
+                },
+                {
+                    "name": "fused_conv2d2_add_relu",
+                    "weight": 1,
+                    "flop": 2e6,
+                    "latency_us": None,
+                    "gflops": None,
+                    "pretuned": False,
+                },
+                {
+                    "name": "fused_matmul_add",
+                    "weight": 1,
+                    "flop": 1e4,
+                    "latency_us": None,
+                    "gflops": None,
+                    "pretuned": False,
+                },
+            ],
+            "curve": [{"trials": 4, "ms": 0.2}, {"trials": 8, "ms": 0.1}],
+        },
+        "record_choice": [
+            {"kernel": "fused_conv2d10_add_relu", "tuned_us": 164.5, "default_us": 80.0, "used": False},
+            {"kernel": "fused_conv2d1_add_relu", "tuned_us": 25.0, "default_us": 40.0, "used": True},
+        ],
+        "library": {"file": "model.so", "bytes": 4096},
+        "graphs": {
+            "imported": {"nodes": 9, "edges": 8, "svg": "graph-imported.svg", "ops": {"R.nn.conv2d": 2}},
+            "fused": {"nodes": 6, "edges": 5, "svg": "graph-fused.svg", "ops": {k: 1 for k in kernels}},
+        },
+        "kernels": [
+            {
+                "name": k,
+                "schedule": "tuned" if k == "fused_conv2d1_add_relu" else "default rule: conv2d",
+                "calls": 1,
+                "flop": 1.0,
+                "dtypes": "",
+                "asm_lines": 10,
+            }
+            for k in kernels
+        ],
+        "instructions": {"vpdpbusd": 12},
+        "dtype_census": {"kernels": {"uint8 x int8 -> int32": 3}, "tensors": {}},
+        "benchmarks": [
+            {
+                "runtime": "tvm",
+                "variant": "fp32",
+                "tuned": False,
+                "device": "x86_64 CPU",
+                "threads": 2,
+                "median_ms": 0.059,
+                "p90_ms": 0.07,
+                "min_ms": 0.05,
+                "runs": 50,
+            },
+            {
+                "runtime": "tvm",
+                "variant": "int8",
+                "tuned": False,
+                "device": "x86_64 CPU",
+                "threads": 2,
+                "median_ms": 0.05,
+                "p90_ms": 0.06,
+                "min_ms": 0.045,
+                "runs": 50,
+            },
+            {
+                "runtime": "pytorch",
+                "variant": "fp32",
+                "tuned": False,
+                "device": "x86_64 CPU",
+                "threads": 2,
+                "median_ms": 0.295,
+                "p90_ms": 0.4,
+                "min_ms": 0.28,
+                "runs": 50,
+            },
+            {
+                "runtime": "onnxruntime",
+                "variant": "fp32",
+                "tuned": False,
+                "device": "x86_64 CPU",
+                "threads": 2,
+                "median_ms": 0.012,
+                "p90_ms": 0.02,
+                "min_ms": 0.011,
+                "runs": 50,
+            },
+        ],
+        "fidelity": [
+            {
+                "variant": "int8",
+                "tuned": False,
+                "reference": "tvm fp32",
+                "max_abs_err": 0.1,
+                "cosine": 0.999,
+                "sqnr_db": 25.0,
+                "top1_agree": 1.0,
+                "top1_inputs": 1,
+            },
+            {
+                "variant": "fp32",
+                "tuned": False,
+                "reference": "pytorch",
+                "max_abs_err": 1e-6,
+                "cosine": 1.0,
+                "sqnr_db": None,
+                "top1_agree": 1.0,
+                "top1_inputs": 1,
+            },
+        ],
+        "accuracy": [
+            {
+                "variant": "fp32",
+                "tuned": False,
+                "dataset": "digits (held-out 540 images)",
+                "images": 540,
+                "top1": 0.97,
+                "agree_fp32": None,
+            },
+            {
+                "variant": "int8",
+                "tuned": False,
+                "dataset": "digits (held-out 540 images)",
+                "images": 540,
+                "top1": 0.29,
+                "agree_fp32": 0.3,
+            },
+        ],
+        "threads": 2,
+        "unavailable_runtimes": [],
+        "files": [
+            "graph-fused.svg",
+            "graph-imported.svg",
+            "ir.zip",
+            "model-fp32.so",
+            "model.so",
+            "module.ll",
+            "module.s",
+            "weights-int8.npz",
+        ],
+    }
+
+
+def write_job(app, results: dict | None, status: str = "done", stages=None, options=None) -> str:
+    """A job record and folder as the worker leaves them; result.json as given (None: none yet)."""
+    store = app.extensions["playground"]["store"]
+    job_id = new_job_id()
+    job_dir = store.job_dir(job_id)
+    (job_dir / "files").mkdir(parents=True)
+    (job_dir / "views" / "passes").mkdir(parents=True)
+    store.create(job_id, options or {"example": "digits-cnn", "target": "x86-host", "quantize": "int8"})
+    update_job(app, job_id, results, status, stages)
+    for name in (results or {}).get("files", []):
+        (job_dir / "files" / name).write_text(
+            "<svg xmlns='http://www.w3.org/2000/svg'/>" if name.endswith(".svg") else name
+        )
+    for rel in ("views/imported.py", "views/passes/00.py", "views/passes/272.py", "views/bytecode.txt"):
+        (job_dir / rel).write_text(f"# {rel}\n")
+    return job_id
+
+
+def update_job(app, job_id: str, results: dict | None, status: str, stages=None) -> None:
+    store = app.extensions["playground"]["store"]
+    job_dir = store.job_dir(job_id)
+    if results is not None:
+        (job_dir / "result.json").write_text(json.dumps(results))
+    (job_dir / "progress.json").write_text(json.dumps({"stages": stages or STAGES_DONE, "error": None}))
+    if status == "running":
+        store.mark_running(job_id, "test:0")
+    elif status in ("done", "failed"):
+        store.mark_finished(job_id, None if status == "done" else {"stage": "build", "message": "boom"})
+
+
+def with_facts(results: dict) -> dict:
+    return {**results, **derive(results)}
+
+
+@pytest.fixture()
+def web(app):
+    return app.test_client()
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.hrefs, self.ids, self.options = [], [], {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "a" and a.get("href"):
+            self.hrefs.append(a["href"])
+        if a.get("id"):
+            self.ids.append(a["id"])
+
+
+def section(html: str, section_id: str) -> str:
+    """The HTML of one <section id=...> of the page ('' if absent)."""
+    m = re.search(rf'<section class="card" id="{section_id}">.*?</section>', html, re.S)
+    return m.group(0) if m else ""
+
+
+def text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# ---------------------------------------------------------------- facts.derive
+
+
+def test_derive_on_partial_results_states_only_what_is_measured():
+    assert derive({}) == {}
+    results = crafted_results()
+    only_import = {"model": results["model"], "target": results["target"]}
+    assert derive(only_import) == {}
+    after_quantize = {**only_import, "quantization": results["quantization"]}
+    facts = derive(after_quantize)
+    assert set(facts) == {"quantization_summary"}
+    assert facts["quantization_summary"]["speedup"] is None  # nothing timed yet
+    assert facts["quantization_summary"]["worst_layer"]["layer"] == "fc"
+    assert set(derive(results)) == {
+        "benchmark_summary",
+        "quantization_summary",
+        "tuning_summary",
+        "kernel_summary",
+    }
+    assert derive(with_facts(results)) == derive(results)  # derive reads none of its own keys
+
+
+def test_worst_layer_is_where_the_sqnr_falls_most_never_where_it_rises():
+    rises = [
+        {"layer": "a", "sqnr_db": 20.0},
+        {"layer": "b", "sqnr_db": 20.9},
+        {"layer": "c", "sqnr_db": 21.0},
+    ]
+    assert worst_layer(rises) is None
+    falls = [
+        {"layer": "a", "sqnr_db": 30.0},
+        {"layer": "b", "sqnr_db": 30.9},
+        {"layer": "c", "sqnr_db": 24.5},
+    ]
+    assert worst_layer(falls) == {"layer": "c", "from_db": 30.9, "to_db": 24.5, "drop_db": pytest.approx(6.4)}
+    # an exact layer (infinite SQNR, null) is compared with nothing
+    exact = [{"layer": "a", "sqnr_db": None}, {"layer": "b", "sqnr_db": 10.0}, {"layer": "c", "sqnr_db": 9.0}]
+    assert worst_layer(exact)["layer"] == "c"
+
+
+def test_quantization_summary_speedup_accuracy_and_why_no_speedup():
+    results = crafted_results()
+    qs = derive(results)["quantization_summary"]
+    assert qs["speedup"] == pytest.approx(0.059 / 0.05)
+    assert qs["fp32_top1"] == 0.97 and qs["quant_top1"] == 0.29
+    assert qs["top1_change_points"] == pytest.approx(-68.0)
+    assert qs["why_no_speedup"] is None  # 1.18x is a speedup
+    slow = copy.deepcopy(results)
+    slow["benchmarks"][1]["median_ms"] = 0.058
+    assert "this model is small" in derive(slow)["quantization_summary"]["why_no_speedup"]
+    slow["instructions"] = {}
+    assert "no integer dot-product instruction" in derive(slow)["quantization_summary"]["why_no_speedup"]
+
+
+def test_benchmark_summary_is_relative_to_the_fastest():
+    bs = derive(crafted_results())["benchmark_summary"]
+    assert bs["fastest"]["runtime"] == "onnxruntime"
+    assert [round(r["vs_fastest"], 2) for r in bs["rows"]] == [4.92, 4.17, 24.58, 1.0]
+    assert bs["tuned_speedup"] is None  # no tuned TVM row
+
+
+def test_sweep_rows_take_agreement_from_the_held_out_images_only():
+    results = crafted_results()
+    results["sweep"] = {
+        "variants": [
+            {
+                "variant": "int8",
+                "bits": 8,
+                "calibration": "max",
+                "mode": "int8",
+                "status": "done",
+                "weights_bytes": 10,
+            }
+        ],
+        "failed": [{"variant": "int1", "stage": "build", "message": "no"}],
+    }
+    sweep = derive(results)["sweep_summary"]
+    rows = {r["variant"]: r for r in sweep["rows"]}
+    assert list(rows) == ["fp32", "int8", "int1"]
+    assert rows["int8"]["top1_agree"] == 0.3 and rows["int8"]["agree_inputs"] == 540
+    assert rows["int8"]["speedup"] == pytest.approx(0.059 / 0.05)
+    assert rows["int1"]["status"] == "failed" and rows["int1"]["ms"] is None
+    assert sweep["quality"] == "top-1 accuracy %"
+    assert [p["label"] for p in sweep["points"]] == ["fp32", "8"]
+    del results["accuracy"]  # no dataset: agreement on the one benchmark input is not a fact to show
+    sweep = derive(results)["sweep_summary"]
+    assert not sweep["has_agreement"] and sweep["quality"] == "SQNR vs fp32, dB"
+
+
+def test_tuning_summary_lists_only_kernels_with_records_in_natural_order():
+    ts = derive(crafted_results())["tuning_summary"]
+    assert [r["name"] for r in ts["rows"]] == ["fused_conv2d1_add_relu", "fused_conv2d10_add_relu"]
+    assert ts["with_record"] == 2 and ts["without_record"] == 2
+    assert ts["records_used"] == 1 and ts["records_timed"] == 2
+    row = ts["rows"][1]
+    assert (row["search_us"], row["build_record_us"], row["build_default_us"], row["used"]) == (
+        22.8,
+        164.5,
+        80.0,
+        False,
+    )
+
+
+def test_natural_key_orders_numbered_kernels():
+    names = ["fused_conv2d10_add", "fused_conv2d1_add", "fused_conv2d2_add", "fused_conv2d_add"]
+    assert sorted(names, key=natural_key) == [
+        "fused_conv2d_add",
+        "fused_conv2d1_add",
+        "fused_conv2d2_add",
+        "fused_conv2d10_add",
+    ]
+
+
+# ---------------------------------------------------------------- the page states the facts
+
+
+def test_quantization_section_names_the_layer_where_the_error_grows(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    html = web.get(f"/r/{job_id}").get_data(as_text=True)
+    quant = section(html, "quantization")
+    said = text(re.search(r'<p id="worst-layer">.*?</p>', quant, re.S).group(0))
+    assert "falls the most at fc" in said and "from 30.9 dB to 24.5 dB, 6.4 dB lower" in said
+    assert "-" not in re.findall(r"[-\d.]+ dB lower", said)[0]
+    worst_rows = re.findall(r'<tr class="worst"><td><code>([^<]+)</code>', quant)
+    assert worst_rows == ["fc"]
+
+
+def test_quantization_section_says_nothing_of_a_worst_layer_when_the_sqnr_only_rises(app, web):
+    results = crafted_results()
+    results["quantization"]["layer_errors"][2]["sqnr_db"] = 31.5
+    html = web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True)
+    quant = section(html, "quantization")
+    assert 'class="worst"' not in quant and "falls" not in text(quant).replace("does not fall", "")
+    assert "does not fall from any layer to the next (2 steps compared)" in text(quant)
+
+
+def test_fidelity_hides_agreement_measured_on_one_input_and_shows_it_on_the_dataset(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(crafted_results()))}").get_data(as_text=True)
+    fidelity = section(html, "fidelity")
+    table = re.search(r'<table class="grid" id="fidelity-table">.*?</table>', fidelity, re.S).group(0)
+    assert "agreement" not in table and "100%" not in table
+    accuracy = re.search(r'<table class="grid" id="accuracy-table">.*?</table>', fidelity, re.S).group(0)
+    assert "29.00%" in accuracy and "30.0%" in accuracy  # int8: its accuracy and its agreement
+
+
+def test_tuning_section_labels_the_search_and_the_build_figures(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(crafted_results()))}").get_data(as_text=True)
+    tuning = section(html, "tuning")
+    assert "2 of 4 kernels already tuned" in text(tuning)
+    assert "8 trials of its budget of 8" in text(tuning)
+    assert "1 of 2 records used" in text(tuning)
+    # the record that lost: the build's own times, and the search's figure in its own labelled column
+    assert "164 µs with the record vs 80 µs" in text(tuning)
+    row = re.search(r"<tr><td><code>fused_conv2d10_add_relu</code>.*?</tr>", tuning, re.S).group(0)
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert cells[2:6] == ["22.8", "87.7", "164", "80"]
+    assert "search: best record" in tuning and "this build, timed here" in tuning
+    names = re.findall(
+        r"<tr><td><code>([^<]+)</code>", re.search(r'id="tuning-table">.*?</table>', tuning, re.S).group(0)
+    )
+    assert names == ["fused_conv2d1_add_relu", "fused_conv2d10_add_relu"]
+
+
+def test_tuning_section_at_0_trials_has_no_table_of_dashes(app, web):
+    results = crafted_results()
+    results["tuning"].update(trials=0, budget=0, pretuned=0, curve=[])
+    for task in results["tuning"]["tasks"]:
+        task.update(latency_us=None, gflops=None, pretuned=False)
+    del results["record_choice"]
+    tuning = section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "tuning")
+    assert "tuning-table" not in tuning and "–" not in tuning
+    assert "No kernel of this model has a record" in text(tuning) and "ran no trials" in text(tuning)
+    # pre-tuned records only: they are listed, and nothing pretends the job tuned
+    results["tuning"]["pretuned"] = 1
+    results["tuning"]["tasks"][0].update(latency_us=22.8, gflops=87.7, pretuned=True)
+    tuning = section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "tuning")
+    assert "1 of 4 kernels already tuned" in text(tuning) and "This job ran no trials" in text(tuning)
+    assert len(re.findall(r"<tr><td><code>", tuning)) == 1
+
+
+def test_kernel_table_and_picker_sort_numbered_kernels_naturally(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    code = section(web.get(f"/r/{job_id}?view=tir").get_data(as_text=True), "code")
+    table = re.search(r'id="kernel-table">.*?</table>', code, re.S).group(0)
+    expected = [
+        "fused_conv2d_add_relu",
+        "fused_conv2d1_add_relu",
+        "fused_conv2d2_add_relu",
+        "fused_conv2d10_add_relu",
+    ]
+    listed = [n for n in re.findall(r"<code>([^<]+)</code>", table) if n != "fused_matmul_add"]
+    assert listed == [n for n in expected if n in listed] and len(listed) == 3
+    options = re.findall(r'<option value="(fused_[^"]+)"', code)
+    assert (
+        options.index("fused_conv2d1_add_relu")
+        < options.index("fused_conv2d2_add_relu")
+        < options.index("fused_conv2d10_add_relu")
+    )
+    assert "1 tuned" in text(code) and "3 default rule" in text(code)
+
+
+def test_code_title_names_a_kernel_only_in_kernel_views(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    tir = web.get(f"/r/{job_id}/code?view=tir&kernel=fused_conv2d1_add_relu").get_data(as_text=True)
+    assert re.search(r'class="code-title">TIR of a kernel: <code>fused_conv2d1_add_relu</code>', tir)
+    # switching views submits the whole picker, the kernel select included
+    bytecode = web.get(f"/r/{job_id}/code?view=bytecode&kernel=fused_conv2d1_add_relu").get_data(as_text=True)
+    title = re.search(r'<h3 class="code-title">(.*?)</h3>', bytecode, re.S).group(1)
+    assert title == "VM bytecode"
+
+
+def test_pass_picker_numbers_the_changed_passes_one_after_the_other(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    html = web.get(f"/r/{job_id}/code?view=passes").get_data(as_text=True)
+    options = [text(o).strip() for o in re.findall(r'<option value="\d+"[^>]*>(.*?)</option>', html)]
+    assert options == ["1. ConvertToDataflow", "2. FuseTIR (after 271 unchanged passes)"]
+    assert "2 of the 273 passes changed the Relax IR" in text(html)
+    assert re.search(
+        r'<option value="272"\s+selected',
+        web.get(f"/r/{job_id}/code?view=passes&pass=272").get_data(as_text=True),
+    )
+
+
+def test_pygments_styles_load_before_the_sites_own(web):
+    html = web.get("/").get_data(as_text=True)
+    assert html.index("/pygments.css") < html.index("/static/style.css")
+    css = web.get("/static/style.css").get_data(as_text=True)
+    assert ".code .err { border: none; }" in css  # overrides Pygments' red box, being later
+
+
+def test_form_option_lists_come_from_the_catalog(web):
+    html = web.get("/").get_data(as_text=True)
+    for name, values in (
+        ("quantize", QUANTIZE_MODES),
+        ("calibration", CALIBRATION_MODES),
+        ("weight_scale", WEIGHT_SCALE_MODES),
+        ("weight_granularity", WEIGHT_GRANULARITY),
+    ):
+        select = re.search(rf'<select name="{name}".*?</select>', html, re.S).group(0)
+        assert re.findall(r'<option value="([^"]+)"', select) == list(values)
+
+
+def test_form_options_follow_a_change_in_the_catalog(app, web, monkeypatch):
+    import webapp.web.pages as pages
+
+    monkeypatch.setattr(pages, "CALIBRATION_MODES", ("max", "mse"))
+    select = re.search(r'<select name="calibration".*?</select>', web.get("/").get_data(as_text=True), re.S)
+    assert re.findall(r'<option value="([^"]+)"', select.group(0)) == ["max", "mse"]
+
+
+# ---------------------------------------------------------------- downloads and links
+
+
+def test_download_links_only_for_files_the_job_has(app, web):
+    results = crafted_results()  # tuned, but its records lost: no tuning database in files/
+    html = web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True)
+    downloads = section(html, "downloads")
+    assert "database_tuning_record.json" not in downloads
+    assert "weights-int8.npz" in downloads and "model-fp32.so" in downloads
+    results["files"] = [*results["files"], "database_tuning_record.json", "database_workload.json"]
+    downloads = section(
+        web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "downloads"
+    )
+    assert "/files/database_tuning_record.json" in downloads and "/files/database_workload.json" in downloads
+
+
+def test_every_link_on_a_result_page_answers(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    for view in ("relax-imported", "tir", "passes", "bytecode"):
+        page = Links()
+        page.feed(web.get(f"/r/{job_id}?view={view}").get_data(as_text=True))
+        links = {h for h in page.hrefs if h.startswith(f"/r/{job_id}")}
+        assert f"/r/{job_id}/files/model.so" in links
+        for href in links:
+            assert web.get(href).status_code == 200, href
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_unknown_result_is_a_styled_404_page(web):
+    resp = web.get("/r/AAAAAAAAAAAAAAAAAAAAAAAAAAAA")
+    assert resp.status_code == 404 and resp.mimetype == "text/html"
+    html = resp.get_data(as_text=True)
+    assert "/static/style.css" in html and 'id="error-page"' in html and "404" in html
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/r/AAAAAAAAAAAAAAAAAAAAAAAAAAAA.json",
+        "/r/nope.json",
+        "/api/jobs/AAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        "/api/nothing-here",
+        "/r/AAAAAAAAAAAAAAAAAAAAAAAAAAAA/files/result.json",
+    ],
+)
+def test_json_urls_answer_json_errors(web, url):
+    resp = web.get(url)
+    assert resp.status_code == 404 and resp.is_json and resp.get_json() == {"error": "Not found."}
+
+
+def test_wrong_method_is_a_styled_page_or_json(web):
+    resp = web.get("/jobs")
+    assert resp.status_code == 405 and 'id="error-page"' in resp.get_data(as_text=True)
+    resp = web.delete("/api/jobs/AAAAAAAAAAAAAAAAAAAAAAAAAAAA")
+    assert resp.status_code == 405 and resp.is_json
+
+
+def test_a_server_error_is_a_styled_page_and_json_on_json_urls(app, web, monkeypatch):
+    import webapp.web.pages as pages
+
+    job_id = write_job(app, with_facts(crafted_results()))
+
+    def broken(*args):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(pages, "bench_chart", broken)
+    resp = web.get(f"/r/{job_id}")
+    assert resp.status_code == 500 and 'id="error-page"' in resp.get_data(as_text=True)
+    monkeypatch.setattr(pages, "view_or_404", broken)
+    resp = web.get(f"/r/{job_id}.json")
+    assert resp.status_code == 500 and resp.is_json and "error" in resp.get_json()
+
+
+# ---------------------------------------------------------------- live updates
+
+
+def part_versions(html: str) -> dict[str, str]:
+    return dict(re.findall(r'name="(v-[a-z]+)" value="([0-9a-f]+)"', html))
+
+
+def test_live_fragment_sends_the_sections_that_changed_then_stops_polling(app, web):
+    results = crafted_results()
+    running = [{**s, "status": "done"} for s in STAGES_DONE[:2]] + [
+        {**s, "status": "pending", "progress": None, "seconds": None} for s in STAGES_DONE[2:]
+    ]
+    job_id = write_job(app, None, "queued")
+    page = web.get(f"/r/{job_id}").get_data(as_text=True)
+    assert 'hx-trigger="every 1s"' in page and 'id="job-status">queued<' in page
+    versions = part_versions(page)
+    assert set(versions) == {
+        f"v-{p}"
+        for p in (
+            "head",
+            "summary",
+            "graph",
+            "sweep",
+            "quantization",
+            "tuning",
+            "code",
+            "benchmark",
+            "fidelity",
+            "downloads",
+        )
+    }
+
+    # the job starts: the pill changes, nothing else
+    update_job(app, job_id, None, "running", running)
+    live = web.get(f"/r/{job_id}/live", query_string=versions)
+    assert live.status_code == 200
+    swapped = re.findall(
+        r'<div id="part-([a-z]+)" class="part" hx-swap-oob="true">', live.get_data(as_text=True)
+    )
+    assert swapped == ["head"] and 'id="job-status">running<' in live.get_data(as_text=True)
+    versions.update(part_versions(live.get_data(as_text=True)))
+
+    # import and optimize are done: the summary appears while the job runs
+    partial = {k: results[k] for k in ("model", "target", "passes")}
+    update_job(app, job_id, with_facts(partial), "running", running)
+    live = web.get(f"/r/{job_id}/live", query_string=versions).get_data(as_text=True)
+    swapped = re.findall(r'<div id="part-([a-z]+)" class="part" hx-swap-oob="true">', live)
+    assert swapped == ["head", "summary"]  # the head now shows the TVM target too
+    assert 'id="summary"' in live and 'id="param-count">1,234<' in live
+    versions.update(part_versions(live))
+    again = web.get(f"/r/{job_id}/live", query_string=versions).get_data(as_text=True)
+    assert "hx-swap-oob" not in again  # nothing changed, nothing resent
+
+    # the job ends: every section it measured, and 286 (htmx stops polling)
+    update_job(app, job_id, with_facts(results), "done")
+    live = web.get(f"/r/{job_id}/live", query_string=versions)
+    assert live.status_code == 286
+    swapped = set(
+        re.findall(r'<div id="part-([a-z]+)" class="part" hx-swap-oob="true">', live.get_data(as_text=True))
+    )
+    assert {
+        "head",
+        "graph",
+        "quantization",
+        "tuning",
+        "code",
+        "benchmark",
+        "fidelity",
+        "downloads",
+    } <= swapped
+    final = web.get(f"/r/{job_id}").get_data(as_text=True)
+    assert "hx-trigger" not in final.split('id="stages-card"')[1].split("</section>")[0]
+
+
+def test_a_finished_page_needs_no_javascript(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(crafted_results()))}").get_data(as_text=True)
+    for section_id in (
+        "summary",
+        "graph",
+        "quantization",
+        "tuning",
+        "code",
+        "benchmark",
+        "fidelity",
+        "downloads",
+    ):
+        assert section(html, section_id), section_id
+    assert "every 1s" not in html and "http-equiv" not in html
+    running = write_job(app, None, "running")
+    assert '<noscript><meta http-equiv="refresh"' in web.get(f"/r/{running}").get_data(as_text=True)
+
+
+# ---------------------------------------------------------------- the benchmark chart
+
+
+def test_chart_axis_has_round_ticks_and_bars_end_at_their_value():
+    results = crafted_results()
+    chart = bench_chart(results)
+    assert chart["log"]  # 0.012 ms to 0.4 ms: more than 20x apart
+    labels = [t["label"] for t in chart["ticks"]]
+    assert labels[0] == "0.005" and labels[-1] == "0.5" and "0.1" in labels  # a step below 0.012
+    x = {t["label"]: t["x"] for t in chart["ticks"]}
+    ort = next(b for b in chart["bars"] if b["runtime"] == "onnxruntime")
+    pytorch = next(b for b in chart["bars"] if b["runtime"] == "pytorch")
+    assert x["0.01"] < ort["median_x"] < x["0.02"] and x["0.2"] < pytorch["median_x"] < x["0.5"]
+    assert all(b["p90_x"] >= b["median_x"] for b in chart["bars"])
+    close = {
+        "benchmarks": [
+            dict(b, median_ms=m, p90_ms=m * 1.1)
+            for b, m in zip(results["benchmarks"], (1.0, 2.0, 5.9, 3.0), strict=True)
+        ]
+    }
+    chart = bench_chart(close)
+    assert not chart["log"]  # 5.9x apart: a linear axis, so the bars compare by length
+    bars = {b["runtime"]: b for b in chart["bars"]}
+    tvm = next(b for b in chart["bars"] if b["label"] == "tvm fp32 default rules")
+    assert bars["pytorch"]["median_x"] / tvm["median_x"] == pytest.approx(5.9, rel=0.01)
+    assert [t["label"] for t in chart["ticks"]] == ["0", "2", "4", "6", "8"]
+
+
+def test_chart_on_the_page_has_tick_labels_and_values_at_the_bar_ends(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(crafted_results()))}").get_data(as_text=True)
+    svg = re.search(r'<svg class="chart" id="bench-chart".*?</svg>', html, re.S).group(0)
+    ticks = re.findall(r'class="axis tick-label"[^>]*>([^<]+)<', svg)
+    assert len(ticks) >= 4 and "0.1" in ticks and "median latency, ms (log scale)" in svg
+    for width, value_x in re.findall(
+        r'<rect x="150" y="\d+" width="([\d.]+)".*?<text x="([\d.]+)" y="\d+" class="value">', svg, re.S
+    ):
+        assert float(value_x) == pytest.approx(154 + float(width))
