@@ -23,7 +23,7 @@ from webapp.pipeline.build import build, kernel_seconds, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import kernel_flop
 from webapp.pipeline.optimize import optimize
-from webapp.targets import make_target
+from webapp.targets import kind_of, make_target
 
 
 def profile(name: str, preset: str, records: Path | None) -> list[dict]:
@@ -33,7 +33,8 @@ def profile(name: str, preset: str, records: Path | None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         fused = optimize(model.mod, target, Path(tmp)).fused
     lowered, labels = schedule(fused, target, records)
-    seconds_of = kernel_seconds(build(lowered, target, None), lowered, number=10, repeat=5)
+    executable = build(lowered, target, None)
+    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), number=10, repeat=5)
     main_text = lowered["main"].script()
     rows = []
     for gv, func in lowered.functions_items():

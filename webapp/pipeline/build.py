@@ -29,8 +29,6 @@ def schedule(
 ) -> tuple[tvm.IRModule, dict[str, str]]:
     """The fused module lowered for the VM, and each kernel's schedule label. With `keep_tuned`, only
     those kernels take their record; the others go to the default rules."""
-    from tvm.relax.backend import cpu_generic
-
     with target, tvm.transform.PassContext(opt_level=3):
         mod = fused
         if tuning_dir is not None:
@@ -58,9 +56,7 @@ def schedule(
                     mod[gv] = f.without_attr("tirx.is_scheduled").without_attr(schedules.SCHEDULE_ATTR)
             mod = schedules.default_schedules(mod)
         labels = schedules.labels(mod)
-        lowered = tvm.transform.Sequential(
-            cpu_generic.pipeline.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
-        )(mod)
+        lowered = tvm.transform.Sequential(kind_of(target).lower_passes(target))(mod)
     return lowered, labels
 
 
@@ -74,21 +70,19 @@ def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
     without its per-pass views."""
-    from tvm.relax.backend import cpu_generic
-
     with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(
-            cpu_generic.library_dispatch_passes(target) + cpu_generic.legalize_passes(target)
-        )(mod)
+        return tvm.transform.Sequential(kind_of(target).legalize_passes(target))(mod)
 
 
-def kernel_seconds(executable, lowered: tvm.IRModule, number: int = 3, repeat: int = 5) -> dict[str, float]:
+def kernel_seconds(
+    executable, lowered: tvm.IRModule, dev, number: int = 3, repeat: int = 5
+) -> dict[str, float]:
     """Each kernel of a built module timed on its own with seeded random inputs: the fastest of
     `repeat` batches of runs (each batch at least 5 ms). On a shared machine other work only ever
     slows a batch down, so the fastest batch is the steadiest figure to compare two schedules by."""
     import numpy as np
 
-    library, dev = executable.mod.imports[0], tvm.cpu()
+    library = executable.mod.imports[0]
     out = {}
     for gv, func in lowered.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc):
@@ -107,12 +101,11 @@ def record_choice(tuned: dict[str, float], default: dict[str, float], labels: di
     """Per tuned kernel, its record's time against its default-rule twin's (both from kernel_seconds,
     in this build), and whether the record is used: it is when it was faster, or when the default
     rules have no twin to compare with."""
-    by_fused_name = {schedules.fused_name(name): seconds for name, seconds in default.items()}
     out = []
     for name, seconds in sorted(tuned.items()):
         if labels.get(name) != "tuned":
             continue
-        twin = by_fused_name.get(schedules.fused_name(name))
+        twin = default.get(name)  # the same kernel name in both builds (build.schedule keeps it)
         out.append(
             {
                 "kernel": name,
@@ -191,7 +184,8 @@ def build_float(fused, target, tuning_dir: Path | None, job_dir: Path, report) -
         shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
     report(0.3)
     default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
-    tuned_s, default_s = kernel_seconds(tuned_exe, tuned), kernel_seconds(default_exe, default)
+    dev = kind_of(target).device()
+    tuned_s, default_s = kernel_seconds(tuned_exe, tuned, dev), kernel_seconds(default_exe, default, dev)
     choice = record_choice(tuned_s, default_s, tuned_labels)
     keep = {c["kernel"] for c in choice if c["used"]}
     report(0.7)

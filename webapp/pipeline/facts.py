@@ -244,7 +244,7 @@ def kernel_summary(results: dict) -> dict:
     """How many kernels each kind of schedule covers ("tuned", "default rule", "naive"), most first."""
     counts: dict[str, int] = {}
     for k in results["kernels"]:
-        kind = str(k.get("schedule", "naive")).split(":")[0]
+        kind = str(k.get("schedule", "naive")).split(" (")[0].split(":")[0]
         counts[kind] = counts.get(kind, 0) + 1
     return {
         "count": len(results["kernels"]),

@@ -17,7 +17,6 @@ import tvm
 from tvm import relax
 
 from webapp.pipeline.optimize import relax_script
-from webapp.pipeline.schedules import fused_name
 
 CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
 
@@ -258,9 +257,9 @@ def inspect_build(
                 "name": name,
                 "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
-                "calls": graphs["fused"]["ops"].get(fused_name(name), 0),
+                "calls": graphs["fused"]["ops"].get(name, 0),
                 # counted on the kernel before scheduling: the counter cannot read tensorized code
-                "flop": kernel_flop(fused[fused_name(name)] if fused_name(name) in names else func),
+                "flop": kernel_flop(fused[name] if name in names else func),
                 "dtypes": kernel_dtypes(func),
             }
         )

@@ -27,19 +27,15 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.target.codegen import target_has_features
 
+from webapp.targets import KINDS, kind_of
+
 SCHEDULE_ATTR = "playground.schedule"
 PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePreproc moves out
 
 
 def simd(target: tvm.target.Target) -> tuple[int, int]:
-    """(float32 lanes per vector register, number of vector registers) for an LLVM target."""
-    if target_has_features("avx512f", target):
-        return 16, 32
-    if target_has_features("avx2", target) or target_has_features("avx", target):
-        return 8, 16
-    if target_has_features("neon", target) or target_has_features("sve", target):
-        return 4, 32
-    return 4, 16  # SSE2, the x86-64 baseline
+    """(float32 lanes per vector register, number of vector registers): the target's kind says."""
+    return kind_of(target).vector_shape(target)
 
 
 def extent(sch: s_tir.Schedule, loop) -> int:
@@ -164,23 +160,20 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
-# Integer dot-product instructions: kind -> (int32 lanes per instruction, activation dtype, LLVM
-# intrinsic, the target feature that has it). Each lane adds 4 products of 8-bit values.
-DOT_INSTRUCTIONS = {
-    "VNNI": (16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
-    "VNNI-256": (8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avx512vnni"),  # vpdpbusd ymm: 8 channels
-    "sdot": (4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),  # Arm dot product
-}
+# Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
+# instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
+# products of 8-bit values.
+DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
 
 
 def dot_instruction(target, channels: int | None = None) -> str | None:
     """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any: the
-    widest whose lanes divide `channels` when given."""
+    widest of its kind's whose lanes divide `channels` when given."""
     return next(
         (
-            k
-            for k, v in DOT_INSTRUCTIONS.items()
-            if target_has_features(v[3], target) and (channels is None or channels % v[0] == 0)
+            name
+            for name, lanes, _, _, feature in kind_of(target).dot_instructions
+            if target_has_features(feature, target) and (channels is None or channels % lanes == 0)
         ),
         None,
     )
@@ -648,13 +641,6 @@ def default_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gv, func in updates.items():
         mod[gv] = func
     return mod
-
-
-def fused_name(kernel: str) -> str:
-    """The fused module's name of a built kernel: its own, as build.schedule keeps the fused names
-    (split_weight_repacking). Only what is left of a weight repacking that runs at every call is a
-    kernel of its own, `<fused name>_weight_prepack`, with no counterpart in the fused module."""
-    return kernel
 
 
 def repacks_weights(func) -> bool:
