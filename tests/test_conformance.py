@@ -37,7 +37,7 @@ from webapp.pipeline.importers import import_model
 from webapp.pipeline.optimize import optimize
 from webapp.pipeline.quantize import quantize
 from webapp.pipeline.schedules import dot_instruction
-from webapp.pipeline.targets import make_target
+from webapp.targets import make_target
 
 OPERATORS = {
     # convolution, pooling, normalization, image
