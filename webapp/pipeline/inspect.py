@@ -206,19 +206,11 @@ def host_code_module(executable) -> tvm.runtime.Module | None:
 # ---------------------------------------------------------------- the stage
 
 
-def inspect_build(
-    imported: tvm.IRModule,
-    fused: tvm.IRModule,
-    lowered: tvm.IRModule,
-    executable,
-    job_dir: Path,
-    labels: dict[str, str],
-    report=lambda f: None,
-) -> dict:
+def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path) -> dict:
+    """The graphs before and after fusion (JSON and SVG), as soon as optimize has fused the model."""
     views, files = job_dir / "views", job_dir / "files"
-    (views / "kernels").mkdir(parents=True, exist_ok=True)
+    views.mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
-
     graphs = {}
     for key, mod, title in (
         ("imported", imported, "Imported (before fusion)"),
@@ -233,6 +225,26 @@ def inspect_build(
             "svg": f"graph-{key}.svg" if svg_ok else None,
             "ops": op_counts(graph),
         }
+    return graphs
+
+
+def inspect_build(
+    imported: tvm.IRModule,
+    fused: tvm.IRModule,
+    lowered: tvm.IRModule,
+    executable,
+    job_dir: Path,
+    labels: dict[str, str],
+    report=lambda f: None,
+    graphs: dict | None = None,
+) -> dict:
+    """The code views and kernel table of the build the page shows; `graphs` when draw_graphs already
+    drew its graphs (after optimize)."""
+    views, files = job_dir / "views", job_dir / "files"
+    (views / "kernels").mkdir(parents=True, exist_ok=True)
+    files.mkdir(parents=True, exist_ok=True)
+
+    graphs = graphs or draw_graphs(imported, fused, job_dir)
     report(0.4)
 
     host = host_code_module(executable)

@@ -61,10 +61,8 @@ def run(job_dir: Path) -> None:
         model=model.to_json(), target={"preset": target.name, "tvm": targets.target_json(tvm_target)}
     )
 
-    from webapp.pipeline.optimize import optimize
-
-    optimized = stage("optimize", lambda report: optimize(model.mod, tvm_target, job_dir, report))
-    results.save(passes=[vars(p) for p in optimized.passes])
+    optimized, graphs = stage("optimize", lambda report: optimize_stage(model, tvm_target, job_dir, report))
+    results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
 
     quantized = None
     if job.options.quantize != "none":
@@ -106,11 +104,12 @@ def run(job_dir: Path) -> None:
 
     from webapp.pipeline.inspect import inspect_build
 
+    graphs = None if quantized else graphs  # the page then shows the quantized model's fused graph
     results.save(
         **stage(
             "inspect",
             lambda report: inspect_build(
-                model.mod, built.fused, built.lowered, built.executable, job_dir, built.labels, report
+                model.mod, built.fused, built.lowered, built.executable, job_dir, built.labels, report, graphs
             ),
         )
     )
@@ -133,6 +132,15 @@ def import_stage(job: Job):
     (job.dir / "views").mkdir(exist_ok=True)
     (job.dir / "views" / "imported.py").write_text(model.mod.script())
     return model
+
+
+def optimize_stage(model, tvm_target, job_dir: Path, report):
+    """The optimized model, and its graphs drawn at once: the page shows them while the job goes on."""
+    from webapp.pipeline.inspect import draw_graphs
+    from webapp.pipeline.optimize import optimize
+
+    optimized = optimize(model.mod, tvm_target, job_dir, report)
+    return optimized, draw_graphs(model.mod, optimized.fused, job_dir)
 
 
 class Results:
