@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from webapp.catalog import (
@@ -107,21 +108,6 @@ def compile_locally(config: Config, model_arg: str, form: dict, out: Path) -> di
     return run_prepared_job(config, out, options["target"])
 
 
-# The JobOptions fields the compile command takes, as its --flags (dashes for underscores).
-OPTION_ARGS = (
-    "target",
-    "tune_trials",
-    "input_shapes",
-    "quantize",
-    "calibration",
-    "weight_scale",
-    "weight_granularity",
-    "global_scale",
-    "skip_first",
-    "skip_last",
-)
-
-
 def cmd_compile(args) -> int:
     from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
 
@@ -133,7 +119,7 @@ def cmd_compile(args) -> int:
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        form = {name: getattr(args, name) for name in OPTION_ARGS}
+        form = {f.name: getattr(args, f.name) for f in fields(JobOptions)}  # each option is a flag
         error = compile_locally(config, args.model, form, out)
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
