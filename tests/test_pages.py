@@ -13,7 +13,8 @@ import pytest
 
 from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, WEIGHT_GRANULARITY, WEIGHT_SCALE_MODES
 from webapp.jobs.store import new_job_id
-from webapp.pipeline.facts import derive, natural_key, worst_layer
+from webapp.naming import natural_key
+from webapp.pipeline.facts import derive, worst_layer
 from webapp.web.pages import bench_chart
 
 STAGES_DONE = [

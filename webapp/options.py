@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, WEIGHT_GRANULARITY, WEIGHT_SCALE_MODES
 from webapp.targets import TARGETS
@@ -38,9 +38,6 @@ class JobOptions:
     @property
     def per_channel(self) -> bool:
         return self.weight_granularity == "channel"
-
-    def with_(self, **changes) -> JobOptions:
-        return replace(self, **changes)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -9,17 +9,11 @@ calling it again on its result changes nothing.
 
 from __future__ import annotations
 
-import re
+from webapp.naming import natural_key
 
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
 NO_SPEEDUP_BELOW = 1.1
 DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot")
-
-
-def natural_key(name: str) -> list:
-    """TVM's kernel names in their order: `conv2d` (the first), `conv2d1`, `conv2d2`, `conv2d10`.
-    Word by word (split at "_"), digit runs compared as numbers."""
-    return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", word)] for word in name.split("_")]
 
 
 def derive(results: dict) -> dict:
@@ -193,17 +187,11 @@ def sweep_summary(results: dict) -> dict:
     }
 
 
-def base_kernel_name(name: str) -> str:
-    """A built kernel's name in the fused module (the default rules' weight repacking renames some
-    kernels `<name>_prepacked`)."""
-    return name.removesuffix("_prepacked")
-
-
 def tuning_summary(results: dict) -> dict:
     """What tuning did: trials, kernels with records (the only rows worth a table), and, where the build
     timed a record against its default rule, both times and which won."""
     t = results["tuning"]
-    timed = {base_kernel_name(c["kernel"]): c for c in results.get("record_choice") or []}
+    timed = {c["kernel"]: c for c in results.get("record_choice") or []}  # one kernel name everywhere
     rows = []
     for task in t.get("tasks", []):
         if task.get("latency_us") is None:

@@ -94,9 +94,10 @@ def run(job_dir: Path) -> None:
 
     from webapp.pipeline.build import build_job
 
-    records = tuning_dir if "tuning" in results.data else None
+    tuned_records = tuning_dir if "tuning" in results.data else None
     built = stage(
-        "build", lambda report: build_job(optimized.fused, quantized, tvm_target, records, job_dir, report)
+        "build",
+        lambda report: build_job(optimized.fused, quantized, tvm_target, tuned_records, job_dir, report),
     )
     results.save(
         **built.to_json(job_dir / "files" / "model.so"), **(quantized.to_json() if quantized else {})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -12,6 +11,8 @@ from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import DiffLexer, GasLexer, LlvmLexer, PythonLexer, TextLexer
+
+from webapp.naming import natural_key
 
 MAX_SHOWN_BYTES = (
     400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
@@ -31,12 +32,6 @@ VIEWS = {
 KERNEL_VIEWS = ("tir", "llvm", "asm")
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
 MODULE = "__module__"  # the kernel choice that means the whole generated module
-
-
-def natural_key(name: str) -> list:
-    """TVM's kernel names in their order: `conv2d` (the first), `conv2d1`, `conv2d2`, `conv2d10`.
-    Word by word (split at "_"), digit runs compared as numbers."""
-    return [[int(t) if t.isdigit() else t for t in re.split(r"(\d+)", word)] for word in name.split("_")]
 
 
 def changed_passes(passes: list[dict]) -> list[dict]:

@@ -30,9 +30,10 @@ from webapp.catalog import (
     WEIGHT_SCALE_MODES,
 )
 from webapp.jobs.submit import SubmitError
+from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, submit_from_request, view_or_404
-from webapp.web.code import VIEWS, code_view, natural_key, pygments_css, safe_job_file
+from webapp.web.code import VIEWS, code_view, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
 

@@ -5,7 +5,7 @@ run. In a sweep a variant that fails is recorded with its stage and message; the
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +49,9 @@ def variant_options(options: JobOptions) -> list[tuple[str, JobOptions]]:
     and int1 with the job's calibration, then int8 with each other calibration mode."""
     if options.quantize != "sweep":
         return [(options.quantize, options)]
-    variants = [(f"int{b}", options.with_(quantize=f"int{b}")) for b in (8, 4, 2, 1)]
+    variants = [(f"int{b}", replace(options, quantize=f"int{b}")) for b in (8, 4, 2, 1)]
     others = [c for c in CALIBRATION_MODES if c != options.calibration]
-    return variants + [(f"int8 {c}", options.with_(quantize="int8", calibration=c)) for c in others]
+    return variants + [(f"int8 {c}", replace(options, quantize="int8", calibration=c)) for c in others]
 
 
 def calibration_samples(
