@@ -82,6 +82,12 @@ def cmd_worker(args) -> int:
     return 0
 
 
+def cmd_pool(args) -> int:
+    from webapp.devices.pool import run_pool
+
+    return run_pool(Config.from_env())
+
+
 def compile_locally(config: Config, model_arg: str, form: dict, out: Path) -> dict | None:
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
     unless config.unsandboxed, with the options in `form` (the API's field names). Returns the error
@@ -181,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
     p.add_argument("--jobs", type=int, default=1, help="jobs run at once")
     p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("pool", help="the device pool: TVM RPC tracker and emulated boards (PLAYGROUND_TRACKER)")
+    p.set_defaults(func=cmd_pool)
     p = sub.add_parser("compile", help="compile one model and print the benchmark table")
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
     d = JobOptions()

@@ -27,6 +27,12 @@ class Config:
     bench_budget_s: float = 3.0  # timing budget per runtime
     unsandboxed: bool = False  # only for development where bubblewrap cannot run
     shipped_tuning_records: bool = True  # a new data folder starts from webapp/tuning_records
+    # The device pool (webapp/devices): TVM's RPC tracker, and boards registered under a target's key.
+    tracker: str = "127.0.0.1:9190"  # where clients and boards reach the tracker
+    tracker_bind: str | None = None  # the address it listens on (0.0.0.0 to let real boards join)
+    emulated_boards: bool = True  # one QEMU board per Raspberry Pi target, started by the pool
+    board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
+    rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
 
     @classmethod
     def from_env(cls, **overrides) -> Config:
@@ -43,12 +49,25 @@ class Config:
             process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
             bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
             unsandboxed=os.environ.get("PLAYGROUND_UNSANDBOXED") == "1",
+            tracker=os.environ.get("PLAYGROUND_TRACKER") or c.tracker,
+            tracker_bind=os.environ.get("PLAYGROUND_TRACKER_BIND") or None,
+            emulated_boards=os.environ.get("PLAYGROUND_EMULATED_BOARDS", "1") != "0",
+            board_wait_s=float(os.environ.get("PLAYGROUND_BOARD_WAIT_S") or c.board_wait_s),
+            rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve() if os.environ.get("PLAYGROUND_ROOTFS") else None,
         )
         return replace(c, **overrides)
 
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def devices_dir(self) -> Path:
+        return self.data_dir / "devices"
+
+    @property
+    def rootfs_dir(self) -> Path:
+        return self.rootfs or self.devices_dir / "rootfs"
 
     @property
     def examples_dir(self) -> Path:

@@ -1,5 +1,5 @@
-"""64-bit Arm CPUs (aarch64): cross-compiled with Debian's aarch64 toolchain. No preset yet: the
-Raspberry Pi boards (rpi4, rpi5) and the device pool that runs them come with their own issue."""
+"""64-bit Arm CPUs (aarch64): cross-compiled with Debian's aarch64 toolchain, run on the boards of
+the device pool (webapp/devices): Raspberry Pi 4 and 5, emulated here under QEMU or real ones."""
 
 from __future__ import annotations
 
@@ -29,4 +29,32 @@ class Arm(LLVMCPU):
         return target
 
 
-PRESETS: list[Arm] = []
+    @property
+    def core(self) -> str:
+        """The board's CPU core, as LLVM and QEMU name it (the emulated board runs this core)."""
+        return self.spec["mcpu"]
+
+
+def raspberry_pi(name: str, title: str, core: str, features: list[str], description: str) -> Arm:
+    spec = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": core, "mattr": features, "num-cores": 4}
+    return Arm(name, title, description, spec, board=name)
+
+
+PRESETS = [
+    raspberry_pi(
+        "rpi4",
+        "Raspberry Pi 4 (Cortex-A72)",
+        "cortex-a72",
+        ["+neon"],
+        "64-bit Raspberry Pi OS on a Pi 4: four Cortex-A72 cores with NEON, no dot product (8-bit "
+        "products are widened to 16 bits). Runs on an rpi4 board of the device pool.",
+    ),
+    raspberry_pi(
+        "rpi5",
+        "Raspberry Pi 5 (Cortex-A76)",
+        "cortex-a76",
+        ["+neon", "+dotprod"],
+        "64-bit Raspberry Pi OS on a Pi 5: four Cortex-A76 cores with NEON and the sdot/udot dot "
+        "product (int8 kernels use sdot). Runs on an rpi5 board of the device pool.",
+    ),
+]

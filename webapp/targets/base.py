@@ -21,6 +21,7 @@ class Target:
     title: str
     description: str
     spec: dict = field(default_factory=dict)  # the TVM target as a JSON dict
+    board: str | None = None  # the device pool's key for the boards that run its code (e.g. "rpi5")
 
     kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on
@@ -28,13 +29,15 @@ class Target:
     # --- what the web process may ask (no TVM) ---
     @property
     def can_run_here(self) -> bool:
-        return platform.machine() == self.arch
+        return platform.machine() == self.arch and not self.board
 
     @property
     def runs_on(self) -> str:
         """Where its code is run and timed, in words."""
         if self.can_run_here:
             return "this server"
+        if self.board:
+            return f"a '{self.board}' board of the device pool (TVM RPC): emulated here, or a real one"
         return f"nowhere here: this server is {platform.machine()}, the code is {self.arch} (built, not run)"
 
     def to_json(self) -> dict:
@@ -46,6 +49,7 @@ class Target:
             "arch": self.arch,
             "tvm_target": self.spec,
             "can_run_here": self.can_run_here,
+            "board": self.board,
             "runs_on": self.runs_on,
         }
 
