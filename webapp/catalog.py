@@ -60,8 +60,9 @@ EXAMPLES: dict[str, Example] = {
 }
 
 
-# The pipeline's stages, in order (webapp/pipeline/runner.py runs them).
-STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark")
+# The pipeline's stages, in order (webapp/pipeline/runner.py runs them; "remote", for a target whose
+# board is not this server, runs after them in a sandbox of its own: webapp/pipeline/remote.py).
+STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote")
 
 # "sweep": every bit-width (and int8 with every calibration mode) in one job, side by side
 QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1", "sweep")

@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
     p.add_argument("--jobs", type=int, default=1, help="jobs run at once")
     p.set_defaults(func=cmd_worker)
-    p = sub.add_parser("pool", help="the device pool: TVM RPC tracker and emulated boards (PLAYGROUND_TRACKER)")
+    p = sub.add_parser(
+        "pool", help="the device pool: TVM RPC tracker and emulated boards (PLAYGROUND_TRACKER)"
+    )
     p.set_defaults(func=cmd_pool)
     p = sub.add_parser("compile", help="compile one model and print the benchmark table")
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")

@@ -53,7 +53,9 @@ class Config:
             tracker_bind=os.environ.get("PLAYGROUND_TRACKER_BIND") or None,
             emulated_boards=os.environ.get("PLAYGROUND_EMULATED_BOARDS", "1") != "0",
             board_wait_s=float(os.environ.get("PLAYGROUND_BOARD_WAIT_S") or c.board_wait_s),
-            rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve() if os.environ.get("PLAYGROUND_ROOTFS") else None,
+            rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve()
+            if os.environ.get("PLAYGROUND_ROOTFS")
+            else None,
         )
         return replace(c, **overrides)
 

@@ -74,8 +74,14 @@ class JobOptions:
                 ) from None
             if not 0 < scale < 1e6:
                 raise SubmitError("global_scale must be above 0 (the clipping threshold, e.g. 8.0).")
+        target = choice("target", tuple(TARGETS))
+        if trials and TARGETS[target].board:
+            raise SubmitError(
+                f"Tuning runs its measurements where the code runs; for {target} that is a board of the "
+                "device pool, which tuning does not use yet. Submit with tune_trials 0."
+            )
         return cls(
-            target=choice("target", tuple(TARGETS)),
+            target=target,
             quantize=choice("quantize", QUANTIZE_MODES),
             calibration=choice("calibration", CALIBRATION_MODES),
             weight_scale=choice("weight_scale", WEIGHT_SCALE_MODES),

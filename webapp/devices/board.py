@@ -16,9 +16,8 @@ import socket
 import sys
 import time
 
-from tvm.rpc import base, server
-
 import tvm_ffi
+from tvm.rpc import base, server
 
 
 def main() -> None:

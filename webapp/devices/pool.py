@@ -274,12 +274,18 @@ class Pool:
                 if time.monotonic() - board.started < 10:  # crashing at start: do not spin
                     time.sleep(min(30, 2**board.restarts))
                 self.start_board(board)
-            elif board.state == "starting" and b"BOARD READY" in read_tail(board_dir(self.config, board) / "board.log"):
+            elif board.state == "starting" and b"BOARD READY" in read_tail(
+                board_dir(self.config, board) / "board.log"
+            ):
                 board.state = "running"
         if self.state != "failed" and self.boards and all(b.proc for b in self.boards):
             waiting = [b.name for b in self.boards if b.state != "running"]
             self.state = "preparing" if waiting else "ready"
-            self.message = f"starting {', '.join(waiting)}" if waiting else f"{len(self.boards)} emulated board(s) running"
+            self.message = (
+                f"starting {', '.join(waiting)}"
+                if waiting
+                else f"{len(self.boards)} emulated board(s) running"
+            )
         self.write()
 
     def stop(self, *_) -> None:

@@ -53,8 +53,18 @@ def ensure_rootfs(rootfs: Path, extras: tuple[str, ...] = (), log=print) -> Path
             if not ready(rootfs, (extra,)):
                 debs, wheels = EXTRAS[extra]
                 log(f"adding {extra} to the arm64 root file system")
-                run(["mmdebstrap", "--arch=arm64", "--variant=extract", f"--include={','.join(debs)}",
-                     "--skip=cleanup/reproducible", *dpkg_excludes(), DEBIAN[0], str(rootfs) + ".extra"])
+                run(
+                    [
+                        "mmdebstrap",
+                        "--arch=arm64",
+                        "--variant=extract",
+                        f"--include={','.join(debs)}",
+                        "--skip=cleanup/reproducible",
+                        *dpkg_excludes(),
+                        DEBIAN[0],
+                        str(rootfs) + ".extra",
+                    ]
+                )
                 merge_tree(Path(str(rootfs) + ".extra"), rootfs)
                 install_wheels(rootfs, wheels, rootfs.parent / "wheels")
                 (rootfs / f".ready-{extra}").write_text("\n".join(wheels) + "\n")
@@ -71,8 +81,17 @@ def build(rootfs: Path, log) -> None:
     shutil.rmtree(rootfs, ignore_errors=True)
     suite, packages = DEBIAN
     log(f"building the arm64 root file system ({suite}: {', '.join(packages)}) in {rootfs}")
-    run(["mmdebstrap", "--arch=arm64", "--variant=extract", f"--include={','.join(packages)}",
-         *dpkg_excludes(), suite, str(tmp)])
+    run(
+        [
+            "mmdebstrap",
+            "--arch=arm64",
+            "--variant=extract",
+            f"--include={','.join(packages)}",
+            *dpkg_excludes(),
+            suite,
+            str(tmp),
+        ]
+    )
     install_wheels(tmp, WHEELS, rootfs.parent / "wheels")
     (tmp / "tmp").mkdir(exist_ok=True)
     (tmp / ".ready").write_text("\n".join(WHEELS) + "\n")
@@ -82,9 +101,26 @@ def build(rootfs: Path, log) -> None:
 def install_wheels(rootfs: Path, requirements: list[str], cache: Path) -> None:
     """The aarch64 wheels of `requirements` (no dependencies), unzipped into the rootfs' Python."""
     cache.mkdir(parents=True, exist_ok=True)
-    run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "--platform", "manylinux_2_28_aarch64", "--python-version", "3.11", "--implementation", "cp",
-         "--dest", str(cache), *requirements])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux_2_28_aarch64",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--dest",
+            str(cache),
+            *requirements,
+        ]
+    )
     site = rootfs / SITE
     site.mkdir(parents=True, exist_ok=True)
     for requirement in requirements:
@@ -120,7 +156,9 @@ def run(cmd: list[str]) -> None:
     except subprocess.TimeoutExpired:
         raise RootfsError(f"{cmd[0]} took more than 30 minutes") from None
     if r.returncode != 0:
-        raise RootfsError(f"{' '.join(cmd[:3])} ... failed ({r.returncode}): {(r.stderr or r.stdout)[-1500:]}")
+        raise RootfsError(
+            f"{' '.join(cmd[:3])} ... failed ({r.returncode}): {(r.stderr or r.stdout)[-1500:]}"
+        )
 
 
 if __name__ == "__main__":

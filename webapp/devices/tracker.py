@@ -91,7 +91,12 @@ def pool_of(summary: dict) -> dict[str, dict]:
     for key in sorted(set(registered) | set(summary.get("queue_info", {}))):
         queue = summary.get("queue_info", {}).get(key, {})
         boards, free = registered.get(key, 0), int(queue.get("free", 0))
-        pool[key] = {"boards": boards, "free": free, "busy": max(boards - free, 0), "waiting": queue.get("pending", 0)}
+        pool[key] = {
+            "boards": boards,
+            "free": free,
+            "busy": max(boards - free, 0),
+            "waiting": queue.get("pending", 0),
+        }
     return pool
 
 

@@ -97,7 +97,12 @@ def readable_paths() -> list[Path]:
 
 
 def bwrap_command(
-    job_dir: Path, data_dir: Path, as_root: bool, env: dict[str, str], command: list[str]
+    job_dir: Path,
+    data_dir: Path,
+    as_root: bool,
+    env: dict[str, str],
+    command: list[str],
+    network: bool = False,
 ) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     hidden = [Path(p) for p in ("/tmp", "/root", "/home") if Path(p).is_dir()] + [data_dir]
@@ -122,7 +127,7 @@ def bwrap_command(
     args += [
         "--unshare-ipc",
         "--unshare-pid",
-        "--unshare-net",
+        *([] if network else ["--unshare-net"]),
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--die-with-parent",
@@ -181,8 +186,12 @@ def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
     return None
 
 
-def run_sandboxed(job_dir: Path, config: Config, command: list[str] | None = None) -> Outcome:
-    """Run the pipeline (or `command`, for tests) on job_dir under the sandbox and limits."""
+def run_sandboxed(
+    job_dir: Path, config: Config, command: list[str] | None = None, network: bool = False
+) -> Outcome:
+    """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
+    host's network stays visible (the remote stage, which reaches the device pool's tracker and
+    boards and never reads the user's model); everything else is as jailed as the pipeline."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
@@ -196,7 +205,7 @@ def run_sandboxed(job_dir: Path, config: Config, command: list[str] | None = Non
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:
-        full = bwrap_command(job_dir, config.data_dir, as_root, env, command)
+        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network)
     log_path = job_dir / "log.txt"
     started = time.monotonic()
     with open(log_path, "ab") as log:

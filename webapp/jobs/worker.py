@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
 from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
@@ -49,6 +50,9 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     if stored.get("tuning_upload"):  # warm start from the records the user sent
         merge_database(job_dir / "input" / "tuning", job_dir / "tuning")
     spec = {"options": options.to_json(), "bench_budget_s": config.bench_budget_s}
+    board = targets.get(options.target).board
+    if board:  # the remote stage asks the device pool's tracker for a board of this key
+        spec["remote"] = {"tracker": config.tracker, "key": board, "wait_s": config.board_wait_s}
     if stored.get("calibration_data"):
         spec["calibration_data"] = "input/calibration.npz"
     example = EXAMPLES.get(stored.get("example") or "")
@@ -115,6 +119,9 @@ def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
     database (what it tuned counts even if it failed); returns the error, or None when it succeeded."""
     outcome = run_sandboxed(job_dir, config)
     merge_back(config, target, job_dir / "tuning")
+    if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
+        remote = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir)]
+        outcome = run_sandboxed(job_dir, config, remote, network=True)
     return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 

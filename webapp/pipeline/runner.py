@@ -32,6 +32,7 @@ class Job:
     dataset: str | None  # labelled data of an example (accuracy, calibration)
     calibration_data: Path | None  # the user's .npz
     bench_budget_s: float
+    remote: dict  # for a board target: {"tracker": "host:port", "key": "rpi5", "wait_s": 900}
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -44,6 +45,7 @@ class Job:
             spec.get("dataset"),
             job_dir / spec["calibration_data"] if spec.get("calibration_data") else None,
             float(spec.get("bench_budget_s", 3.0)),
+            spec.get("remote") or {},
         )
 
 
@@ -115,6 +117,17 @@ def run(job_dir: Path) -> None:
         )
     )
 
+    if target.board:  # timed on a board of the device pool: here only what the board is checked against
+        from webapp.pipeline.remote import prepare_remote
+
+        results.save(
+            **stage(
+                "benchmark",
+                lambda report: prepare_remote(built.executables, quantized, model, job, target, report),
+            )
+        )
+        return  # the worker runs the remote stage next, in a sandbox that may reach the tracker
+
     from webapp.pipeline.bench import benchmark_job
 
     results.save(
@@ -123,6 +136,7 @@ def run(job_dir: Path) -> None:
             lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report),
         )
     )
+    progress.skip("remote")
 
 
 def import_stage(job: Job):
@@ -147,8 +161,10 @@ def optimize_stage(model, tvm_target, job_dir: Path, report):
 class Results:
     """result.json: what the job found so far, with the facts the page states derived from it."""
 
-    def __init__(self, job_dir: Path):
+    def __init__(self, job_dir: Path, resume: bool = False):
         self.job_dir, self.data = job_dir, {}
+        if resume:  # a later process (the remote stage) adds to what the pipeline found
+            self.data = json.loads((job_dir / "result.json").read_text())
 
     def save(self, **update) -> None:
         self.data.update(update)
@@ -161,10 +177,12 @@ class Results:
 class Progress:
     """progress.json: the stages' live status, as the job page shows it."""
 
-    def __init__(self, job_dir: Path, stages: tuple[str, ...]):
+    def __init__(self, job_dir: Path, stages: tuple[str, ...], resume: bool = False):
         self.path = job_dir / "progress.json"
         self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
         self.error = None
+        if resume:  # a later process (the remote stage) goes on where the pipeline stopped
+            self.stages = json.loads(self.path.read_text())["stages"]
         self.started = 0.0
         self.last_write = 0.0
         self.lock = threading.Lock()  # a stage may report from a helper thread (tune.watch_dispatch)

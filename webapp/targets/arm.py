@@ -28,7 +28,6 @@ class Arm(LLVMCPU):
         assert has_feature(target, "neon"), f"{self.name}: an aarch64 target without NEON"
         return target
 
-
     @property
     def core(self) -> str:
         """The board's CPU core, as LLVM and QEMU name it (the emulated board runs this core)."""

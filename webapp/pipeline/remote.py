@@ -1,0 +1,201 @@
+"""The remote stage: a target whose board is not this server is timed on a board of the device pool.
+
+Two halves. `prepare_remote` runs as the pipeline's benchmark stage, inside the pipeline's sandbox
+(no network): it writes into remote/ each build as a library for the board, the inputs, and what
+the board's outputs are checked against: the frameworks' fp32 outputs on this server and, for each
+quantized variant, this server's own build of the same integer model (plain `tvm.compile`). Then
+`python -m webapp.pipeline.remote JOB_DIR` runs the stage itself, in a sandbox of its own that can
+reach the tracker: it never reads the user's model, only those libraries and arrays. It asks the
+tracker for a free board of the target's key, uploads every build, checks its outputs and times it
+with `time_evaluator`, fp32 and quantized in the same session on the same board.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from webapp.pipeline.errors import StageError
+
+SESSION_TIMEOUT_S = 3600  # the board ends a session that runs longer
+
+
+def slug(variant: str, tuned: bool) -> str:
+    return variant.replace(" ", "-") + ("-tuned" if tuned else "")
+
+
+# ---------------------------------------------------------------- in the pipeline's sandbox
+
+
+def prepare_remote(executables: dict, quantized, model, job, target, report) -> dict:
+    """remote/: a library per build, inputs.npz, expected.npz (reference outputs), plan.json."""
+    import tvm
+
+    from webapp import targets
+    from webapp.pipeline.bench import (
+        bench_threads,
+        flatten_outputs,
+        is_classifier,
+        make_inputs,
+        onnxruntime_runner,
+        pytorch_runner,
+        torch_outputs,
+    )
+
+    folder = job.dir / "remote"
+    folder.mkdir(exist_ok=True)
+    inputs = make_inputs(model.inputs)
+    if job.dataset:
+        from webapp.pipeline.datasets import load
+
+        inputs = {model.inputs[0].name: load(job.dataset)[2][:1]}
+    expected, unavailable = {}, []
+    runners = {"pytorch": pytorch_runner, "onnxruntime": onnxruntime_runner}
+    for name, path in job.references.items():  # the frameworks' fp32 outputs, on this server
+        try:
+            out = runners[name](path, inputs, bench_threads())()
+        except Exception as exc:
+            unavailable.append({"runtime": name, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            continue
+        expected[name] = torch_outputs(out) if name == "pytorch" else flatten_outputs(out)
+    report(0.3)
+    host, dev = targets.host_target(), targets.host().device()
+    for q in quantized.variants if quantized else []:  # the same integer model, built for this server
+        from tvm import relax
+
+        ex = tvm.compile(q.mod, target=host, relax_pipeline=relax.get_default_pipeline(host))
+        vm = relax.VirtualMachine(ex, dev)
+        out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()])
+        expected[f"{q.variant} on this server"] = flatten_outputs(out)
+    report(0.6)
+    builds = []
+    for (variant, tuned), executable in sorted(executables.items()):
+        file = f"{slug(variant, tuned)}.so"
+        target.export_library(executable, str(folder / file))
+        builds.append({"variant": variant, "tuned": tuned, "file": file})
+    np.savez(folder / "inputs.npz", *inputs.values())
+    np.savez(
+        folder / "expected.npz", **{f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)}
+    )
+    plan = {"builds": builds, "references": list(expected), "classifier": is_classifier(model.outputs)}
+    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    report(1.0)
+    return {"unavailable_runtimes": unavailable, "classifier": plan["classifier"]}
+
+
+# ---------------------------------------------------------------- the remote stage's own process
+
+
+def load_expected(path: Path) -> dict[str, list[np.ndarray]]:
+    out: dict[str, list[np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as data:
+        for key in sorted(data.files, key=lambda k: (k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1]))):
+            out.setdefault(key.rsplit("|", 1)[0], []).append(data[key])
+    return out
+
+
+def board_of(session, key: str, host: str, port: int) -> dict:
+    """What the board says it is (an emulated board of the pool answers playground.board_info); a
+    board without that function is a real one running TVM's stock rpc_server."""
+    try:
+        info = json.loads(session.get_function("playground.board_info")())
+    except Exception:
+        info = {"name": f"{key} (real board at {host}:{port})", "key": key, "emulated": False}
+    return info | {"address": f"{host}:{port}"}
+
+
+def timed(vm, dev, args, budget_s: float) -> dict:
+    """time_evaluator on the board: one call for the warm-up, then as many as fit in the budget."""
+    first = vm.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
+    runs = int(max(3, min(50, budget_s / max(first, 1e-6))))
+    times = sorted(t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results)
+    return {
+        "median_ms": float(np.median(times)),
+        "p90_ms": float(np.percentile(times, 90)),
+        "min_ms": times[0],
+        "runs": runs,
+    }
+
+
+def run_remote(job, report) -> dict:
+    import tvm
+    from tvm import relax, rpc
+
+    from webapp.devices.tracker import Tracker, TrackerError
+    from webapp.pipeline.bench import fidelity, flatten_outputs
+
+    folder = job.dir / "remote"
+    plan = json.loads((folder / "plan.json").read_text())
+    with np.load(folder / "inputs.npz", allow_pickle=False) as data:
+        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    expected = load_expected(folder / "expected.npz")
+    key, wait_s = job.remote["key"], float(job.remote.get("wait_s", 900))
+    report(0.0, {"waiting": f"for a free '{key}' board (up to {wait_s:.0f} s)"})
+    try:
+        tracker = Tracker(job.remote["tracker"])
+        host, port, matchkey = tracker.request(key, wait_s)
+    except TrackerError as exc:
+        raise StageError(str(exc)) from None
+    try:
+        session = rpc.connect(host, port, matchkey, session_timeout=SESSION_TIMEOUT_S)
+    except Exception as exc:
+        raise StageError(
+            f"The tracker gave the {key!r} board at {host}:{port}, which did not answer: {exc}"
+        ) from None
+    tracker.close()
+    board = board_of(session, key, host, port)
+    report(0.05, {"board": board["name"]})
+    dev = session.cpu()
+    rows, outs = [], {}
+    for i, build in enumerate(plan["builds"]):
+        what = f"the {build['variant']} build"
+        try:
+            session.upload(str(folder / build["file"]))
+            vm = relax.VirtualMachine(session.load_module(build["file"]), dev)
+            args = [tvm.runtime.tensor(a, dev) for a in inputs]
+            outs[(build["variant"], build["tuned"])] = flatten_outputs(vm["main"](*args))
+            timing = timed(vm, dev, args, job.bench_budget_s)
+        except Exception as exc:
+            raise StageError(crash_message(board, what, exc)) from None
+        threads = board.get("threads")
+        rows.append({"runtime": "tvm", "variant": build["variant"], "tuned": build["tuned"]}
+                    | {"device": board["name"], "threads": threads, **timing})  # fmt: skip
+        report((i + 1) / len(plan["builds"]), {"board": board["name"]})
+    fid = []
+    for (variant, tuned), out in outs.items():
+        own = f"{variant} on this server"
+        checks = {k: v for k, v in expected.items() if not k.endswith(" on this server") or k == own}
+        if variant != "fp32" and ("fp32", False) in outs:
+            checks[f"TVM fp32 on {board['key']}"] = outs[("fp32", False)]
+        for ref, ref_out in checks.items():
+            row = fidelity(out, ref_out, plan["classifier"])
+            fid.append({"variant": variant, "tuned": tuned, "reference": ref, **row})
+    return {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
+
+
+def crash_message(board: dict, what: str, exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    detail = text[-1] if text else type(exc).__name__
+    if any(w in str(exc) for w in ("kShutdown", "connection", "Connection", "closed", "Broken pipe")):
+        return (
+            f"The board {board['name']} stopped while running {what}: the session ended ({detail[:300]}). "
+            "A kernel may have used an instruction the board's core lacks (SIGILL), or the board was "
+            "stopped. The pool restarts emulated boards; submit the job again."
+        )
+    return f"Running {what} on the board {board['name']} failed: {detail[:500]}"
+
+
+def main(job_dir: Path) -> None:
+    from webapp.catalog import STAGES
+    from webapp.pipeline.runner import Job, Progress, Results
+
+    job = Job.load(job_dir)
+    progress, results = Progress(job_dir, STAGES, resume=True), Results(job_dir, resume=True)
+    results.save(**progress.run_stage("remote", lambda report: run_remote(job, report)))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
