@@ -1,6 +1,7 @@
 # One-command demo: docker build -t tvm-playground . && docker run --rm -p 8000:8000 tvm-playground
 FROM python:3.11-slim-bookworm
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap graphviz g++ \
+    g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./

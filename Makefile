@@ -4,9 +4,11 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PORT ?= 8000
-SERVE_DEBS := bubblewrap graphviz g++
-# g++-aarch64-linux-gnu: the Arm target kind's cross compiler (tests/test_targets.py links with it)
-TEST_DEBS := $(SERVE_DEBS) chromium g++-aarch64-linux-gnu
+# The Raspberry Pi targets: g++-aarch64-linux-gnu cross-compiles, mmdebstrap (+ arch-test) builds the
+# emulated boards' arm64 root file system, qemu-user-static runs them.
+PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
+SERVE_DEBS := bubblewrap graphviz g++ $(PI_DEBS)
+TEST_DEBS := $(SERVE_DEBS) chromium
 
 .PHONY: serve test setup setup-test debs debs-test lint clean
 

@@ -51,8 +51,9 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     job = wait_for_job(client, created["id"])
     assert job["status"] == "done", job["error"]
     names = [s["name"] for s in job["stages"]]
-    assert names == ["import", "optimize", "quantize", "tune", "build", "inspect", "benchmark"]
+    assert names == ["import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote"]
     stages = {s["name"]: s for s in job["stages"]}
+    assert stages.pop("remote")["status"] == "skipped"  # x86-host runs here, not on a board
     assert stages.pop("quantize")["status"] == "skipped"  # quantize=none
     assert stages.pop("tune")["status"] == "skipped"  # no trials asked, no records for x86-host yet
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())

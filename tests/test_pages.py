@@ -299,6 +299,31 @@ def with_facts(results: dict) -> dict:
     return {**results, **derive(results)}
 
 
+EMULATED_RPI5 = "rpi5 (emulated: QEMU cortex-a76)"
+
+
+def board_results(emulated: bool = True) -> dict:
+    """crafted_results() as a job for rpi5 leaves it after the remote stage: TVM fp32 and int8 timed on
+    a board of the device pool, and the board's outputs checked against each reference."""
+    results = crafted_results()
+    name = EMULATED_RPI5 if emulated else "rpi5 (real board at 10.0.0.7:9090)"
+    results["target"] = {"preset": "rpi5", "tvm": {"kind": "llvm", "mcpu": "cortex-a76"}}
+    results["device"] = {"name": name, "key": "rpi5", "emulated": emulated, "address": "127.0.0.1:42969"}
+    if emulated:
+        results["device"] |= {"cores": 2, "threads": 2}
+    results["benchmarks"] = [
+        dict(b, device=name, median_ms=ms, p90_ms=ms * 1.1, min_ms=ms * 0.9)
+        for b, ms in zip(results["benchmarks"][:2], (20.0, 4.0), strict=True)
+    ]
+    board = {"variant": "int8", "tuned": False, "top1_agree": 1.0, "top1_inputs": 1}
+    results["fidelity"] = [
+        {**board, "reference": "int8 on this server", "max_abs_err": 0.0, "cosine": 1.0, "sqnr_db": None},
+        {**board, "reference": "TVM fp32 on rpi5", "max_abs_err": 7e-4, "cosine": 0.99999, "sqnr_db": 50.1},
+    ]
+    del results["accuracy"]
+    return results
+
+
 @pytest.fixture()
 def web(app):
     return app.test_client()
@@ -388,6 +413,32 @@ def test_benchmark_summary_is_relative_to_the_fastest():
     assert bs["tuned_speedup"] is None  # no tuned TVM row
 
 
+def test_device_summary_states_the_board_its_speedup_and_that_emulated_times_are_no_prediction():
+    assert "device_summary" not in derive(crafted_results())  # a job on this server has no board
+    ds = derive(board_results())["device_summary"]
+    assert (ds["name"], ds["key"], ds["emulated"], ds["threads"]) == (EMULATED_RPI5, "rpi5", True, 2)
+    assert (ds["fp32_ms"], ds["variant"], ds["quant_ms"]) == (20.0, "int8", 4.0)
+    assert ds["speedup"] == pytest.approx(5.0)
+    assert [(f["reference"], f["bit_exact"]) for f in ds["fidelity"]] == [
+        ("int8 on this server", True),
+        ("TVM fp32 on rpi5", False),
+    ]
+    assert "QEMU" in ds["note"] and "not predictions of a real Raspberry Pi" in ds["note"]
+    real = derive(board_results(emulated=False))["device_summary"]
+    assert not real["emulated"] and real["note"] is None and real["threads"] is None
+
+
+def test_cli_table_of_a_board_job_says_emulated_and_bit_exact():
+    from webapp.cli import benchmark_table
+
+    table = benchmark_table(with_facts(board_results()))
+    assert table.splitlines()[0] == f"Benchmark (2 threads, {EMULATED_RPI5}):"
+    assert f"Device: {EMULATED_RPI5}, key rpi5, emulated board at 127.0.0.1:42969" in table
+    assert re.search(r"20\.000 +4\.000 +5\.00x", table) and "not predictions of a real Raspberry Pi" in table
+    assert "vs int8 on this server: max abs err 0 (bit-exact)" in table
+    assert "Device:" not in benchmark_table(with_facts(crafted_results()))
+
+
 def test_sweep_rows_take_agreement_from_the_held_out_images_only():
     results = crafted_results()
     results["sweep"] = {
@@ -461,6 +512,54 @@ def test_quantization_section_says_nothing_of_a_worst_layer_when_the_sqnr_only_r
     quant = section(html, "quantization")
     assert 'class="worst"' not in quant and "falls" not in text(quant).replace("does not fall", "")
     assert "does not fall from any layer to the next (2 steps compared)" in text(quant)
+
+
+def test_device_section_shows_the_board_emulated_its_times_and_bit_exact_outputs(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(board_results()))}").get_data(as_text=True)
+    device = section(html, "device")
+    heading = text(re.search(r"<h2>.*?</h2>", device, re.S).group(0))
+    assert (
+        EMULATED_RPI5 in heading and '<span class="badge emulated" id="device-kind">emulated</span>' in device
+    )
+    said = text(device)
+    assert "key rpi5" in said and "127.0.0.1:42969" in said and "2 threads" in said
+    assert "20.000 ms" in said and "4.000 ms" in said and "5.00×" in said
+    assert "not predictions of a real Raspberry Pi" in said
+    rows = re.findall(r"<tr><td>(.*?)</tr>", section(html, "device"), re.S)
+    assert "int8 on this server" in rows[0] and "bit-exact" in rows[0]
+    assert "TVM fp32 on rpi5" in rows[1] and "bit-exact" not in rows[1] and "0.0007" in rows[1]
+    # a real board: no emulated badge, no note
+    real = section(
+        web.get(f"/r/{write_job(app, with_facts(board_results(False)))}").get_data(as_text=True), "device"
+    )
+    assert "real board" in real and "emulated" not in real and "not predictions" not in real
+    # a job on this server has no device section
+    assert not section(
+        web.get(f"/r/{write_job(app, with_facts(crafted_results()))}").get_data(as_text=True), "device"
+    )
+
+
+def test_board_times_say_emulated_wherever_they_appear(app, web):
+    html = web.get(f"/r/{write_job(app, with_facts(board_results()))}").get_data(as_text=True)
+    bench = section(html, "benchmark")
+    assert f"Benchmark on {EMULATED_RPI5}" in text(re.search(r"<h2>.*?</h2>", bench, re.S).group(0))
+    assert f"median latency on {EMULATED_RPI5}, ms" in bench  # the chart's axis
+    quant = section(html, "quantization")
+    assert EMULATED_RPI5 in text(re.search(r'<td id="quant-device">.*?</td>', quant, re.S).group(0))
+    assert "speedup (emulated)" in text(quant) and "5.00×" in text(quant)
+
+
+def test_remote_stage_shows_the_wait_for_a_board_then_the_board(app, web):
+    remote = {"name": "remote", "status": "running", "seconds": None, "progress": 0.0}
+    waiting = {**remote, "detail": {"waiting": "for a free 'rpi5' board (up to 900 s)"}}
+    job_id = write_job(app, None, "running", [*STAGES_DONE, waiting])
+    detail = re.search(
+        r'<span class="detail" id="remote-detail">(.*?)</span>',
+        web.get(f"/r/{job_id}/stages").get_data(as_text=True),
+    )
+    assert detail.group(1) == "waiting for a free &#39;rpi5&#39; board (up to 900 s)"
+    update_job(app, job_id, None, "running", [*STAGES_DONE, {**remote, "detail": {"board": EMULATED_RPI5}}])
+    assert f"on {EMULATED_RPI5}</span>" in web.get(f"/r/{job_id}/stages").get_data(as_text=True)
 
 
 def test_fidelity_hides_agreement_measured_on_one_input_and_shows_it_on_the_dataset(app, web):
@@ -567,6 +666,18 @@ def test_form_option_lists_come_from_the_catalog(web):
     ):
         select = re.search(rf'<select name="{name}".*?</select>', html, re.S).group(0)
         assert re.findall(r'<option value="([^"]+)"', select) == list(values)
+
+
+def test_target_picker_groups_targets_by_where_they_run(web):
+    html = web.get("/").get_data(as_text=True)
+    groups = dict(re.findall(r'<legend class="group">([^<]+)</legend>(.*?)</fieldset>', html, re.S))
+    pool = groups["Run on a board of the device pool (TVM RPC)"]
+    assert re.findall(r'name="target" value="([^"]+)"', pool) == ["rpi4", "rpi5"]
+    assert "runs on a &#39;rpi5&#39; board of the device pool" in pool and 'id="pool-status"' in pool
+    here = groups["Run on this server"]  # this server is x86-64
+    assert (
+        "x86-generic" in re.findall(r'name="target" value="([^"]+)"', here) and "runs on this server" in here
+    )
 
 
 def test_form_options_follow_a_change_in_the_catalog(app, web, monkeypatch):
@@ -679,6 +790,7 @@ def test_live_fragment_sends_the_sections_that_changed_then_stops_polling(app, w
             "tuning",
             "code",
             "benchmark",
+            "device",
             "fidelity",
             "downloads",
         )

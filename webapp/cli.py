@@ -33,6 +33,8 @@ def cmd_serve(args) -> int:
     host = os.environ.get("HOST", "127.0.0.1")
     print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
     bin_dir = Path(sys.executable).parent
+    # The device pool (tracker, emulated boards) comes up in the background: nothing here waits for it.
+    pool = subprocess.Popen([sys.executable, "-m", "webapp.cli", "pool"]) if args.pool else None
     worker = subprocess.Popen([sys.executable, "-m", "webapp.cli", "worker"])
     web = subprocess.Popen(
         [
@@ -50,8 +52,9 @@ def cmd_serve(args) -> int:
     )
 
     def stop(*_):
-        for p in (web, worker):
-            p.terminate()
+        for p in (web, worker, pool):
+            if p is not None:
+                p.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -63,8 +66,9 @@ def cmd_serve(args) -> int:
                 pass
     finally:
         stop()
-        web.wait()
-        worker.wait()
+        for p in (web, worker, pool):
+            if p is not None:
+                p.wait()
     return web.returncode or worker.returncode or 0
 
 
@@ -166,12 +170,26 @@ def benchmark_table(result: dict) -> str:
             f"{tuning['kernels']} kernels already tuned before this job"
             + (" (cancelled)" if tuning["cancelled"] else "")
         )
+    device = result.get("device_summary")
+    if device:  # the board the builds ran on; the fidelity lines below are its outputs'
+        quantized = f"{device['variant']} ms" if device["variant"] else "quantized ms"
+        fp32, quant = ("-" if ms is None else f"{ms:.3f}" for ms in (device["fp32_ms"], device["quant_ms"]))
+        speedup = f"{device['speedup']:.2f}x" if device["speedup"] else "-"
+        lines += [
+            f"Device: {device['name']}, key {device['key']}, "
+            f"{'emulated' if device['emulated'] else 'real'} board at {device['address']}",
+            f"  {'fp32 ms':>10} {quantized:>10} {'speedup':>8}",
+            f"  {fp32:>10} {quant:>10} {speedup:>8}",
+        ]
+        if device["note"]:
+            lines.append(f"  {device['note']}")
     for f in result.get("fidelity", []):
         top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
         which = "tuned" if f.get("tuned") else "untuned"
+        exact = " (bit-exact)" if f.get("max_abs_err") == 0 else ""
         lines.append(
             f"  fidelity of TVM {f['variant']} {which} vs {f['reference']}: max abs err "
-            f"{f.get('max_abs_err', 0):.3g}, cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
+            f"{f.get('max_abs_err', 0):.3g}{exact}, cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
         )
     for a in result.get("accuracy", []):
         lines.append(f"  accuracy of TVM {a['variant']} on {a['dataset']}: top-1 {100 * a['top1']:.2f}%")
@@ -183,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve the web app with a local worker (PORT, PLAYGROUND_DATA)")
     p.add_argument("--web-workers", type=int, default=2)
+    p.add_argument(
+        "--no-pool", dest="pool", action="store_false", help="no device pool (tracker, boards) with it"
+    )
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
     p.add_argument("--jobs", type=int, default=1, help="jobs run at once")

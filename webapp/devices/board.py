@@ -47,7 +47,6 @@ def main() -> None:
     listen.bind(args.listen)
     listen.listen(4)
     logging.info("%s ready (key %s, port %d)", args.name, args.key, args.port)
-    print("BOARD READY", flush=True)
     while True:
         try:
             server._listen_loop(listen, args.port, args.key, ("tracker", 0), None, "127.0.0.1")

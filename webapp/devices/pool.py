@@ -26,6 +26,7 @@ from pathlib import Path
 from webapp.config import Config
 from webapp.devices import tracker as tracker_protocol
 from webapp.devices.rootfs import LIBRARY_PATH, RootfsError, ensure_rootfs
+from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
 from webapp.jsonfile import write_json_atomic
 from webapp.targets import TARGETS
 
@@ -94,6 +95,7 @@ def relay(listener: socket.socket, connect) -> None:
                 return  # the listener was closed
             try:
                 other = connect()
+                other.settimeout(None)  # a quiet connection (a long session) is not a dead one
             except OSError:
                 conn.close()
                 continue
@@ -218,6 +220,7 @@ class Pool:
         """In the background: the root file system (the main thread then starts the boards: bwrap's
         --die-with-parent follows the thread that started it)."""
         try:
+            check_bubblewrap()  # code built from a user's model runs only jailed, on a board too
             self.message = "building the arm64 root file system (first start only, about a minute)"
             self.write()
             started = time.monotonic()
@@ -225,7 +228,7 @@ class Pool:
             self.log(f"root file system ready in {time.monotonic() - started:.0f} s")
             self.message = "starting the emulated boards"
             self.write()
-        except (RootfsError, OSError) as exc:
+        except (RootfsError, OSError, SandboxUnavailable) as exc:
             self.state, self.message = "failed", f"emulated boards unavailable: {exc}"
             self.log(self.message)
             self.write()
@@ -263,6 +266,11 @@ class Pool:
                 self.start_tracker()
             except RuntimeError as exc:
                 self.state, self.message = "failed", str(exc)
+        try:
+            summary = tracker_protocol.tracker_summary(self.config.tracker)
+        except tracker_protocol.TrackerError:
+            summary = {}
+        registered = {int(s["addr"][1]) for s in summary.get("server_info", []) if s.get("addr")}
         for board in self.boards:
             if board.proc is None:
                 if self.rootfs is not None:
@@ -274,10 +282,8 @@ class Pool:
                 if time.monotonic() - board.started < 10:  # crashing at start: do not spin
                     time.sleep(min(30, 2**board.restarts))
                 self.start_board(board)
-            elif board.state == "starting" and b"BOARD READY" in read_tail(
-                board_dir(self.config, board) / "board.log"
-            ):
-                board.state = "running"
+            else:  # running once the tracker lists it (registered, free or busy)
+                board.state = "running" if board.port in registered else "starting"
         if self.state != "failed" and self.boards and all(b.proc for b in self.boards):
             waiting = [b.name for b in self.boards if b.state != "running"]
             self.state = "preparing" if waiting else "ready"
@@ -302,15 +308,6 @@ class Pool:
         self.state, self.message = "stopped", "the pool was stopped"
         self.write()
         raise SystemExit(0)
-
-
-def read_tail(path: Path, size: int = 4096) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - size))
-            return f.read()
-    except OSError:
-        return b""
 
 
 def run_pool(config: Config) -> int:

@@ -1,6 +1,6 @@
 """What the result page states beyond the raw measurements (speedups, the reason for no speedup, the
-worst layer, sweep rows, records used), computed once from the results and stored in result.json, so
-that the page and its JSON twin say the same thing. Plain Python: no TVM.
+worst layer, sweep rows, records used, the board a job ran on), computed once from the results and
+stored in result.json, so that the page and its JSON twin say the same thing. Plain Python: no TVM.
 
 `derive` works on partial results (the runner calls it after each stage): a summary appears once the
 measurements it rests on exist. It reads only the pipeline's own keys, never its own output, so
@@ -14,6 +14,11 @@ from webapp.naming import natural_key
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
 NO_SPEEDUP_BELOW = 1.1
 DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot")
+EMULATED_NOTE = (
+    "Emulated under QEMU, which translates every Arm instruction into x86 ones: these times compare "
+    "fp32 with the quantized build on the same board, run for run; they are not predictions of a real "
+    "Raspberry Pi's times."
+)
 
 
 def derive(results: dict) -> dict:
@@ -29,6 +34,8 @@ def derive(results: dict) -> dict:
         facts["tuning_summary"] = tuning_summary(results)
     if results.get("kernels"):
         facts["kernel_summary"] = kernel_summary(results)
+    if results.get("device"):
+        facts["device_summary"] = device_summary(results)
     return facts
 
 
@@ -225,6 +232,40 @@ def tuning_summary(results: dict) -> dict:
         "records_lost": [
             {k: c.get(k) for k in ("kernel", "tuned_us", "default_us")} for c in choice if not c.get("used")
         ],
+    }
+
+
+def device_summary(results: dict) -> dict:
+    """The board of the device pool the builds ran on (a target with a board: the remote stage), its
+    fp32 and quantized times, the speedup between them, and the board's outputs against each reference.
+    An emulated board's times say how the builds compare, not how fast a real board is."""
+    device = results["device"]
+    variant = (results.get("quantization") or {}).get("variant")
+    fp32_ms = tvm_ms(results, "fp32", False)
+    quant_ms = tvm_ms(results, variant, False) if variant else None
+    emulated = bool(device.get("emulated"))
+    return {
+        "name": device["name"],
+        "key": device["key"],
+        "emulated": emulated,
+        "address": device.get("address"),
+        "threads": device.get("threads"),
+        "fp32_ms": fp32_ms,
+        "variant": variant,
+        "quant_ms": quant_ms,
+        "speedup": fp32_ms / quant_ms if fp32_ms and quant_ms else None,
+        # every fidelity row of a board job is the board's output against a reference
+        "fidelity": [
+            {
+                **{
+                    k: f.get(k)
+                    for k in ("variant", "tuned", "reference", "max_abs_err", "cosine", "sqnr_db", "error")
+                },
+                "bit_exact": f.get("max_abs_err") == 0,
+            }
+            for f in results.get("fidelity") or []
+        ],
+        "note": EMULATED_NOTE if emulated else None,
     }
 
 

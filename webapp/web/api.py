@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, abort, jsonify, request, send_file
 
 from webapp.catalog import EXAMPLES, TARGETS
+from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.jobs.worker import ensure_example_files
 from webapp.web import ctx, submit_from_request, view_or_404
@@ -58,6 +59,14 @@ def example_file(name: str, fmt: str):
 @bp.get("/targets")
 def targets():
     return jsonify([t.to_json() for t in TARGETS.values()])
+
+
+@bp.get("/devices")
+def devices():
+    """The device pool: the tracker, the boards registered per key (free, busy, jobs waiting), and
+    the emulated boards the pool runs."""
+    config, _, _ = ctx()
+    return jsonify(pool_status(config))
 
 
 @bp.post("/jobs")

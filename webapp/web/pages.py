@@ -1,5 +1,6 @@
 """HTML pages and htmx fragments. Each renders data built elsewhere: job_view (the job and its
-result.json, whose derived facts webapp.pipeline.facts wrote), code_view, the catalog."""
+result.json, whose derived facts webapp.pipeline.facts wrote), code_view, the catalog, and the
+device pool's status (webapp.devices.status, also /api/devices)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from webapp.catalog import (
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
 )
+from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
@@ -55,6 +57,7 @@ PARTS = (
     "tuning",
     "code",
     "benchmark",
+    "device",
     "fidelity",
     "downloads",
 )
@@ -143,11 +146,28 @@ def server_error(e):
 # ---------------------------------------------------------------- the form
 
 
+def where_it_runs(t) -> str:
+    if t.can_run_here:
+        return "Run on this server"
+    if t.board:
+        return "Run on a board of the device pool (TVM RPC)"
+    return "Compile only: not run here"
+
+
+def target_groups() -> list[tuple[str, list]]:
+    """The presets grouped by where their code runs: this server first, then the pool's boards."""
+    groups: dict[str, list] = {}
+    for t in sorted(TARGETS.values(), key=lambda t: (not t.can_run_here, t.board is None)):
+        groups.setdefault(where_it_runs(t), []).append(t)
+    return list(groups.items())
+
+
 def render_index(error: str | None = None, status: int = 200, form=None):
     html = render_template(
         "index.html",
         examples=EXAMPLES.values(),
-        targets=TARGETS.values(),
+        target_groups=target_groups(),
+        pool=pool_status(ctx()[0]),
         quantize_modes=choices("quantize", QUANTIZE_MODES),
         calibration_modes=choices("calibration", CALIBRATION_MODES),
         weight_scales=choices("weight_scale", WEIGHT_SCALE_MODES),

@@ -1,0 +1,279 @@
+"""The device pool, for real: Raspberry Pi targets cross-compiled here, run on emulated boards (the
+arm64 root file system under qemu-aarch64, jailed) that TVM's own tracker hands out; a stock TVM
+rpc_server registered the way the README tells a real Pi to; boards killed mid-job; no tracker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from webapp.cli import compile_locally
+from webapp.config import Config
+from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
+from webapp.devices.tracker import Tracker, TrackerError, pool_of, tracker_summary
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def pool_json(config: Config) -> dict:
+    try:
+        return json.loads((config.devices_dir / "pool.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def start_pool(config: Config) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PLAYGROUND_DATA": str(config.data_dir),
+        "PLAYGROUND_TRACKER": config.tracker,
+        "PLAYGROUND_ROOTFS": str(config.rootfs),
+        "PLAYGROUND_BENCH_THREADS": "2",
+    }
+    log = open(config.data_dir / "pool.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "webapp.cli", "pool"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory) -> Path:
+    """Built once per run (about 15 s with the packages installed); PLAYGROUND_TEST_ROOTFS reuses one."""
+    cached = os.environ.get("PLAYGROUND_TEST_ROOTFS")
+    return ensure_rootfs(Path(cached) if cached else tmp_path_factory.mktemp("arm64") / "rootfs")
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, rootfs):
+    """`tvm-playground pool` on a port of its own: the tracker and an emulated rpi4 and rpi5."""
+    config = Config(
+        data_dir=tmp_path_factory.mktemp("pool-data"),
+        bench_budget_s=0.3,
+        bench_threads=2,
+        wall_limit_s=600,
+        shipped_tuning_records=False,
+        tracker=f"127.0.0.1:{free_port()}",
+        rootfs=rootfs,
+        board_wait_s=120,
+    )
+    proc = start_pool(config)
+    wait_until(lambda: pool_json(config).get("state") == "ready", 180, "the pool getting ready")
+    yield config
+    stop(proc)
+
+
+def boards_of(tracker: str) -> dict:
+    try:
+        return pool_of(tracker_summary(tracker))
+    except TrackerError:
+        return {}  # not up yet
+
+
+def run_job(config: Config, out: Path, example: str, **form) -> tuple[dict | None, dict, dict]:
+    error = compile_locally(config, example, form, out)
+    result = json.loads((out / "result.json").read_text())
+    progress = json.loads((out / "progress.json").read_text())
+    return error, result, {s["name"]: s for s in progress["stages"]}
+
+
+def test_pool_registers_one_emulated_board_per_pi_target(pool):
+    status = pool_json(pool)
+    assert [b["key"] for b in status["boards"]] == ["rpi4", "rpi5"]
+    assert all(b["state"] == "running" for b in status["boards"])
+    keys = pool_of(tracker_summary(pool.tracker))
+    assert keys["rpi4"]["boards"] == 1 and keys["rpi5"]["boards"] == 1
+
+
+def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, tmp_path):
+    error, result, stages = run_job(pool, tmp_path / "job", "cnn-small", target="rpi4", quantize="none")
+    assert error is None, error
+    assert stages["remote"]["status"] == "done"
+    assert result["device"]["name"] == "rpi4 (emulated: QEMU cortex-a72)" and result["device"]["emulated"]
+    (row,) = result["benchmarks"]
+    assert row["device"] == "rpi4 (emulated: QEMU cortex-a72)" and row["median_ms"] > 0
+    by_reference = {f["reference"]: f for f in result["fidelity"]}
+    assert set(by_reference) == {"onnxruntime", "pytorch"}
+    assert all(f["max_abs_err"] < 1e-4 and f["cosine"] > 0.9999 for f in by_reference.values())
+    assert result["instructions"].get("fmla", 0) > 0  # NEON float code
+    library = (tmp_path / "job" / "files" / "model.so").read_bytes()
+    assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
+
+
+def test_int8_job_on_rpi5_runs_sdot_code_bit_exact_with_the_host(pool, tmp_path):
+    error, result, _ = run_job(pool, tmp_path / "job", "mlp", target="rpi5", quantize="int8")
+    assert error is None, error
+    assert result["instructions"]["sdot"] > 0
+    rules = [k["schedule"] for k in result["kernels"]]
+    assert "default rule: int8 matmul (sdot)" in rules and not any("naive" in r for r in rules)
+    rows = {(b["variant"], b["tuned"]): b for b in result["benchmarks"]}
+    assert set(rows) == {("fp32", False), ("int8", False)}  # both, same board, same session
+    assert {b["device"] for b in rows.values()} == {"rpi5 (emulated: QEMU cortex-a76)"}
+    exact = next(f for f in result["fidelity"] if f["reference"] == "int8 on this server")
+    assert exact["variant"] == "int8" and exact["max_abs_err"] == 0.0
+
+
+def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_board(pool, tmp_path):
+    board = next(b for b in pool_json(pool)["boards"] if b["key"] == "rpi4")
+    slow = replace(pool, bench_budget_s=30.0)  # ~0.3 s a run on the emulated board: timing lasts 15 s
+    outcome = {}
+    form = {"target": "rpi4", "quantize": "none"}
+    job = threading.Thread(
+        target=lambda: outcome.update(
+            error=compile_locally(slow, "transformer-block", form, tmp_path / "killed")
+        )
+    )
+    job.start()
+    progress = tmp_path / "killed" / "progress.json"
+
+    def on_the_board():
+        stages = json.loads(progress.read_text())["stages"] if progress.is_file() else []
+        remote = next((s for s in stages if s["name"] == "remote"), {})
+        return remote.get("status") == "running" and "board" in (remote.get("detail") or {})
+
+    wait_until(on_the_board, 240, "the job reaching the board")
+    time.sleep(4.0)
+    os.kill(board["pid"], signal.SIGKILL)  # the board's jail (bwrap); --die-with-parent takes the rest
+    job.join(timeout=120)
+    assert outcome["error"]["stage"] == "remote"
+    assert "stopped while running the fp32 build" in outcome["error"]["message"], outcome["error"]
+
+    def restarted():
+        boards = {b["key"]: b for b in pool_json(pool)["boards"]}
+        return boards["rpi4"]["restarts"] >= 1 and boards["rpi4"]["state"] == "running"
+
+    wait_until(restarted, 120, "the board's restart")
+    error, result, _ = run_job(pool, tmp_path / "next", "mlp", target="rpi4", quantize="none")
+    assert error is None, error
+    assert result["device"]["key"] == "rpi4"
+
+
+def test_tracker_down_fails_the_job_at_remote_with_a_plain_message(pool, tmp_path):
+    nowhere = replace(pool, tracker=f"127.0.0.1:{free_port()}")
+    error, _, stages = run_job(nowhere, tmp_path / "job", "mlp", target="rpi5", quantize="none")
+    assert error["stage"] == "remote" and stages["build"]["status"] == "done"
+    assert f"tracker at {nowhere.tracker} is not answering" in error["message"]
+    assert "Traceback" not in error["message"]
+
+
+def test_no_free_board_in_time_fails_at_remote_and_says_what_the_pool_has(pool, tmp_path):
+    busy = replace(pool, board_wait_s=3)
+    from tvm import rpc
+
+    host, port, matchkey = Tracker(pool.tracker).request("rpi5", 10)
+    session = rpc.connect(host, port, matchkey)  # holds the pool's only rpi5 board
+    error, _, _ = run_job(busy, tmp_path / "job", "mlp", target="rpi5", quantize="none")
+    del session
+    assert error["stage"] == "remote"
+    assert "No 'rpi5' board became free within 3 s" in error["message"]
+    assert "rpi5: 1 board(s), 0 free" in error["message"]
+
+
+def test_x86_job_is_unaffected_when_no_tracker_runs(pool, tmp_path):
+    nowhere = replace(pool, tracker=f"127.0.0.1:{free_port()}")
+    error, result, stages = run_job(nowhere, tmp_path / "job", "mlp", target="x86-host", quantize="none")
+    assert error is None, error
+    assert stages["remote"]["status"] == "skipped" and "device" not in result
+    assert {b["runtime"] for b in result["benchmarks"]} == {"tvm", "pytorch", "onnxruntime"}
+
+
+# ---------------------------------------------------------------- a board joined as a real Pi would
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
+
+def aarch64_binfmt() -> str | None:
+    """TVM's stock rpc_server runs each session in a new Python process (exec): under user-mode QEMU
+    that needs the kernel to hand aarch64 programs to qemu (binfmt_misc), as a real Pi needs nothing.
+    Registers it when this machine allows; returns why not otherwise."""
+    if (BINFMT / "qemu-aarch64").exists():
+        return None
+    conf = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")
+    try:
+        if not (BINFMT / "register").exists():
+            subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], check=True)
+        (BINFMT / "register").write_text(conf.read_text())
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"binfmt_misc cannot be registered here ({exc})"
+    return None
+
+
+def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, tmp_path):
+    why = aarch64_binfmt()
+    if why:
+        pytest.skip(f"the stock TVM rpc_server needs binfmt_misc under QEMU: {why}")
+    port = free_port()
+    tracker = subprocess.Popen(
+        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+         "--port-end", str(port + 1), "--silent"],
+        start_new_session=True,
+    )  # fmt: skip
+    # The README's command for a real Pi, run in the arm64 root file system (no pool, no board.py)
+    env = {"QEMU_LD_PREFIX": str(rootfs), "QEMU_CPU": "cortex-a76", "TVM_USE_RUNTIME_LIB": "1"}
+    env |= {"LD_LIBRARY_PATH": LIBRARY_PATH, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    server_port = free_port()
+    server = subprocess.Popen(
+        [str(rootfs / "usr/bin/python3.11"), "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+         "--key", "rpi5", "--host", "127.0.0.1", "--port", str(server_port),
+         "--port-end", str(server_port + 1)],
+        env=env, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: boards_of(f"127.0.0.1:{port}").get("rpi5"), 120, "registration")
+        config = Config(
+            data_dir=tmp_path / "data", bench_budget_s=0.3, bench_threads=2, wall_limit_s=600,
+            shipped_tuning_records=False, tracker=f"127.0.0.1:{port}", board_wait_s=60,
+        )  # fmt: skip
+        error, result, _ = run_job(config, tmp_path / "job", "mlp", target="rpi5", quantize="none")
+        assert error is None, error
+        assert result["device"] == {
+            "name": f"rpi5 (real board at 127.0.0.1:{server_port})",
+            "key": "rpi5",
+            "emulated": False,
+            "address": f"127.0.0.1:{server_port}",
+        }
+        assert all(f["max_abs_err"] < 1e-4 for f in result["fidelity"])
+    finally:
+        stop(server)
+        stop(tracker)
