@@ -59,6 +59,25 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
     assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA in the conv kernels
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["rpi4", "rpi5"])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_every_example_cross_builds_for_the_raspberry_pis_on_the_default_rules(
+    config, tmp_path, name, preset
+):
+    """Built, not run (tests/test_devices.py runs them on the emulated boards): NEON code from a rule."""
+    from webapp.jobs.worker import ensure_example_files
+
+    target = make_target(preset)
+    model = import_model(ensure_example_files(config, name)[0])
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    heavy = {k: v for k, v in labels.items() if HEAVY.search(k)}
+    assert heavy and all(v.startswith("default rule") for v in heavy.values()), heavy
+    assert not any(v.startswith("naive") for v in labels.values()), labels
+    asm = build(lowered, target, None).mod.imports[0].inspect_source("s")
+    assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA
+
+
 def test_grouped_conv2d_has_its_rule_and_matches_the_naive_build(tmp_path):
     import torch
 
