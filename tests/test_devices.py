@@ -223,26 +223,28 @@ def test_x86_job_is_unaffected_when_no_tracker_runs(pool, tmp_path):
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 
 
-def aarch64_binfmt() -> str | None:
+@pytest.fixture()
+def aarch64_binfmt():
     """TVM's stock rpc_server runs each session in a new Python process (exec): under user-mode QEMU
-    that needs the kernel to hand aarch64 programs to qemu (binfmt_misc), as a real Pi needs nothing.
-    Registers it when this machine allows; returns why not otherwise."""
-    if (BINFMT / "qemu-aarch64").exists():
-        return None
-    conf = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")
+    that needs the kernel to hand aarch64 programs to qemu (binfmt_misc), where a real Pi needs
+    nothing. Registered for the test when this machine allows (and removed after); skips otherwise."""
+    entry = BINFMT / "qemu-aarch64"
+    if entry.exists():
+        yield
+        return
     try:
         if not (BINFMT / "register").exists():
             subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], check=True)
-        (BINFMT / "register").write_text(conf.read_text())
+        (BINFMT / "register").write_text(Path("/usr/lib/binfmt.d/qemu-aarch64.conf").read_text())
     except (OSError, subprocess.CalledProcessError) as exc:
-        return f"binfmt_misc cannot be registered here ({exc})"
-    return None
+        pytest.skip(
+            f"the stock TVM rpc_server needs binfmt_misc under QEMU, which cannot be set up here: {exc}"
+        )
+    yield
+    entry.write_text("-1")  # unregister what this test registered
 
 
-def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, tmp_path):
-    why = aarch64_binfmt()
-    if why:
-        pytest.skip(f"the stock TVM rpc_server needs binfmt_misc under QEMU: {why}")
+def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, aarch64_binfmt, tmp_path):
     port = free_port()
     tracker = subprocess.Popen(
         [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),

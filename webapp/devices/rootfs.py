@@ -18,7 +18,10 @@ from pathlib import Path
 DEBIAN = ("bookworm", ["python3", "python3-numpy", "python3-psutil", "python3-cloudpickle", "libstdc++6"])
 # The host's pins (pyproject.toml): the board's runtime must match the compiler that built the code.
 WHEELS = ["apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.14.post1", "typing_extensions==4.15.0"]
-# For benchmarks/pi.py: ONNX Runtime on the same emulated board, as the peer.
+# For benchmarks/pi.py: ONNX Runtime on the same emulated board, as the peer (the host's version; it
+# runs with Debian's numpy 1.24). Under qemu-aarch64 7.2 its import dies of SIGSEGV unless an arm64
+# /proc/cpuinfo is bound over the host's x86 one (its cpuinfo library misreads the x86 file): the
+# benchmark does that with bubblewrap.
 EXTRAS = {
     "onnxruntime": (
         ["python3-protobuf", "python3-packaging", "python3-sympy", "python3-flatbuffers"],
