@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -154,18 +155,9 @@ def tvm_on_board(config: Config, name: str, board: str, out: Path) -> dict:
         raise RuntimeError(f"TVM {name} on {board}: failed at {error['stage']}: {error['message']}")
     result = json.loads((out / "result.json").read_text())
     rows = {b["variant"]: b for b in result["benchmarks"] if b["runtime"] == "tvm" and not b["tuned"]}
-    on_board = f"TVM fp32 on {board}"
-    sqnr = next(
-        (
-            f.get("sqnr_db")
-            for f in result["fidelity"]
-            if f["variant"] == "int8" and f["reference"] == on_board
-        ),
-        None,
-    )
-    fp32_err = max(
-        (f.get("max_abs_err", 0.0) for f in result["fidelity"] if f["variant"] == "fp32"), default=None
-    )
+    fid = {(f["variant"], f["reference"]): f for f in result["fidelity"] if not f["tuned"]}
+    sqnr = fid.get(("int8", f"TVM fp32 on {board}"), {}).get("sqnr_db")
+    fp32_err = max((f.get("max_abs_err", 0.0) for (v, _), f in fid.items() if v == "fp32"), default=None)
     return {
         "device": result["device"]["name"],
         "tvm_fp32_ms": rows["fp32"]["median_ms"],
@@ -200,10 +192,14 @@ def ort_int8(onnx_path: Path, out: Path, specs, dataset: str | None) -> Path:
         def get_next(self):
             return next(self.samples, None)
 
-    quantize_static(
-        str(onnx_path), str(out), Reader(), quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-    )  # fmt: skip
+    logging.disable(logging.WARNING)  # its advice to pre-process the model, printed each time
+    try:
+        quantize_static(
+            str(onnx_path), str(out), Reader(), quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+        )  # fmt: skip
+    finally:
+        logging.disable(logging.NOTSET)
     return out
 
 
@@ -240,46 +236,75 @@ def ort_on_board(rootfs: Path, core: str, model: Path, inputs: Path, threads: in
 
 
 def measure(config: Config, names: list[str], boards: list[str], tmp: Path, log) -> list[dict]:
+    """A row per model and board; one that fails records its error and the run goes on."""
+    rows = []
+    for name in names:
+        model = None
+        for board in boards:
+            row = {"model": name, "board": board, "core": TARGETS[board].core}
+            row["threads"] = config.bench_threads
+            try:
+                model = model or prepare_model(config, name, tmp, log)
+                row |= measure_one(config, name, board, model, tmp, log)
+            except Exception as exc:
+                log(f"{name} on {board}: FAILED: {exc}")
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:1000]}"
+            rows.append(row)
+    return rows
+
+
+def prepare_model(config: Config, name: str, tmp: Path, log) -> dict:
+    """The example's .onnx, ONNX Runtime's int8 of it, the inputs, and ONNX Runtime's fp32 outputs here."""
     from webapp.jobs.worker import ensure_example_files
     from webapp.pipeline import bench
     from webapp.pipeline.importers import import_model
 
-    rows = []
-    for name in names:
-        _, onnx_path = ensure_example_files(config, name)
-        specs = import_model(onnx_path).inputs
-        inputs = tmp / f"{name}.inputs.npz"
-        np.savez(inputs, *bench.make_inputs(specs).values())
-        log(f"{name}: quantizing with ONNX Runtime's quantize_static (host)")
-        quantized = ort_int8(onnx_path, tmp / f"{name}.int8.onnx", specs, EXAMPLES[name].dataset)
-        host_fp32 = bench.flatten_outputs(
-            bench.onnxruntime_runner(onnx_path, bench.make_inputs(specs), config.bench_threads)()
+    _, onnx_path = ensure_example_files(config, name)
+    specs = import_model(onnx_path).inputs
+    inputs = bench.make_inputs(specs)
+    np.savez(tmp / f"{name}.inputs.npz", *inputs.values())
+    log(f"{name}: quantizing with ONNX Runtime's quantize_static (host)")
+    return {
+        "fp32": onnx_path,
+        "int8": ort_int8(onnx_path, tmp / f"{name}.int8.onnx", specs, EXAMPLES[name].dataset),
+        "inputs": tmp / f"{name}.inputs.npz",
+        "host_fp32": bench.flatten_outputs(
+            bench.onnxruntime_runner(onnx_path, inputs, config.bench_threads)()
+        ),
+    }
+
+
+def measure_one(config: Config, name: str, board: str, model: dict, tmp: Path, log) -> dict:
+    from webapp.pipeline.bench import fidelity
+
+    core = TARGETS[board].core
+    log(f"{name} on {board}: TVM job (fp32 and int8 on the emulated board)")
+    row = tvm_on_board(config, name, board, tmp / f"job-{name}-{board}")
+    ort, outs = {}, {}
+    for variant in ("fp32", "int8"):
+        log(f"{name} on {board}: ONNX Runtime {variant} under QEMU {core}")
+        ort[variant], outs[variant] = ort_on_board(
+            config.rootfs,
+            core,
+            model[variant],
+            model["inputs"],
+            config.bench_threads,
+            config.bench_budget_s,
+            tmp,
         )
-        for board in boards:
-            core = TARGETS[board].core
-            log(f"{name} on {board}: TVM job (fp32 and int8 on the emulated board)")
-            row = {"model": name, "board": board, "core": core, "threads": config.bench_threads}
-            row |= tvm_on_board(config, name, board, tmp / f"job-{name}-{board}")
-            ort, outs = {}, {}
-            for variant, path in (("fp32", onnx_path), ("int8", quantized)):
-                log(f"{name} on {board}: ONNX Runtime {variant} under QEMU {core}")
-                ort[variant], outs[variant] = ort_on_board(
-                    config.rootfs, core, path, inputs, config.bench_threads, config.bench_budget_s, tmp
-                )
-            row |= {
-                "ort_version": ort["fp32"]["version"],
-                "ort_fp32_ms": ort["fp32"]["median_ms"],
-                "ort_int8_ms": ort["int8"]["median_ms"],
-                "ort_runs": {v: t["runs"] for v, t in ort.items()},
-                "ort_fp32_max_abs_err": bench.fidelity(outs["fp32"], host_fp32, False)["max_abs_err"],
-                "ort_int8_sqnr_db": bench.fidelity(outs["int8"], outs["fp32"], False)["sqnr_db"],
-            }
-            row["tvm_int8_speedup"] = row["tvm_fp32_ms"] / row["tvm_int8_ms"]
-            row["ort_int8_speedup"] = row["ort_fp32_ms"] / row["ort_int8_ms"]
-            row["tvm_over_ort_fp32"] = row["tvm_fp32_ms"] / row["ort_fp32_ms"]
-            row["tvm_over_ort_int8"] = row["tvm_int8_ms"] / row["ort_int8_ms"]
-            rows.append(row)
-    return rows
+    row |= {
+        "ort_version": ort["fp32"]["version"],
+        "ort_fp32_ms": ort["fp32"]["median_ms"],
+        "ort_int8_ms": ort["int8"]["median_ms"],
+        "ort_runs": {v: t["runs"] for v, t in ort.items()},
+        "ort_fp32_max_abs_err": fidelity(outs["fp32"], model["host_fp32"], False)["max_abs_err"],
+        "ort_int8_sqnr_db": fidelity(outs["int8"], outs["fp32"], False)["sqnr_db"],
+    }
+    row["tvm_int8_speedup"] = row["tvm_fp32_ms"] / row["tvm_int8_ms"]
+    row["ort_int8_speedup"] = row["ort_fp32_ms"] / row["ort_int8_ms"]
+    row["tvm_over_ort_fp32"] = row["tvm_fp32_ms"] / row["ort_fp32_ms"]
+    row["tvm_over_ort_int8"] = row["tvm_int8_ms"] / row["ort_int8_ms"]
+    return row
 
 
 def print_tables(rows: list[dict], boards: list[str]) -> None:
@@ -297,6 +322,9 @@ def print_tables(rows: list[dict], boards: list[str]) -> None:
             f"{'SQNR TVM':>8} {'SQNR ORT':>8}"
         )
         for r in mine:
+            if "error" in r:
+                print(f"{r['model']:<14} failed: {r['error'][:300]}")
+                continue
             print(
                 f"{r['model']:<14} {r['tvm_fp32_ms']:10.2f} {r['tvm_int8_ms']:10.2f} "
                 f"{r['tvm_int8_speedup']:6.2f}x {r['sdot']:6d} {r['ort_fp32_ms']:10.2f} "
@@ -307,7 +335,11 @@ def print_tables(rows: list[dict], boards: list[str]) -> None:
         "\nint8 x: fp32 time / int8 time of the same runtime. TVM/ORT: TVM's time / ONNX Runtime's "
         "(below 1: TVM faster). SQNR (dB): int8 outputs against the same runtime's fp32 on the board."
     )
-    goal = [r for r in rows if r["board"] == "rpi5" and r["model"] in ("resnet18", "mobilenet-v2")]
+    goal = [
+        r
+        for r in rows
+        if r["board"] == "rpi5" and "error" not in r and r["model"] in ("resnet18", "mobilenet-v2")
+    ]
     for r in goal:
         verdict = "met" if r["tvm_int8_speedup"] >= 2 else "NOT met"
         print(
@@ -368,6 +400,7 @@ def main() -> int:
         "threads": args.threads,
         "budget_s": args.budget,
         "emulated": True,
+        "onnxruntime": next((r["ort_version"] for r in rows if "ort_version" in r), None),
         "rows": rows,
     }
     args.out.write_text(json.dumps(report, indent=1))

@@ -137,6 +137,7 @@ class Built:
     labels: dict[str, str]  # ...its kernels' schedule labels,
     executable: object  # ...and its executable (model.so)
     record_choice: list[dict] = field(default_factory=list)  # per tuned kernel: record vs rule
+    libraries: dict = field(default_factory=dict)  # (variant, tuned) -> the library exported for it
 
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
@@ -152,6 +153,7 @@ def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, 
     if quantized is None:
         return built
     library.rename(job_dir / "files" / "model-fp32.so")
+    built.libraries = {key: job_dir / "files" / "model-fp32.so" for key in built.libraries}
     shown = None
     for q in list(quantized.variants):
         try:
@@ -162,6 +164,8 @@ def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, 
             quantized.fail(q.variant, "build", exc)
             continue
         built.executables[(q.variant, False)] = executable
+        if shown is None:
+            built.libraries[(q.variant, False)] = library
         shown = shown or (qfused, lowered, labels, executable)
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
@@ -178,7 +182,8 @@ def build_float(fused, target, tuning_dir: Path | None, job_dir: Path, report) -
     tuned, tuned_labels = schedule(fused, target, tuning_dir) if tuning_dir else (None, {})
     if "tuned" not in tuned_labels.values():  # no tuning, or no record for any kernel of this model
         executable = build(default, target, library)
-        return Built({("fp32", False): executable}, fused, default, default_labels, executable)
+        exported = {("fp32", False): library}
+        return Built({("fp32", False): executable}, fused, default, default_labels, executable, [], exported)
     (job_dir / "files").mkdir(exist_ok=True)
     for name in ("database_workload.json", "database_tuning_record.json"):
         shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
@@ -191,10 +196,13 @@ def build_float(fused, target, tuning_dir: Path | None, job_dir: Path, report) -
     report(0.7)
     if not keep:  # every default rule beat its record: the records are not used
         kind_of(target).export_library(default_exe, str(library))
-        return Built({("fp32", False): default_exe}, fused, default, default_labels, default_exe, choice)
+        exported = {("fp32", False): library}
+        return Built(
+            {("fp32", False): default_exe}, fused, default, default_labels, default_exe, choice, exported
+        )
     if len(keep) < len(choice):
         tuned, tuned_labels = schedule(fused, target, tuning_dir, keep_tuned=keep)
         tuned_exe = build(tuned, target, None)
     kind_of(target).export_library(tuned_exe, str(library))
     executables = {("fp32", True): tuned_exe, ("fp32", False): default_exe}
-    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice)
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {("fp32", True): library})

@@ -123,7 +123,7 @@ def run(job_dir: Path) -> None:
         results.save(
             **stage(
                 "benchmark",
-                lambda report: prepare_remote(built.executables, quantized, model, job, target, report),
+                lambda report: prepare_remote(built, quantized, model, job, target, report),
             )
         )
         return  # the worker runs the remote stage next, in a sandbox that may reach the tracker
