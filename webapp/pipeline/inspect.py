@@ -189,11 +189,16 @@ def asm_function(asm: str, name: str) -> str:
 
 
 def kernel_code(ll: str, asm: str, kernel: str) -> tuple[str, str]:
-    """A kernel's LLVM IR and assembly: its compute body and its packed-call wrapper."""
+    """A kernel's LLVM IR and assembly: its compute body, the parallel loop bodies it hands to the
+    thread pool (where the hot loops are), and its packed-call wrapper."""
     names = [f"{kernel}_compute_", f"__tvm_ffi_{kernel}", kernel]
-    ll_part = "\n\n".join(t for t in (llvm_function(ll, n) for n in names) if t)
-    asm_part = "\n\n".join(t for t in (asm_function(asm, n) for n in names) if t)
-    return ll_part, asm_part
+    ll_parts = [t for t in (llvm_function(ll, n) for n in names) if t]
+    asm_parts = [t for t in (asm_function(asm, n) for n in names) if t]
+    lambdas = sorted(set(re.findall(r"@(__tvm_parallel_lambda[.\d]*)\b", "\n".join(ll_parts))))
+    ll_parts += [llvm_function(ll, n) for n in lambdas]
+    asm_lambdas = sorted(set(re.findall(r"(\.L__tvm_parallel_lambda[.\d]*)\b", "\n".join(asm_parts))))
+    asm_parts += [asm_function(asm, n) for n in asm_lambdas]
+    return "\n\n".join(t for t in ll_parts if t), "\n\n".join(t for t in asm_parts if t)
 
 
 def host_code_module(executable) -> tvm.runtime.Module | None:
