@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import numpy as np
 from webapp.catalog import EXAMPLES
 from webapp.cli import compile_locally
 from webapp.config import Config
+from webapp.devices.pool import start_pool, stop_process
 from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
 from webapp.targets import TARGETS
 
@@ -106,44 +106,6 @@ def qemu_version() -> str:
 
 
 # ---------------------------------------------------------------- the device pool
-
-
-def start_pool(config: Config, threads: int) -> subprocess.Popen:
-    env = os.environ | {
-        "PLAYGROUND_DATA": str(config.data_dir),
-        "PLAYGROUND_TRACKER": config.tracker,
-        "PLAYGROUND_ROOTFS": str(config.rootfs),
-        "PLAYGROUND_BENCH_THREADS": str(threads),
-    }
-    log = open(config.data_dir / "pool.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webapp.cli", "pool"],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            status = json.loads((config.devices_dir / "pool.json").read_text())
-        except (OSError, ValueError):
-            status = {}
-        if status.get("state") == "ready":
-            return proc
-        if status.get("state") == "failed" or proc.poll() is not None:
-            stop_pool(proc)
-            raise RuntimeError(f"the device pool failed: {status.get('message')} (see {log.name})")
-        time.sleep(0.5)
-    stop_pool(proc)
-    raise RuntimeError(f"the device pool was not ready within 300 s (see {log.name})")
-
-
-def stop_pool(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 # ---------------------------------------------------------------- TVM: a job on the board
@@ -388,11 +350,11 @@ def main() -> int:
         )
         config.devices_dir.mkdir(parents=True)
         log(f"starting the device pool (tracker {config.tracker}, root file system {rootfs})")
-        pool = start_pool(config, args.threads)
+        pool = start_pool(config)
         try:
             rows = measure(config, names, boards, Path(tmp), log)
         finally:
-            stop_pool(pool)
+            stop_process(pool)
     print_tables(rows, boards)
     report = {
         "host_cpu": cpu,

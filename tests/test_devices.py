@@ -19,11 +19,11 @@ import pytest
 
 from webapp.cli import compile_locally
 from webapp.config import Config
+from webapp.devices.pool import read_status, start_pool, stop_process
 from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
 from webapp.devices.tracker import Tracker, TrackerError, pool_of, tracker_summary
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -40,42 +40,6 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"{what} did not happen within {timeout} s")
-
-
-def pool_json(config: Config) -> dict:
-    try:
-        return json.loads((config.devices_dir / "pool.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def start_pool(config: Config) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PLAYGROUND_DATA": str(config.data_dir),
-        "PLAYGROUND_TRACKER": config.tracker,
-        "PLAYGROUND_ROOTFS": str(config.rootfs),
-        "PLAYGROUND_BENCH_THREADS": "2",
-    }
-    log = open(config.data_dir / "pool.log", "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "webapp.cli", "pool"],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +62,9 @@ def pool(tmp_path_factory, rootfs):
         rootfs=rootfs,
         board_wait_s=120,
     )
-    proc = start_pool(config)
-    wait_until(lambda: pool_json(config).get("state") == "ready", 180, "the pool getting ready")
+    proc = start_pool(config, timeout=180)
     yield config
-    stop(proc)
+    stop_process(proc)
 
 
 def boards_of(tracker: str) -> dict:
@@ -119,7 +82,7 @@ def run_job(config: Config, out: Path, example: str, **form) -> tuple[dict | Non
 
 
 def test_pool_registers_one_emulated_board_per_pi_target(pool):
-    status = pool_json(pool)
+    status = read_status(pool)
     assert [b["key"] for b in status["boards"]] == ["rpi4", "rpi5"]
     assert all(b["state"] == "running" for b in status["boards"])
     keys = pool_of(tracker_summary(pool.tracker))
@@ -155,7 +118,7 @@ def test_int8_job_on_rpi5_runs_sdot_code_bit_exact_with_the_host(pool, tmp_path)
 
 
 def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_board(pool, tmp_path):
-    board = next(b for b in pool_json(pool)["boards"] if b["key"] == "rpi4")
+    board = next(b for b in read_status(pool)["boards"] if b["key"] == "rpi4")
     slow = replace(pool, bench_budget_s=30.0)  # ~0.3 s a run on the emulated board: timing lasts 15 s
     outcome = {}
     form = {"target": "rpi4", "quantize": "none"}
@@ -180,7 +143,7 @@ def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_
     assert "stopped while running the fp32 build" in outcome["error"]["message"], outcome["error"]
 
     def restarted():
-        boards = {b["key"]: b for b in pool_json(pool)["boards"]}
+        boards = {b["key"]: b for b in read_status(pool)["boards"]}
         return boards["rpi4"]["restarts"] >= 1 and boards["rpi4"]["state"] == "running"
 
     wait_until(restarted, 120, "the board's restart")
@@ -277,5 +240,58 @@ def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, a
         }
         assert all(f["max_abs_err"] < 1e-4 for f in result["fidelity"])
     finally:
-        stop(server)
-        stop(tracker)
+        stop_process(server)
+        stop_process(tracker)
+
+
+def test_code_for_a_core_the_board_lacks_dies_of_sigill_and_the_board_serves_on(pool, tmp_path):
+    """rpi5's int8 build (sdot) sent to an rpi4 board (Cortex-A72, no dot product): the emulated core
+    dies of SIGILL, the job fails at remote with a plain message, and the board serves the next job."""
+    from webapp.jobs.worker import run_prepared_job
+
+    error, result, _ = run_job(pool, tmp_path / "job", "mlp", target="rpi5", quantize="int8")
+    assert error is None and result["instructions"]["sdot"] > 0, error
+    spec = json.loads((tmp_path / "job" / "job.json").read_text())
+    spec["remote"]["key"] = "rpi4"  # the wrong board for this code
+    (tmp_path / "job" / "job.json").write_text(json.dumps(spec))
+    error = run_prepared_job(pool, tmp_path / "job", "rpi5")
+    assert error["stage"] == "remote"
+    assert "stopped while running the int8 build" in error["message"] and "SIGILL" in error["message"]
+    error, result, _ = run_job(pool, tmp_path / "next", "mlp", target="rpi4", quantize="none")
+    assert error is None and result["device"]["key"] == "rpi4", error
+
+
+def test_a_pi_job_from_the_browser_shows_its_emulated_board(pool, tmp_path):
+    """The form in chromium: rpi5, int8, an example; the result page's Device section and benchmark say
+    emulated, and the index shows the pool's status line."""
+    from playwright.sync_api import expect, sync_playwright
+    from test_browser import CHROMIUM_ARGS
+    from werkzeug.serving import make_server
+
+    from webapp import create_app
+    from webapp.jobs.queue import JobQueue
+
+    server = make_server("127.0.0.1", 0, create_app(pool), threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    consumer = JobQueue(pool).consumer(workers=1)
+    consumer.start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_port}/")
+            expect(page.get_by_text("rpi5: 1 board")).to_be_visible()
+            page.select_option("select[name=example]", "mlp")
+            page.check("input[name=target][value=rpi5]")
+            page.select_option("select[name=quantize]", "int8")
+            page.click("#submit")
+            expect(page.locator("#job-status")).to_have_text("done", timeout=240_000)
+            device = page.locator("#device")
+            expect(device).to_contain_text("rpi5 (emulated: QEMU cortex-a76)")
+            expect(device.locator("#device-kind")).to_have_text("emulated")
+            expect(device).to_contain_text("bit-exact")
+            expect(page.locator("#benchmark")).to_contain_text("emulated")
+            browser.close()
+    finally:
+        consumer.stop(graceful=True)
+        server.shutdown()

@@ -12,6 +12,7 @@ to devices/pool.json, which the web reads for `/api/devices`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -324,3 +325,52 @@ def run_pool(config: Config) -> int:
     while True:
         time.sleep(1)
         pool.check()
+
+
+# ---------------------------------------------------------------- a pool as a child process
+
+
+def read_status(config: Config) -> dict:
+    """devices/pool.json, or {} before the pool has written it."""
+    try:
+        return json.loads((config.devices_dir / "pool.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def start_pool(config: Config, timeout: float = 300) -> subprocess.Popen:
+    """`tvm-playground pool` for this config in a process group of its own (benchmarks and tests),
+    returned once its boards are ready; RuntimeError, with the pool's message, if they never are."""
+    env = os.environ | {
+        "PLAYGROUND_DATA": str(config.data_dir),
+        "PLAYGROUND_TRACKER": config.tracker,
+        "PLAYGROUND_BENCH_THREADS": str(config.bench_threads),
+    }
+    env |= {"PLAYGROUND_ROOTFS": str(config.rootfs)} if config.rootfs else {}
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    log = open(config.data_dir / "pool.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "webapp.cli", "pool"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = read_status(config)
+        if status.get("state") == "ready" and status.get("pid") == proc.pid:
+            return proc
+        if status.get("state") == "failed" or proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    stop_process(proc)
+    raise RuntimeError(f"the device pool did not get ready: {status.get('message')} (see {log.name})")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group a child of ours leads, SIGKILL if it lingers."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
