@@ -247,16 +247,19 @@ def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, a
 def test_code_for_a_core_the_board_lacks_dies_of_sigill_and_the_board_serves_on(pool, tmp_path):
     """rpi5's int8 build (sdot) sent to an rpi4 board (Cortex-A72, no dot product): the emulated core
     dies of SIGILL, the job fails at remote with a plain message, and the board serves the next job."""
-    from webapp.jobs.worker import run_prepared_job
+    from webapp.jobs.worker import close_progress, run_remote_stage
 
     error, result, _ = run_job(pool, tmp_path / "job", "mlp", target="rpi5", quantize="int8")
     assert error is None and result["instructions"]["sdot"] > 0, error
     spec = json.loads((tmp_path / "job" / "job.json").read_text())
     spec["remote"]["key"] = "rpi4"  # the wrong board for this code
     (tmp_path / "job" / "job.json").write_text(json.dumps(spec))
-    error = run_prepared_job(pool, tmp_path / "job", "rpi5")
+    outcome = run_remote_stage(pool, tmp_path / "job")
+    error = close_progress(tmp_path / "job", outcome.returncode, outcome.limit)
     assert error["stage"] == "remote"
     assert "stopped while running the int8 build" in error["message"] and "SIGILL" in error["message"]
+    board_log = (pool.devices_dir / "boards" / "rpi4" / "board.log").read_text()
+    assert "uncaught target signal 4 (Illegal instruction)" in board_log  # what the emulated core did
     error, result, _ = run_job(pool, tmp_path / "next", "mlp", target="rpi4", quantize="none")
     assert error is None and result["device"]["key"] == "rpi4", error
 

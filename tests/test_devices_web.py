@@ -104,7 +104,8 @@ def test_devices_api_counts_a_board_registered_with_the_tracker(config, tmp_path
     try:
         client = web(config, tmp_path, tracker_address)
         deadline = time.monotonic() + 60
-        while not (status := client.get("/api/devices").get_json())["keys"]:
+        # it reports its info, then offers itself (free): wait for the second
+        while not (status := client.get("/api/devices").get_json())["keys"].get("rpi5", {}).get("free"):
             assert server.poll() is None and time.monotonic() < deadline, "the server did not register"
             time.sleep(0.3)
         assert status["keys"] == {"rpi5": {"boards": 1, "free": 1, "busy": 0, "waiting": 0}}

@@ -120,9 +120,15 @@ def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
     outcome = run_sandboxed(job_dir, config)
     merge_back(config, target, job_dir / "tuning")
     if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
-        remote = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir)]
-        outcome = run_sandboxed(job_dir, config, remote, network=True)
+        outcome = run_remote_stage(config, job_dir)
     return close_progress(job_dir, outcome.returncode, outcome.limit)
+
+
+def run_remote_stage(config: Config, job_dir: Path):
+    """The remote stage (webapp/pipeline/remote.py) on a job the pipeline prepared for a board: in a
+    sandbox of its own that may reach the device pool, and reads no model, only built libraries."""
+    command = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir)]
+    return run_sandboxed(job_dir, config, command, network=True)
 
 
 def recover_interrupted(config: Config) -> None:

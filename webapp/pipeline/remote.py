@@ -77,6 +77,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
     builds = []
     for (variant, tuned), executable in sorted(built.executables.items()):
         file = f"{slug(variant, tuned)}.so"
+        (folder / file).unlink(missing_ok=True)
         if (variant, tuned) in built.libraries:  # exported by the build stage already
             os.link(built.libraries[(variant, tuned)], folder / file)
         else:
