@@ -95,3 +95,16 @@ def test_job_options_parse_with_one_default_and_one_name_each():
         JobOptions.parse({"target": "arm-nonsense"})
     with pytest.raises(SubmitError, match="tune_trials"):
         JobOptions.parse({"tune_trials": "-1"})
+
+
+def test_raspberry_pi_presets_name_their_board_core_and_features():
+    listed = {t.name: t.to_json() for t in targets.TARGETS.values()}
+    for name, core, dotprod in (("rpi4", "cortex-a72", False), ("rpi5", "cortex-a76", True)):
+        preset = targets.get(name)
+        assert preset.board == name and preset.core == core and not preset.can_run_here
+        assert listed[name]["board"] == name and "device pool" in listed[name]["runs_on"]
+        tvm_target = preset.tvm_target()
+        assert int(tvm_target.attrs["num-cores"]) == 4 and tvm_target.attrs["mcpu"] == core
+        assert bool(tvm_target.attrs["feature.has_dotprod"]) is dotprod
+    with pytest.raises(SubmitError, match="board of the device pool"):
+        JobOptions.parse({"target": "rpi5", "tune_trials": "8"})
