@@ -19,8 +19,9 @@ import pytest
 
 from webapp.cli import compile_locally
 from webapp.config import Config
-from webapp.devices.pool import read_status, start_pool, stop_process
+from webapp.devices.pool import start_pool, stop_process
 from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
+from webapp.devices.status import read_status
 from webapp.devices.tracker import Tracker, TrackerError, pool_of, tracker_summary
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,7 @@ def wait_until(predicate, timeout: float, what: str):
 
 @pytest.fixture(scope="module")
 def rootfs(tmp_path_factory) -> Path:
-    """Built once per run (about 15 s with the packages installed); PLAYGROUND_TEST_ROOTFS reuses one."""
+    """Built once per run (12 s here, with the packages installed); PLAYGROUND_TEST_ROOTFS reuses one."""
     cached = os.environ.get("PLAYGROUND_TEST_ROOTFS")
     return ensure_rootfs(Path(cached) if cached else tmp_path_factory.mktemp("arm64") / "rootfs")
 
@@ -139,6 +140,7 @@ def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_
     time.sleep(4.0)
     os.kill(board["pid"], signal.SIGKILL)  # the board's jail (bwrap); --die-with-parent takes the rest
     job.join(timeout=120)
+    assert not job.is_alive(), "the job did not end after its board was killed"
     assert outcome["error"]["stage"] == "remote"
     assert "stopped while running the fp32 build" in outcome["error"]["message"], outcome["error"]
 
@@ -232,6 +234,7 @@ def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, a
         )  # fmt: skip
         error, result, _ = run_job(config, tmp_path / "job", "mlp", target="rpi5", quantize="none")
         assert error is None, error
+        assert result["device"].pop("threads") >= 1  # asked of the board's TVM runtime
         assert result["device"] == {
             "name": f"rpi5 (real board at 127.0.0.1:{server_port})",
             "key": "rpi5",
@@ -251,14 +254,11 @@ def test_code_for_a_core_the_board_lacks_dies_of_sigill_and_the_board_serves_on(
 
     error, result, _ = run_job(pool, tmp_path / "job", "mlp", target="rpi5", quantize="int8")
     assert error is None and result["instructions"]["sdot"] > 0, error
-    spec = json.loads((tmp_path / "job" / "job.json").read_text())
-    spec["remote"]["key"] = "rpi4"  # the wrong board for this code
-    (tmp_path / "job" / "job.json").write_text(json.dumps(spec))
-    outcome = run_remote_stage(pool, tmp_path / "job")
+    outcome = run_remote_stage(pool, tmp_path / "job", "rpi4")  # the wrong board for this code
     error = close_progress(tmp_path / "job", outcome.returncode, outcome.limit)
     assert error["stage"] == "remote"
     assert "stopped while running the int8 build" in error["message"] and "SIGILL" in error["message"]
-    board_log = (pool.devices_dir / "boards" / "rpi4" / "board.log").read_text()
+    board_log = (pool.devices_dir / "boards" / "rpi4.log").read_text()
     assert "uncaught target signal 4 (Illegal instruction)" in board_log  # what the emulated core did
     error, result, _ = run_job(pool, tmp_path / "next", "mlp", target="rpi4", quantize="none")
     assert error is None and result["device"]["key"] == "rpi4", error
@@ -298,3 +298,89 @@ def test_a_pi_job_from_the_browser_shows_its_emulated_board(pool, tmp_path):
     finally:
         consumer.stop(graceful=True)
         server.shutdown()
+
+
+PROBE = """
+import json, os, socket, struct, sys
+port, tracker_port = int(sys.argv[1]), int(sys.argv[2])
+out = {"uid": os.getuid()}
+try:
+    socket.create_connection(("127.0.0.1", tracker_port), timeout=3)
+    out["tcp"] = "connected"
+except OSError as e:
+    out["tcp"] = type(e).__name__
+for path in ("/rootfs/x", "/usr/x", "/sockets/x", "/board/x"):
+    try:
+        open(path, "w").write("x")
+        out[path] = "written"
+    except OSError as e:
+        out[path] = type(e).__name__
+s = socket.socket(socket.AF_UNIX)
+s.connect("/sockets/tracker.sock")
+s.sendall(struct.pack("<i", 0x2F271))
+s.recv(4)
+fake = json.dumps([3, "rpi4", [port, "rpi4:0.5"], "10.0.0.66"]).encode()  # another key, another host
+s.sendall(struct.pack("<i", len(fake)) + fake)
+out["fake registration"] = "answered" if s.recv(4) else "connection closed"
+print(json.dumps(out))
+"""
+
+
+def test_the_board_jail_has_no_network_no_writes_outside_its_folder_and_no_say_in_other_boards(
+    pool, tmp_path
+):
+    """Python in the board's own jail (the command the pool runs, with a probe for a script): no TCP
+    even to the tracker on loopback, the system and the pool's sockets read-only, its own user, and
+    a registration under another key or address is refused by the pool's relay to the tracker."""
+    from webapp.devices.pool import (
+        BOARD_UID,
+        Board,
+        board_command,
+        board_registration_only,
+        relay,
+        unix_listener,
+    )
+
+    board = Board("probe", "rpi5", "cortex-a76", uid=BOARD_UID + 9, port=free_port())
+    sockets, folder = tmp_path / "s", tmp_path / "board"
+    sockets.mkdir()
+    (folder / "tmp").mkdir(parents=True)
+    if os.geteuid() == 0:
+        os.chown(folder, board.uid, board.uid)
+    host, port = pool.tracker.rsplit(":", 1)
+    connect = lambda: socket.create_connection((host, int(port)))  # noqa: E731
+    relay(unix_listener(sockets / "tracker.sock"), connect, upstream=board_registration_only(board))
+    args = ["-c", PROBE, str(board.port), port]
+    r = subprocess.run(
+        board_command(pool, board, pool.rootfs, folder, sockets, script_args=args),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["tcp"] != "connected"
+    assert all(out[p] != "written" for p in ("/rootfs/x", "/usr/x", "/sockets/x")), out
+    assert out["/board/x"] == "written" and (folder / "x").read_text() == "x"
+    assert out["fake registration"] == "connection closed"
+    assert "10.0.0.66" not in json.dumps(tracker_summary(pool.tracker))
+    if os.geteuid() == 0:
+        assert out["uid"] == board.uid
+
+
+def test_the_remote_stage_trusts_nothing_the_pipeline_wrote_but_libraries_and_arrays(pool, tmp_path):
+    """A module planted in the job folder is not imported by the remote stage (it runs there, with
+    network), and a plan naming a file outside remote/ is refused."""
+    from webapp.jobs.worker import close_progress, run_remote_stage
+
+    error, _, _ = run_job(pool, tmp_path / "job", "mlp", target="rpi5", quantize="none")
+    assert error is None, error
+    job = tmp_path / "job"
+    (job / "numpy.py").write_text("open(__file__ + '.imported', 'w').close()\nraise SystemExit(7)\n")
+    outcome = run_remote_stage(pool, job, "rpi5")
+    assert close_progress(job, outcome.returncode, outcome.limit) is None
+    assert not (job / "numpy.py.imported").exists()
+    plan = json.loads((job / "remote" / "plan.json").read_text())
+    plan["builds"][0]["file"] = "../../../etc/passwd"
+    (job / "remote" / "plan.json").write_text(json.dumps(plan))
+    outcome = run_remote_stage(pool, job, "rpi5")
+    error = close_progress(job, outcome.returncode, outcome.limit)
+    assert error["stage"] == "remote" and "names a library outside remote/" in error["message"]

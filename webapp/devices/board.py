@@ -3,7 +3,8 @@ Python under qemu-aarch64, with only the TVM runtime: standard library and tvm, 
 
 It is TVM's own server loop (tvm.rpc.server._listen_loop: register with the tracker under the key,
 serve each session in a forked child) with two changes. The jail has no network, so the server
-listens on a Unix socket and reaches the tracker through another, both relayed by the pool. And a
+listens on a Unix socket it inherits from the pool and reaches the tracker through another, both
+relayed by the pool. And a
 session that crashes (a kernel with an instruction the core lacks dies of SIGILL) ends that session,
 not the board: the loop registers again. `playground.board_info` tells a client which board it got.
 """
@@ -25,7 +26,7 @@ def main() -> None:
     parser.add_argument("--key", required=True, help="the tracker key, e.g. rpi5")
     parser.add_argument("--name", required=True, help="this board, e.g. 'rpi5 (emulated: QEMU cortex-a76)'")
     parser.add_argument("--port", type=int, required=True, help="the port clients reach it on (relayed)")
-    parser.add_argument("--listen", required=True, help="Unix socket the relay connects clients to")
+    parser.add_argument("--listen-fd", type=int, required=True, help="the listening Unix socket it inherits")
     parser.add_argument("--tracker", required=True, help="Unix socket relayed to the tracker")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s board: %(message)s")
@@ -41,11 +42,7 @@ def main() -> None:
         return sock
 
     base.connect_with_retry = connect_tracker
-    if os.path.exists(args.listen):
-        os.unlink(args.listen)
-    listen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listen.bind(args.listen)
-    listen.listen(4)
+    listen = socket.socket(fileno=args.listen_fd)  # made by the pool, outside the jail
     logging.info("%s ready (key %s, port %d)", args.name, args.key, args.port)
     while True:
         try:

@@ -3,22 +3,29 @@
 `run_pool` is what `tvm-playground pool` (and so `make serve`) runs. It starts the tracker at once,
 then, in the background, builds the arm64 root file system if it is missing and starts the boards:
 the web and x86 jobs never wait for any of it. Each board is the TVM runtime in that root file
-system under qemu-aarch64 with QEMU_CPU set to the target's core, in a bubblewrap jail with no
-network, no writes outside its own folder and, as root, the `nobody` user. Its only ways out are
-two Unix sockets in its folder, relayed here: one to the tracker, one that clients reach through a
-TCP port on loopback. A board that exits (a crash, a kill) is restarted. The pool's state is written
-to devices/pool.json, which the web reads for `/api/devices`.
+system under qemu-aarch64 with QEMU_CPU set to the target's core, in a bubblewrap jail: no network,
+the system read-only, one folder of its own writable, rlimits, and (as root) a user of its own.
+Its only ways out are two Unix sockets the pool made, in a folder the board cannot write: one it
+listens on, which the pool joins to a TCP port on loopback for clients, and one to the tracker,
+through which the pool passes only the board's own registration (so code run on a board cannot
+register boards of its own). A board that exits (killed, crashed) is restarted; a session that
+crashes (SIGILL) ends only that session. The pool's state is written to devices/pool.json, which
+the web reads for `/api/devices`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,12 +34,13 @@ from pathlib import Path
 from webapp.config import Config
 from webapp.devices import tracker as tracker_protocol
 from webapp.devices.rootfs import LIBRARY_PATH, RootfsError, ensure_rootfs
+from webapp.devices.status import read_status
 from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
 from webapp.jsonfile import write_json_atomic
 from webapp.targets import TARGETS
 
 BOARD_SCRIPT = Path(__file__).with_name("board.py")
-NOBODY = 65534
+BOARD_UID = 65500  # + the board's index: not the job sandbox's `nobody`, not each other's
 
 
 @dataclass
@@ -42,13 +50,15 @@ class Board:
     name: str
     key: str
     core: str
+    uid: int = BOARD_UID
     port: int = 0
     state: str = "waiting for the root file system"
     restarts: int = 0
     pid: int | None = None
     started: float = 0.0
+    restart_at: float = 0.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
-    listener: socket.socket | None = field(default=None, repr=False)
+    listener: socket.socket | None = field(default=None, repr=False)  # board.sock, made by the pool
 
     def to_json(self) -> dict:
         keys = ("name", "key", "core", "port", "state", "restarts", "pid")
@@ -56,18 +66,33 @@ class Board:
 
 
 def emulated_boards() -> list[Board]:
+    presets = [t for t in TARGETS.values() if t.board and hasattr(t, "core")]
     return [
-        Board(f"{t.board} (emulated: QEMU {t.core})", t.board, t.core)
-        for t in TARGETS.values()
-        if t.board and hasattr(t, "core")
+        Board(f"{t.board} (emulated: QEMU {t.core})", t.board, t.core, BOARD_UID + i)
+        for i, t in enumerate(presets)
     ]
 
 
-def board_dir(config: Config, board: Board) -> Path:
-    return config.devices_dir / "boards" / board.key
+# ---------------------------------------------------------------- relays
 
 
-# ---------------------------------------------------------------- relays (Unix socket <-> TCP)
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def close_both(a: socket.socket, b: socket.socket) -> None:
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
 
 
 def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -77,16 +102,47 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        close_both(src, dst)
 
 
-def relay(listener: socket.socket, connect) -> None:
-    """Accept on `listener` forever; join each connection to a new one from connect()."""
+def board_registration_only(board: Board):
+    """A pump from a board to the tracker that lets through only the board's own registration (its
+    key, its port, loopback) and its keep-alive questions; anything else ends the connection."""
+    P = tracker_protocol
+
+    def allowed(message) -> bool:
+        match message:
+            case [P.UPDATE_INFO, {"key": key, "addr": ["127.0.0.1", port]}]:
+                return key == f"server:{board.key}" and port == board.port
+            case [P.PUT, key, [port, str(matchkey)], "127.0.0.1"]:
+                return key == board.key and port == board.port and matchkey.startswith(f"{board.key}:")
+            case [P.GET_PENDING_MATCHKEYS] | [P.PING]:
+                return True
+        return False
+
+    def filtered(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            dst.sendall(recv_exactly(src, 4))  # the magic number
+            while True:
+                header = recv_exactly(src, 4)
+                size = struct.unpack("<i", header)[0]
+                if not 0 < size <= 1 << 16:
+                    return
+                body = recv_exactly(src, size)
+                if not allowed(json.loads(body)):
+                    print(f"pool: {board.name}: refused a tracker message: {body[:200]!r}", flush=True)
+                    return
+                dst.sendall(header + body)
+        except (OSError, ValueError):
+            pass
+        finally:
+            close_both(src, dst)
+
+    return filtered
+
+
+def relay(listener: socket.socket, connect, upstream=pump) -> None:
+    """Accept on `listener` until it is closed; join each connection to a new one from connect()."""
 
     def serve():
         while True:
@@ -100,17 +156,17 @@ def relay(listener: socket.socket, connect) -> None:
             except OSError:
                 conn.close()
                 continue
-            threading.Thread(target=pump, args=(conn, other), daemon=True).start()
+            threading.Thread(target=upstream, args=(conn, other), daemon=True).start()
             threading.Thread(target=pump, args=(other, conn), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
 
 
-def unix_listener(path: Path) -> socket.socket:
+def unix_listener(path: Path, mode: int = 0o666) -> socket.socket:
     path.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
-    os.chmod(path, 0o777)  # the jailed board runs as nobody
+    os.chmod(path, mode)
     sock.listen(16)
     return sock
 
@@ -127,9 +183,16 @@ def unix_connector(path: Path):
 # ---------------------------------------------------------------- the jail
 
 
-def board_command(config: Config, board: Board, rootfs: Path, folder: Path) -> list[str]:
+def board_command(
+    config: Config,
+    board: Board,
+    rootfs: Path,
+    folder: Path,
+    sockets: Path,
+    script_args: list[str] | None = None,
+) -> list[str]:
     """bubblewrap around qemu-aarch64 around the board's Python: /usr of the host read-only (qemu,
-    setpriv), the root file system read-only, the board's folder its only writable place."""
+    setpriv), the root file system and the pool's sockets read-only, its own folder writable."""
     qemu = shutil.which("qemu-aarch64-static") or "/usr/bin/qemu-aarch64-static"
     env = {
         "QEMU_LD_PREFIX": "/rootfs",
@@ -142,6 +205,7 @@ def board_command(config: Config, board: Board, rootfs: Path, folder: Path) -> l
         "PATH": "/usr/bin:/bin",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
+        "PYTHONSAFEPATH": "1",
         "LANG": "C.UTF-8",
     }
     args = ["bwrap", "--ro-bind", "/usr", "/usr"]
@@ -151,6 +215,7 @@ def board_command(config: Config, board: Board, rootfs: Path, folder: Path) -> l
     args += [
         "--ro-bind", str(rootfs), "/rootfs",
         "--ro-bind", str(BOARD_SCRIPT), "/board.py",
+        "--ro-bind", str(sockets), "/sockets",
         "--bind", str(folder), "/board",
         "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
         "--unshare-net", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
@@ -159,11 +224,32 @@ def board_command(config: Config, board: Board, rootfs: Path, folder: Path) -> l
     for key, value in env.items():
         args += ["--setenv", key, value]
     if os.geteuid() == 0:
-        args += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+        args += ["setpriv", f"--reuid={board.uid}", f"--regid={board.uid}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
-    board_args = ["--key", board.key, "--name", board.name, "--port", str(board.port)]
-    board_args += ["--listen", "/board/board.sock", "--tracker", "/board/tracker.sock"]
-    return args + [qemu, "/rootfs/usr/bin/python3.11", "/board.py", *board_args]
+    if script_args is None:
+        script_args = ["--key", board.key, "--name", board.name, "--port", str(board.port)]
+        script_args += ["--listen-fd", str(board.listener.fileno()), "--tracker", "/sockets/tracker.sock"]
+        script_args = ["/board.py", *script_args]
+    return args + [qemu, "/rootfs/usr/bin/python3.11", *script_args]
+
+
+def board_limits():
+    """Before exec: a session of its own, and rlimits on what the board may use."""
+
+    def preexec():
+        os.setsid()
+        gb = 1 << 30
+        resource.setrlimit(resource.RLIMIT_NPROC, (256, 256))  # counted per board user
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 * gb, 2 * gb))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return preexec
+
+
+def die_with_us() -> None:
+    """Before exec: the child gets SIGTERM when the pool's main thread goes, however it goes."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    os.setsid()
 
 
 # ---------------------------------------------------------------- the pool
@@ -176,24 +262,25 @@ class Pool:
         self.boards = emulated_boards() if config.emulated_boards else []
         self.state, self.message = "preparing", "starting the tracker"
         self.tracker: subprocess.Popen | None = None
+        self.tracker_up, self.tracker_restart_at = False, 0.0
         self.rootfs: Path | None = None  # set by prepare() once built
+        self.failure: str | None = None  # why there are no emulated boards, if there are none
+        self.sockets = Path(tempfile.mkdtemp(prefix="tvm-pool-"))  # short paths: sockets have 108 bytes
         self.stopping = False
-        self.lock = threading.Lock()
 
     def write(self) -> None:
-        with self.lock:
-            write_json_atomic(
-                self.status_path,
-                {
-                    "tracker": self.config.tracker,
-                    "state": self.state,
-                    "message": self.message,
-                    "emulated": self.config.emulated_boards,
-                    "boards": [b.to_json() for b in self.boards],
-                    "pid": os.getpid(),
-                    "updated": time.time(),
-                },
-            )
+        write_json_atomic(
+            self.status_path,
+            {
+                "tracker": self.config.tracker,
+                "state": self.state,
+                "message": self.message,
+                "emulated": self.config.emulated_boards,
+                "boards": [b.to_json() for b in self.boards],
+                "pid": os.getpid(),
+                "updated": time.time(),
+            },
+        )
 
     def log(self, text: str) -> None:
         print(f"pool: {text}", flush=True)
@@ -201,141 +288,142 @@ class Pool:
     def start_tracker(self) -> None:
         host, port = tracker_protocol.parse_address(self.config.tracker)
         bind = self.config.tracker_bind or host
-        log = open(self.config.devices_dir / "tracker.log", "ab")
-        self.tracker = subprocess.Popen(
-            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", bind, "--port", str(port),
-             "--port-end", str(port + 1), "--silent"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.tracker.poll() is None:
-            try:
-                tracker_protocol.tracker_summary(self.config.tracker)
-                self.log(f"tracker on {bind}:{port}")
-                return
-            except tracker_protocol.TrackerError:
-                time.sleep(0.3)
-        raise RuntimeError(f"the tracker did not start on {bind}:{port} (see {log.name})")
+        with open(self.config.devices_dir / "tracker.log", "ab") as log:
+            self.tracker = subprocess.Popen(
+                [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", bind, "--port", str(port),
+                 "--port-end", str(port + 1), "--silent"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_us,
+            )  # fmt: skip
+        self.tracker_restart_at = time.monotonic() + 5  # if it dies, not again before this
+        self.log(f"tracker starting on {bind}:{port} (pid {self.tracker.pid})")
 
     def prepare(self) -> None:
         """In the background: the root file system (the main thread then starts the boards: bwrap's
         --die-with-parent follows the thread that started it)."""
         try:
             check_bubblewrap()  # code built from a user's model runs only jailed, on a board too
-            self.message = "building the arm64 root file system (first start only, about a minute)"
-            self.write()
+            self.message = "building the arm64 root file system (the first start only)"
             started = time.monotonic()
             self.rootfs = ensure_rootfs(self.config.rootfs_dir, log=self.log)
             self.log(f"root file system ready in {time.monotonic() - started:.0f} s")
-            self.message = "starting the emulated boards"
-            self.write()
         except (RootfsError, OSError, SandboxUnavailable) as exc:
-            self.state, self.message = "failed", f"emulated boards unavailable: {exc}"
-            self.log(self.message)
-            self.write()
+            self.failure = f"emulated boards unavailable: {exc}"
+            self.log(self.failure)
 
     def start_board(self, board: Board) -> None:
-        folder = board_dir(self.config, board)
+        sockets = self.sockets / board.key
+        if board.listener is None:  # made once: the port and the sockets outlive a board's restarts
+            sockets.mkdir(mode=0o755)
+            tracker_sock = unix_listener(sockets / "tracker.sock")
+            host, port = tracker_protocol.parse_address(self.config.tracker)
+            connect = lambda: socket.create_connection((host, port), timeout=10)  # noqa: E731
+            relay(tracker_sock, connect, upstream=board_registration_only(board))
+            board.listener = unix_listener(sockets / "board.sock", 0o600)  # the board inherits it
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind(("127.0.0.1", 0))
+            tcp.listen(16)
+            board.port = tcp.getsockname()[1]
+            relay(tcp, unix_connector(sockets / "board.sock"))
+        folder = self.config.devices_dir / "boards" / board.key  # its only writable place, new each start
         shutil.rmtree(folder, ignore_errors=True)
         (folder / "tmp").mkdir(parents=True)
-        tracker_sock = unix_listener(folder / "tracker.sock")
-        host, port = tracker_protocol.parse_address(self.config.tracker)
-        relay(tracker_sock, lambda: socket.create_connection((host, port), timeout=10))
-        if board.listener is None:  # the client side keeps its port across restarts
-            board.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            board.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            board.listener.bind(("127.0.0.1", 0))
-            board.listener.listen(16)
-            board.port = board.listener.getsockname()[1]
-            relay(board.listener, unix_connector(board_dir(self.config, board) / "board.sock"))
         if os.geteuid() == 0:
-            for path in [folder, *folder.rglob("*")]:
-                os.lchown(path, NOBODY, NOBODY)
-        log = open(folder / "board.log", "ab")
-        board.proc = subprocess.Popen(
-            board_command(self.config, board, self.rootfs, folder),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            for path in (folder, folder / "tmp"):
+                os.chown(path, board.uid, board.uid)
+        command = board_command(self.config, board, self.rootfs, folder, sockets)
+        with open(self.config.devices_dir / "boards" / f"{board.key}.log", "ab") as log:
+            board.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                pass_fds=(board.listener.fileno(),), preexec_fn=board_limits(),
+            )  # fmt: skip
         board.pid, board.started, board.state = board.proc.pid, time.monotonic(), "starting"
         self.log(f"{board.name}: started (pid {board.pid}, port {board.port})")
 
     def check(self) -> None:
-        """Once a second: restart what died, and say how the pool stands."""
-        if self.tracker is not None and self.tracker.poll() is not None and not self.stopping:
+        """Once a second: restart what died (not too often), and say how the pool stands."""
+        now = time.monotonic()
+        if self.tracker.poll() is not None and now >= self.tracker_restart_at:
             self.log(f"tracker exited ({self.tracker.returncode}); restarting it")
-            try:
-                self.start_tracker()
-            except RuntimeError as exc:
-                self.state, self.message = "failed", str(exc)
+            self.start_tracker()
         try:
             summary = tracker_protocol.tracker_summary(self.config.tracker)
+            self.tracker_up = True
         except tracker_protocol.TrackerError:
-            summary = {}
+            summary, self.tracker_up = {}, False
         registered = {int(s["addr"][1]) for s in summary.get("server_info", []) if s.get("addr")}
         for board in self.boards:
             if board.proc is None:
                 if self.rootfs is not None:
                     self.start_board(board)
-                continue
-            if board.proc.poll() is not None:
-                board.restarts += 1
-                self.log(f"{board.name}: exited ({board.proc.returncode}); restarting")
-                if time.monotonic() - board.started < 10:  # crashing at start: do not spin
-                    time.sleep(min(30, 2**board.restarts))
-                self.start_board(board)
+            elif board.proc.poll() is not None:
+                if board.state != "restarting":
+                    board.restarts += 1
+                    quick = now - board.started < 10  # crashing at start: back off, do not spin
+                    board.restart_at = now + (min(60, 2**board.restarts) if quick else 0)
+                    board.state = "restarting"
+                    self.log(f"{board.name}: exited ({board.proc.returncode}); restarting")
+                if now >= board.restart_at:
+                    self.start_board(board)
             else:  # running once the tracker lists it (registered, free or busy)
                 board.state = "running" if board.port in registered else "starting"
-        if self.state != "failed" and self.boards and all(b.proc for b in self.boards):
-            waiting = [b.name for b in self.boards if b.state != "running"]
-            self.state = "preparing" if waiting else "ready"
-            self.message = (
-                f"starting {', '.join(waiting)}"
-                if waiting
-                else f"{len(self.boards)} emulated board(s) running"
-            )
+        self.state, self.message = self.standing()
         self.write()
 
-    def stop(self, *_) -> None:
-        self.stopping = True
-        for proc in [b.proc for b in self.boards] + [self.tracker]:
-            if proc is not None and proc.poll() is None:
+    def standing(self) -> tuple[str, str]:
+        if not self.tracker_up:
+            return "preparing", f"the tracker is not answering at {self.config.tracker} (starting it)"
+        if self.failure:
+            return "failed", self.failure
+        if not self.boards:
+            return "ready", "no emulated boards (PLAYGROUND_EMULATED_BOARDS=0)"
+        if self.rootfs is None:
+            return "preparing", "building the arm64 root file system (the first start only)"
+        waiting = [f"{b.name} ({b.state})" for b in self.boards if b.state != "running"]
+        if waiting:
+            return "preparing", "starting " + ", ".join(waiting)
+        return "ready", f"{len(self.boards)} emulated board(s) running"
+
+    def shutdown(self) -> None:
+        procs = [p for p in [b.proc for b in self.boards] + [self.tracker] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in [b.proc for b in self.boards] + [self.tracker]:
-            if proc is not None:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(self.sockets, ignore_errors=True)
         self.state, self.message = "stopped", "the pool was stopped"
         self.write()
-        raise SystemExit(0)
 
 
 def run_pool(config: Config) -> int:
     config.devices_dir.mkdir(parents=True, exist_ok=True)
+    (config.devices_dir / "boards").mkdir(exist_ok=True)
     pool = Pool(config)
-    signal.signal(signal.SIGTERM, pool.stop)
-    signal.signal(signal.SIGINT, pool.stop)
-    pool.write()
-    pool.start_tracker()
-    if pool.boards:
-        threading.Thread(target=pool.prepare, daemon=True).start()
-    else:
-        pool.state, pool.message = "ready", "no emulated boards (PLAYGROUND_EMULATED_BOARDS=0)"
-    while True:
-        time.sleep(1)
-        pool.check()
+
+    def stop(*_):  # only a flag: the main loop stops the pool
+        pool.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        pool.write()
+        pool.start_tracker()
+        if pool.boards:
+            threading.Thread(target=pool.prepare, daemon=True).start()
+        while not pool.stopping:
+            time.sleep(1)
+            pool.check()
+    finally:
+        pool.shutdown()
+    return 0
 
 
 # ---------------------------------------------------------------- a pool as a child process
-
-
-def read_status(config: Config) -> dict:
-    """devices/pool.json, or {} before the pool has written it."""
-    try:
-        return json.loads((config.devices_dir / "pool.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def start_pool(config: Config, timeout: float = 300) -> subprocess.Popen:
@@ -358,7 +446,7 @@ def start_pool(config: Config, timeout: float = 300) -> subprocess.Popen:
         status = read_status(config)
         if status.get("state") == "ready" and status.get("pid") == proc.pid:
             return proc
-        if status.get("state") == "failed" or proc.poll() is not None:
+        if status.get("pid") == proc.pid and status.get("state") == "failed" or proc.poll() is not None:
             break
         time.sleep(0.5)
     stop_process(proc)

@@ -1,8 +1,8 @@
 """The arm64 Debian root file system the emulated boards run in, built once into the data folder.
 
 mmdebstrap's "extract" variant unpacks the packages without running anything (no root, no chroot,
-no binfmt_misc: about 15 s), and the aarch64 wheels of the pinned TVM runtime are unzipped into its
-site-packages, the compiler library left out (../shared/PI_NOTES.md). The finished tree is renamed
+no binfmt_misc: 12 s measured here), and the aarch64 wheels of the pinned TVM runtime are unzipped
+into its site-packages, the compiler library left out. The finished tree is renamed
 into place, so a half-built one is never used; a lock keeps two processes from building it at once.
 """
 

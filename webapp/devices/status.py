@@ -7,37 +7,24 @@ from __future__ import annotations
 import json
 
 from webapp.config import Config
-from webapp.devices.tracker import SUCCESS, SUMMARY, Tracker, TrackerError, pool_of
+from webapp.devices.tracker import TrackerError, pool_of, tracker_summary
 
 # The form asks on every load: a tracker that does not answer at once is reported down, not waited for.
 STATUS_TIMEOUT_S = 0.5
 
 
-def read_pool_file(config: Config) -> dict:
+def read_status(config: Config) -> dict:
+    """devices/pool.json, or {} before a pool has written it."""
     try:
         return json.loads((config.devices_dir / "pool.json").read_text())
     except (OSError, ValueError):
         return {}
 
 
-def ask_tracker(address: str) -> dict:
-    """The tracker's summary; TrackerError with a plain message when it does not answer."""
-    tracker = Tracker(address, timeout=STATUS_TIMEOUT_S)
-    try:
-        code, summary = tracker.call(SUMMARY, timeout=STATUS_TIMEOUT_S)
-    except (OSError, ValueError) as exc:
-        raise TrackerError(
-            f"The device pool's tracker at {address} did not answer its status: {exc}"
-        ) from None
-    finally:
-        tracker.close()
-    return summary if code == SUCCESS else {}
-
-
 def pool_status(config: Config) -> dict:
     """The tracker (up or not, and why not), the pool's state and message, the boards per key (free,
     busy, requests waiting), the emulated boards, and `summary`: all of it in one line."""
-    pool = read_pool_file(config)
+    pool = read_status(config)
     status = {
         "tracker": config.tracker,
         "tracker_up": False,
@@ -48,7 +35,7 @@ def pool_status(config: Config) -> dict:
         "emulated_boards": pool.get("boards", []),
     }
     try:
-        status["keys"] = pool_of(ask_tracker(config.tracker))
+        status["keys"] = pool_of(tracker_summary(config.tracker, STATUS_TIMEOUT_S))
         status["tracker_up"] = True
     except TrackerError as exc:
         status["message"] = str(exc)

@@ -9,7 +9,7 @@ import socket
 import struct
 
 TRACKER_MAGIC = 0x2F271
-SUCCESS, PUT, REQUEST, SUMMARY = 0, 3, 4, 6
+SUCCESS, PING, PUT, REQUEST, UPDATE_INFO, SUMMARY, GET_PENDING_MATCHKEYS = 0, 1, 3, 4, 5, 6, 7
 
 
 class TrackerError(RuntimeError):
@@ -51,10 +51,6 @@ class Tracker:
         size = struct.unpack("<i", self._recv(4))[0]
         return json.loads(self._recv(size))
 
-    def summary(self) -> dict:
-        code, status = self.call(SUMMARY)
-        return status if code == SUCCESS else {}
-
     def request(self, key: str, wait_s: float) -> tuple[str, int, str]:
         """The address and match key of the first free board of `key`, waiting up to wait_s for one."""
         try:
@@ -73,8 +69,8 @@ class Tracker:
 
     def summary_or_empty(self) -> dict:
         try:
-            return Tracker(self.address).summary()
-        except (TrackerError, OSError, ValueError):
+            return tracker_summary(self.address)
+        except TrackerError:
             return {}
 
     def close(self) -> None:
@@ -104,9 +100,15 @@ def describe(pool: dict[str, dict]) -> str:
     return ", ".join(f"{k}: {v['boards']} board(s), {v['free']} free" for k, v in pool.items())
 
 
-def tracker_summary(address: str) -> dict:
-    tracker = Tracker(address, timeout=2.0)
+def tracker_summary(address: str, timeout: float = 2.0) -> dict:
+    """The tracker's summary; TrackerError with a plain message when it does not answer in time."""
+    tracker = Tracker(address, timeout=timeout)
     try:
-        return tracker.summary()
+        code, status = tracker.call(SUMMARY, timeout=timeout)
+    except (OSError, ValueError) as exc:
+        raise TrackerError(
+            f"The device pool's tracker at {address} did not answer its status: {exc}"
+        ) from None
     finally:
         tracker.close()
+    return status if code == SUCCESS else {}

@@ -162,6 +162,7 @@ def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(PROJECT_ROOT),
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1",  # `python -m` must not import from the job folder it runs in
         "TVM_NUM_THREADS": threads,
         "OMP_NUM_THREADS": threads,
         "MALLOC_ARENA_MAX": "2",  # each thread's arena reserves 64 MB of address space otherwise
@@ -190,8 +191,9 @@ def run_sandboxed(
     job_dir: Path, config: Config, command: list[str] | None = None, network: bool = False
 ) -> Outcome:
     """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
-    host's network stays visible (the remote stage, which reaches the device pool's tracker and
-    boards and never reads the user's model); everything else is as jailed as the pipeline."""
+    host's network namespace stays (the remote stage, which reaches the device pool's tracker and
+    boards and never reads the user's model), and with it every loopback service and abstract Unix
+    socket of the host; the file system, users and limits are as jailed as the pipeline's."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:

@@ -50,9 +50,6 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     if stored.get("tuning_upload"):  # warm start from the records the user sent
         merge_database(job_dir / "input" / "tuning", job_dir / "tuning")
     spec = {"options": options.to_json(), "bench_budget_s": config.bench_budget_s}
-    board = targets.get(options.target).board
-    if board:  # the remote stage asks the device pool's tracker for a board of this key
-        spec["remote"] = {"tracker": config.tracker, "key": board, "wait_s": config.board_wait_s}
     if stored.get("calibration_data"):
         spec["calibration_data"] = "input/calibration.npz"
     example = EXAMPLES.get(stored.get("example") or "")
@@ -120,15 +117,33 @@ def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
     outcome = run_sandboxed(job_dir, config)
     merge_back(config, target, job_dir / "tuning")
     if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
-        outcome = run_remote_stage(config, job_dir)
+        outcome = run_remote_stage(config, job_dir, targets.get(target).board)
     return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 
-def run_remote_stage(config: Config, job_dir: Path):
-    """The remote stage (webapp/pipeline/remote.py) on a job the pipeline prepared for a board: in a
-    sandbox of its own that may reach the device pool, and reads no model, only built libraries."""
-    command = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir)]
+def run_remote_stage(config: Config, job_dir: Path, key: str):
+    """The remote stage (webapp/pipeline/remote.py) on a job the pipeline prepared for a board of
+    `key`: in a sandbox of its own that may reach the device pool, and reads no model, only built
+    libraries. What it must trust comes from here, on its command line."""
+    wait_s = board_wait_s(config, key)
+    command = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir), config.tracker, key]
+    command += [str(wait_s), str(config.bench_budget_s)]  # as remote.Remote.from_argv reads them
     return run_sandboxed(job_dir, config, command, network=True)
+
+
+def board_wait_s(config: Config, key: str) -> float:
+    """The full wait while the pool prepares or a board of the key is registered; half a minute when
+    nothing would bring one (no pool, or one whose boards cannot start, and no board of the key)."""
+    from webapp.devices.status import read_status
+    from webapp.devices.tracker import TrackerError, pool_of, tracker_summary
+
+    try:
+        boards = pool_of(tracker_summary(config.tracker)).get(key, {}).get("boards", 0)
+    except TrackerError:
+        boards = 0
+    if boards or read_status(config).get("state") == "preparing":
+        return config.board_wait_s
+    return min(config.board_wait_s, 30.0)
 
 
 def recover_interrupted(config: Config) -> None:

@@ -35,7 +35,7 @@ def derive(results: dict) -> dict:
     if results.get("kernels"):
         facts["kernel_summary"] = kernel_summary(results)
     if results.get("device"):
-        facts["device_summary"] = device_summary(results)
+        facts["device_summary"] = device_summary(results, facts.get("quantization_summary"))
     return facts
 
 
@@ -235,14 +235,12 @@ def tuning_summary(results: dict) -> dict:
     }
 
 
-def device_summary(results: dict) -> dict:
+def device_summary(results: dict, quantized: dict | None) -> dict:
     """The board of the device pool the builds ran on (a target with a board: the remote stage), its
     fp32 and quantized times, the speedup between them, and the board's outputs against each reference.
     An emulated board's times say how the builds compare, not how fast a real board is."""
     device = results["device"]
-    variant = (results.get("quantization") or {}).get("variant")
-    fp32_ms = tvm_ms(results, "fp32", False)
-    quant_ms = tvm_ms(results, variant, False) if variant else None
+    quantized = quantized or {}  # the quantization summary: its times and speedup are the board's
     emulated = bool(device.get("emulated"))
     return {
         "name": device["name"],
@@ -250,10 +248,10 @@ def device_summary(results: dict) -> dict:
         "emulated": emulated,
         "address": device.get("address"),
         "threads": device.get("threads"),
-        "fp32_ms": fp32_ms,
-        "variant": variant,
-        "quant_ms": quant_ms,
-        "speedup": fp32_ms / quant_ms if fp32_ms and quant_ms else None,
+        "fp32_ms": tvm_ms(results, "fp32", False),
+        "variant": quantized.get("variant"),
+        "quant_ms": quantized.get("quant_ms"),
+        "speedup": quantized.get("speedup"),
         # every fidelity row of a board job is the board's output against a reference
         "fidelity": [
             {

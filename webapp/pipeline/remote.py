@@ -13,8 +13,10 @@ with `time_evaluator`, fp32 and quantized in the same session on the same board.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +113,7 @@ def board_of(session, key: str, host: str, port: int) -> dict:
         info = json.loads(session.get_function("playground.board_info")())
     except Exception:
         info = {"name": f"{key} (real board at {host}:{port})", "key": key, "emulated": False}
+        info["threads"] = int(session.get_function("runtime.NumThreads")())  # TVM's thread pool there
     return info | {"address": f"{host}:{port}"}
 
 
@@ -127,22 +130,44 @@ def timed(vm, dev, args, budget_s: float, first_s: float) -> dict:
     }
 
 
-def run_remote(job, report) -> dict:
+@dataclass(frozen=True)
+class Remote:
+    """What the worker (jobs/worker.py: run_remote_stage) tells the remote stage on its command line,
+    from its own configuration: not from the job folder, which the pipeline could have written."""
+
+    job_dir: Path
+    tracker: str  # host:port
+    key: str  # the boards' key, e.g. rpi5
+    wait_s: float  # for a free board
+    budget_s: float  # timing budget per build
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> Remote:
+        job_dir, tracker, key, wait_s, budget_s = argv
+        return cls(Path(job_dir), tracker, key, float(wait_s), float(budget_s))
+
+
+LIBRARY_NAME = re.compile(r"[\w.-]+\.so")
+
+
+def run_remote(job: Remote, report) -> dict:
     import tvm
     from tvm import relax, rpc
 
     from webapp.devices.tracker import Tracker, TrackerError
     from webapp.pipeline.bench import fidelity, flatten_outputs
 
-    folder = job.dir / "remote"
+    folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())
+    if not all(LIBRARY_NAME.fullmatch(str(b.get("file"))) for b in plan["builds"]):
+        raise StageError("remote/plan.json names a library outside remote/: refused.")
     with np.load(folder / "inputs.npz", allow_pickle=False) as data:
         inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
     expected = load_expected(folder / "expected.npz")
-    key, wait_s = job.remote["key"], float(job.remote.get("wait_s", 900))
+    key, wait_s = job.key, job.wait_s
     report(0.0, {"waiting": f"for a free '{key}' board (up to {wait_s:.0f} s)"})
     try:
-        tracker = Tracker(job.remote["tracker"])
+        tracker = Tracker(job.tracker)
         host, port, matchkey = tracker.request(key, wait_s)
     except TrackerError as exc:
         raise StageError(str(exc)) from None
@@ -165,7 +190,7 @@ def run_remote(job, report) -> dict:
             args = [tvm.runtime.tensor(a, dev) for a in inputs]
             started = time.perf_counter()
             outs[(build["variant"], build["tuned"])] = flatten_outputs(vm["main"](*args))
-            timing = timed(vm, dev, args, job.bench_budget_s, time.perf_counter() - started)
+            timing = timed(vm, dev, args, job.budget_s, time.perf_counter() - started)
         except Exception as exc:
             raise StageError(crash_message(board, what, exc)) from None
         threads = board.get("threads")
@@ -191,19 +216,20 @@ def crash_message(board: dict, what: str, exc: Exception) -> str:
         return (
             f"The board {board['name']} stopped while running {what}: the session ended ({detail[:300]}). "
             "A kernel may have used an instruction the board's core lacks (SIGILL), or the board was "
-            "stopped. The pool restarts emulated boards; submit the job again."
+            "stopped. An emulated board serves on after a crashed session (the pool restarts one that "
+            "died); submit the job again."
         )
     return f"Running {what} on the board {board['name']} failed: {detail[:500]}"
 
 
-def main(job_dir: Path) -> None:
+def main(argv: list[str]) -> None:
     from webapp.catalog import STAGES
-    from webapp.pipeline.runner import Job, Progress, Results
+    from webapp.pipeline.runner import Progress, Results
 
-    job = Job.load(job_dir)
-    progress, results = Progress(job_dir, STAGES, resume=True), Results(job_dir, resume=True)
+    job = Remote.from_argv(argv)
+    progress, results = Progress(job.job_dir, STAGES, resume=True), Results(job.job_dir, resume=True)
     results.save(**progress.run_stage("remote", lambda report: run_remote(job, report)))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(sys.argv[1:])

@@ -32,7 +32,6 @@ class Job:
     dataset: str | None  # labelled data of an example (accuracy, calibration)
     calibration_data: Path | None  # the user's .npz
     bench_budget_s: float
-    remote: dict  # for a board target: {"tracker": "host:port", "key": "rpi5", "wait_s": 900}
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -45,7 +44,6 @@ class Job:
             spec.get("dataset"),
             job_dir / spec["calibration_data"] if spec.get("calibration_data") else None,
             float(spec.get("bench_budget_s", 3.0)),
-            spec.get("remote") or {},
         )
 
 
