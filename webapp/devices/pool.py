@@ -262,7 +262,7 @@ class Pool:
         self.boards = emulated_boards() if config.emulated_boards else []
         self.state, self.message = "preparing", "starting the tracker"
         self.tracker: subprocess.Popen | None = None
-        self.tracker_up, self.tracker_restart_at = False, 0.0
+        self.tracker_up, self.tracker_restart_at, self.tracker_exits = False, 0.0, 0
         self.rootfs: Path | None = None  # set by prepare() once built
         self.failure: str | None = None  # why there are no emulated boards, if there are none
         self.sockets = Path(tempfile.mkdtemp(prefix="tvm-pool-"))  # short paths: sockets have 108 bytes
@@ -344,13 +344,16 @@ class Pool:
         """Once a second: restart what died (not too often), and say how the pool stands."""
         now = time.monotonic()
         if self.tracker.poll() is not None and now >= self.tracker_restart_at:
+            self.tracker_exits += 1
             self.log(f"tracker exited ({self.tracker.returncode}); restarting it")
             self.start_tracker()
         try:
             summary = tracker_protocol.tracker_summary(self.config.tracker)
-            self.tracker_up = True
+            self.tracker_up = self.tracker.poll() is None  # ours, not another pool's on that port
         except tracker_protocol.TrackerError:
             summary, self.tracker_up = {}, False
+        if self.tracker_up:
+            self.tracker_exits = 0
         registered = {int(s["addr"][1]) for s in summary.get("server_info", []) if s.get("addr")}
         for board in self.boards:
             if board.proc is None:
@@ -371,6 +374,11 @@ class Pool:
         self.write()
 
     def standing(self) -> tuple[str, str]:
+        if not self.tracker_up and self.tracker_exits >= 3:
+            return "failed", (
+                f"the tracker exits as soon as it starts: is {self.config.tracker} taken by another "
+                "program (another pool)? Set PLAYGROUND_TRACKER (see devices/tracker.log)"
+            )
         if not self.tracker_up:
             return "preparing", f"the tracker is not answering at {self.config.tracker} (starting it)"
         if self.failure:
