@@ -42,7 +42,7 @@ import numpy as np
 from webapp.catalog import EXAMPLES
 from webapp.cli import compile_locally
 from webapp.config import Config
-from webapp.devices.pool import start_pool, stop_process
+from webapp.devices.pool import start_pool, stop_processes
 from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
 from webapp.targets import TARGETS
 
@@ -354,7 +354,7 @@ def main() -> int:
         try:
             rows = measure(config, names, boards, Path(tmp), log)
         finally:
-            stop_process(pool)
+            stop_processes(pool)
     print_tables(rows, boards)
     report = {
         "host_cpu": cpu,

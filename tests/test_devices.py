@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -19,7 +18,7 @@ import pytest
 
 from webapp.cli import compile_locally
 from webapp.config import Config
-from webapp.devices.pool import start_pool, stop_process
+from webapp.devices.pool import start_pool, stop_processes, tracker_command
 from webapp.devices.rootfs import LIBRARY_PATH, ensure_rootfs
 from webapp.devices.status import read_status
 from webapp.devices.tracker import Tracker, TrackerError, pool_of, tracker_summary
@@ -65,7 +64,7 @@ def pool(tmp_path_factory, rootfs):
     )
     proc = start_pool(config, timeout=180)
     yield config
-    stop_process(proc)
+    stop_processes(proc)
 
 
 def boards_of(tracker: str) -> dict:
@@ -211,11 +210,7 @@ def aarch64_binfmt():
 
 def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, aarch64_binfmt, tmp_path):
     port = free_port()
-    tracker = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-         "--port-end", str(port + 1), "--silent"],
-        start_new_session=True,
-    )  # fmt: skip
+    tracker = subprocess.Popen(tracker_command("127.0.0.1", port), start_new_session=True)
     # The README's command for a real Pi, run in the arm64 root file system (no pool, no board.py)
     env = {"QEMU_LD_PREFIX": str(rootfs), "QEMU_CPU": "cortex-a76", "TVM_USE_RUNTIME_LIB": "1"}
     env |= {"LD_LIBRARY_PATH": LIBRARY_PATH, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -243,8 +238,7 @@ def test_a_stock_rpc_server_registered_as_the_readme_says_serves_a_job(rootfs, a
         }
         assert all(f["max_abs_err"] < 1e-4 for f in result["fidelity"])
     finally:
-        stop_process(server)
-        stop_process(tracker)
+        stop_processes(server, tracker)
 
 
 def test_code_for_a_core_the_board_lacks_dies_of_sigill_and_the_board_serves_on(pool, tmp_path):

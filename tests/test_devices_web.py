@@ -4,8 +4,6 @@ with TVM's own tracker running as a process (no boards register with it here). N
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from webapp import create_app
+from webapp.devices.pool import stop_processes, tracker_command
 from webapp.devices.tracker import TrackerError, tracker_summary
 
 
@@ -29,10 +28,8 @@ def tracker_address():
     """TVM's RPC tracker on a free port, as the pool starts it; ended with its process group."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-         "--port-end", str(port + 1), "--silent"],
-        stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        tracker_command("127.0.0.1", port), stdin=subprocess.DEVNULL, start_new_session=True
+    )
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -45,8 +42,7 @@ def tracker_address():
                 time.sleep(0.2)
         yield address
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the tracker runs its server in a child process
-        proc.wait(timeout=30)
+        stop_processes(proc)  # the tracker runs its server in a child process: its whole group
 
 
 def web(config, tmp_path, tracker: str):
@@ -111,19 +107,4 @@ def test_devices_api_counts_a_board_registered_with_the_tracker(config, tmp_path
         assert status["keys"] == {"rpi5": {"boards": 1, "free": 1, "busy": 0, "waiting": 0}}
         assert "Device pool: rpi5: 1 board (1 free)" in client.get("/").get_data(as_text=True)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-
-
-def test_pool_status_loads_no_tvm_in_the_web_process(tmp_path):
-    code = (
-        "import sys, pathlib; from webapp import create_app; from webapp.config import Config; "
-        f"app = create_app(Config(data_dir=pathlib.Path({str(tmp_path)!r}), unsandboxed=True)); "
-        "c = app.test_client(); assert c.get('/api/devices').status_code == 200; "
-        "assert c.get('/').status_code == 200; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'tvm' "
-        "or m.startswith('webapp.pipeline')); "
-        "assert not bad, bad"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+        stop_processes(server)

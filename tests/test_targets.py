@@ -79,6 +79,7 @@ def test_web_process_loads_neither_tvm_nor_the_pipeline(tmp_path):
         f"app = create_app(Config(data_dir=pathlib.Path({str(tmp_path)!r}), unsandboxed=True)); "
         "c = app.test_client(); assert c.get('/').status_code == 200; "
         "assert c.get('/api/targets').status_code == 200; "
+        "assert c.get('/api/devices').status_code == 200; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tvm', 'torch', 'onnx') "
         "or m.startswith('webapp.pipeline')); print(bad); assert not bad, bad"
     )

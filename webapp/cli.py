@@ -51,10 +51,11 @@ def cmd_serve(args) -> int:
         ]
     )
 
+    children = [p for p in (web, worker, pool) if p is not None]
+
     def stop(*_):
-        for p in (web, worker, pool):
-            if p is not None:
-                p.terminate()
+        for p in children:
+            p.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -66,9 +67,8 @@ def cmd_serve(args) -> int:
                 pass
     finally:
         stop()
-        for p in (web, worker, pool):
-            if p is not None:
-                p.wait()
+        for p in children:
+            p.wait()
     return web.returncode or worker.returncode or 0
 
 

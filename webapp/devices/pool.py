@@ -76,16 +76,6 @@ def emulated_boards() -> list[Board]:
 # ---------------------------------------------------------------- relays
 
 
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
-
-
 def close_both(a: socket.socket, b: socket.socket) -> None:
     for s in (a, b):
         try:
@@ -122,13 +112,13 @@ def board_registration_only(board: Board):
 
     def filtered(src: socket.socket, dst: socket.socket) -> None:
         try:
-            dst.sendall(recv_exactly(src, 4))  # the magic number
+            dst.sendall(tracker_protocol.recv_exactly(src, 4))  # the magic number
             while True:
-                header = recv_exactly(src, 4)
+                header = tracker_protocol.recv_exactly(src, 4)
                 size = struct.unpack("<i", header)[0]
                 if not 0 < size <= 1 << 16:
                     return
-                body = recv_exactly(src, size)
+                body = tracker_protocol.recv_exactly(src, size)
                 if not allowed(json.loads(body)):
                     print(f"pool: {board.name}: refused a tracker message: {body[:200]!r}", flush=True)
                     return
@@ -233,6 +223,12 @@ def board_command(
     return args + [qemu, "/rootfs/usr/bin/python3.11", *script_args]
 
 
+def tracker_command(host: str, port: int) -> list[str]:
+    """TVM's own tracker on exactly host:port."""
+    return [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", host, "--port", str(port),
+            "--port-end", str(port + 1), "--silent"]  # fmt: skip
+
+
 def board_limits():
     """Before exec: a session of its own, and rlimits on what the board may use."""
 
@@ -290,8 +286,7 @@ class Pool:
         bind = self.config.tracker_bind or host
         with open(self.config.devices_dir / "tracker.log", "ab") as log:
             self.tracker = subprocess.Popen(
-                [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", bind, "--port", str(port),
-                 "--port-end", str(port + 1), "--silent"],
+                tracker_command(bind, port),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_us,
             )  # fmt: skip
         self.tracker_restart_at = time.monotonic() + 5  # if it dies, not again before this
@@ -393,16 +388,7 @@ class Pool:
         return "ready", f"{len(self.boards)} emulated board(s) running"
 
     def shutdown(self) -> None:
-        procs = [p for p in [b.proc for b in self.boards] + [self.tracker] if p is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_processes(*[p for p in [b.proc for b in self.boards] + [self.tracker] if p], timeout=10)
         shutil.rmtree(self.sockets, ignore_errors=True)
         self.state, self.message = "stopped", "the pool was stopped"
         self.write()
@@ -444,11 +430,12 @@ def start_pool(config: Config, timeout: float = 300) -> subprocess.Popen:
     }
     env |= {"PLAYGROUND_ROOTFS": str(config.rootfs)} if config.rootfs else {}
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(config.data_dir / "pool.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webapp.cli", "pool"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    log = config.data_dir / "pool.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "webapp.cli", "pool"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = read_status(config)
@@ -457,16 +444,18 @@ def start_pool(config: Config, timeout: float = 300) -> subprocess.Popen:
         if status.get("pid") == proc.pid and status.get("state") == "failed" or proc.poll() is not None:
             break
         time.sleep(0.5)
-    stop_process(proc)
-    raise RuntimeError(f"the device pool did not get ready: {status.get('message')} (see {log.name})")
+    stop_processes(proc)
+    raise RuntimeError(f"the device pool did not get ready: {status.get('message')} (see {log})")
 
 
-def stop_process(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process group a child of ours leads, SIGKILL if it lingers."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def stop_processes(*procs: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM to the process groups children of ours lead, then SIGKILL to any that lingers."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

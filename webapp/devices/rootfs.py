@@ -56,26 +56,29 @@ def ensure_rootfs(rootfs: Path, extras: tuple[str, ...] = (), log=print) -> Path
             if not ready(rootfs, (extra,)):
                 debs, wheels = EXTRAS[extra]
                 log(f"adding {extra} to the arm64 root file system")
-                run(
-                    [
-                        "mmdebstrap",
-                        "--arch=arm64",
-                        "--variant=extract",
-                        f"--include={','.join(debs)}",
-                        "--skip=cleanup/reproducible",
-                        *dpkg_excludes(),
-                        DEBIAN[0],
-                        str(rootfs) + ".extra",
-                    ]
-                )
+                extract(debs, Path(str(rootfs) + ".extra"), "--skip=cleanup/reproducible")
                 merge_tree(Path(str(rootfs) + ".extra"), rootfs)
                 install_wheels(rootfs, wheels, rootfs.parent / "wheels")
                 (rootfs / f".ready-{extra}").write_text("\n".join(wheels) + "\n")
     return rootfs
 
 
-def dpkg_excludes() -> list[str]:
-    return [f"--dpkgopt=path-exclude={p}" for p in EXCLUDE]
+def extract(packages: list[str], dest: Path, *options: str) -> None:
+    """Debian's arm64 packages unpacked into dest, docs and locales left out (nothing is run)."""
+    excludes = [f"--dpkgopt=path-exclude={p}" for p in EXCLUDE]
+    include = f"--include={','.join(packages)}"
+    run(
+        [
+            "mmdebstrap",
+            "--arch=arm64",
+            "--variant=extract",
+            include,
+            *options,
+            *excludes,
+            DEBIAN[0],
+            str(dest),
+        ]
+    )
 
 
 def build(rootfs: Path, log) -> None:
@@ -84,17 +87,7 @@ def build(rootfs: Path, log) -> None:
     shutil.rmtree(rootfs, ignore_errors=True)
     suite, packages = DEBIAN
     log(f"building the arm64 root file system ({suite}: {', '.join(packages)}) in {rootfs}")
-    run(
-        [
-            "mmdebstrap",
-            "--arch=arm64",
-            "--variant=extract",
-            f"--include={','.join(packages)}",
-            *dpkg_excludes(),
-            suite,
-            str(tmp),
-        ]
-    )
+    extract(packages, tmp)
     install_wheels(tmp, WHEELS, rootfs.parent / "wheels")
     (tmp / "tmp").mkdir(exist_ok=True)
     (tmp / ".ready").write_text("\n".join(WHEELS) + "\n")

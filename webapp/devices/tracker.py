@@ -16,6 +16,16 @@ class TrackerError(RuntimeError):
     """The tracker cannot be reached, or gave no board in time: the message says which, plainly."""
 
 
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the other end closed the connection")
+        data += chunk
+    return data
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host or "127.0.0.1", int(port)
@@ -27,7 +37,7 @@ class Tracker:
         try:
             self.sock = socket.create_connection(parse_address(address), timeout=timeout)
             self.sock.sendall(struct.pack("<i", TRACKER_MAGIC))
-            if struct.unpack("<i", self._recv(4))[0] != TRACKER_MAGIC:
+            if struct.unpack("<i", recv_exactly(self.sock, 4))[0] != TRACKER_MAGIC:
                 raise TrackerError(f"{address} answered, but it is not a TVM RPC tracker.")
         except OSError as exc:
             raise TrackerError(
@@ -35,21 +45,12 @@ class Tracker:
                 "it runs with `make serve` (or `tvm-playground pool`)."
             ) from None
 
-    def _recv(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the tracker closed the connection")
-            data += chunk
-        return data
-
     def call(self, *message, timeout: float | None = 5.0):
         self.sock.settimeout(timeout)
         data = json.dumps(list(message)).encode()
         self.sock.sendall(struct.pack("<i", len(data)) + data)
-        size = struct.unpack("<i", self._recv(4))[0]
-        return json.loads(self._recv(size))
+        size = struct.unpack("<i", recv_exactly(self.sock, 4))[0]
+        return json.loads(recv_exactly(self.sock, size))
 
     def request(self, key: str, wait_s: float) -> tuple[str, int, str]:
         """The address and match key of the first free board of `key`, waiting up to wait_s for one."""

@@ -48,12 +48,17 @@ def measure(fn: Callable[[], object], budget_s: float = 3.0, min_runs: int = 3, 
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+    return summarize(times)
+
+
+def summarize(times_ms: list[float]) -> dict:
+    """median / p90 / min of timed runs, in ms, as every benchmark row states them."""
+    times = sorted(times_ms)
     return {
         "median_ms": float(np.median(times)),
         "p90_ms": float(np.percentile(times, 90)),
         "min_ms": times[0],
-        "runs": runs,
+        "runs": len(times),
     }
 
 
@@ -260,15 +265,21 @@ def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
     return rows
 
 
+def job_inputs(model, job) -> dict[str, np.ndarray]:
+    """The input every runtime of a job runs on: random of the model's shapes, or for an example
+    with a dataset a held-out image (in the range the model was trained and calibrated on)."""
+    if job.dataset:
+        from webapp.pipeline.datasets import load
+
+        return {model.inputs[0].name: load(job.dataset)[2][:1]}
+    return make_inputs(model.inputs)
+
+
 def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> dict:
     """The benchmark stage of a job: its builds against the frameworks' references on the target's
     device, on a random input (a held-out image for an example with a dataset), and accuracy on the
     dataset where there is one."""
-    inputs = make_inputs(model.inputs)
-    if job.dataset:  # in the range the model was trained and calibrated on
-        from webapp.pipeline.datasets import load
-
-        inputs = {model.inputs[0].name: load(job.dataset)[2][:1]}
+    inputs = job_inputs(model, job)
     device = target.device_name(tvm_target)
     budget = job.bench_budget_s
     dev = target.device()

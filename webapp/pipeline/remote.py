@@ -44,7 +44,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
         bench_threads,
         flatten_outputs,
         is_classifier,
-        make_inputs,
+        job_inputs,
         onnxruntime_runner,
         pytorch_runner,
         torch_outputs,
@@ -52,11 +52,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
 
     folder = job.dir / "remote"
     folder.mkdir(exist_ok=True)
-    inputs = make_inputs(model.inputs)
-    if job.dataset:
-        from webapp.pipeline.datasets import load
-
-        inputs = {model.inputs[0].name: load(job.dataset)[2][:1]}
+    inputs = job_inputs(model, job)
     expected, unavailable = {}, []
     runners = {"pytorch": pytorch_runner, "onnxruntime": onnxruntime_runner}
     for name, path in job.references.items():  # the frameworks' fp32 outputs, on this server
@@ -120,14 +116,10 @@ def board_of(session, key: str, host: str, port: int) -> dict:
 def timed(vm, dev, args, budget_s: float, first_s: float) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
     warm-up call; first_s, the time of the call that fetched the outputs, sizes it."""
+    from webapp.pipeline.bench import summarize
+
     runs = int(max(3, min(50, budget_s / max(first_s, 1e-6))))
-    times = sorted(t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results)
-    return {
-        "median_ms": float(np.median(times)),
-        "p90_ms": float(np.percentile(times, 90)),
-        "min_ms": times[0],
-        "runs": runs,
-    }
+    return summarize([t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results])
 
 
 @dataclass(frozen=True)
