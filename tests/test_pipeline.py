@@ -56,7 +56,7 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
     optimized = optimize(model.mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target)
     executable = build(lowered, target, tmp_path / "files" / "model.so")
-    info = inspect_build(model.mod, optimized.fused, lowered, executable, tmp_path, labels)
+    info = inspect_build(model.mod, optimized.fused, lowered, executable, tmp_path, labels, target)
     assert info["graphs"]["fused"]["nodes"] < info["graphs"]["imported"]["nodes"]
     svg = (tmp_path / "files" / "graph-fused.svg").read_text()
     assert "<svg" in svg and "1×16×32×32" in svg  # shapes on the edges

@@ -151,7 +151,7 @@ def cmd_compile(args) -> int:
 def benchmark_table(result: dict) -> str:
     rows = result.get("benchmarks", [])
     if not rows:
-        return "(no benchmark)"
+        return result.get("not_timed") or "(no benchmark)"
     fastest = min(r["median_ms"] for r in rows)
     lines = [
         f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",

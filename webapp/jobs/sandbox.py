@@ -72,10 +72,20 @@ def user_process_count() -> int:
     return count
 
 
+def gpu_device_nodes() -> list[str]:
+    """NVIDIA's device nodes (/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm, ...) where there are."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*") if not p.is_dir())
+
+
 def set_limits(config: Config, nproc: int):
+    # The CUDA driver reserves far more address space than it uses: with a GPU the memory limit
+    # cannot be one on address space (the other limits still hold).
+    limit_address_space = not gpu_device_nodes()
+
     def preexec():
         mb = 1 << 20
-        resource.setrlimit(resource.RLIMIT_AS, (config.memory_limit_mb * mb,) * 2)
+        if limit_address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (config.memory_limit_mb * mb,) * 2)
         resource.setrlimit(resource.RLIMIT_CPU, (config.cpu_limit_s, config.cpu_limit_s + 5))
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_FSIZE, (config.output_limit_mb * mb,) * 2)
@@ -105,6 +115,8 @@ def bwrap_command(
     network: bool = False,
 ) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for node in gpu_device_nodes():  # a job for a CUDA target runs and times its code on the GPU
+        args += ["--dev-bind", node, node]
     hidden = [Path(p) for p in ("/tmp", "/root", "/home") if Path(p).is_dir()] + [data_dir]
 
     def mount_point(path: Path) -> list[str]:

@@ -86,30 +86,44 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     main = vm["main"]
-    return lambda: main(*args)
+    if dev.device_type == host().device().device_type:
+        return lambda: main(*args)
+
+    def run():  # a GPU runs the kernels after the call returns: a run ends when the device is done
+        out = main(*args)
+        dev.sync()
+        return out
+
+    return run
 
 
-def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int):
+def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
     import torch
 
     torch.set_num_threads(threads)
     module = torch.export.load(str(pt2)).module()
     args = [torch.from_numpy(a) for a in inputs.values()]
+    if cuda:
+        module, args = module.to("cuda"), [a.to("cuda") for a in args]
 
     def run():
         with torch.no_grad():
-            return module(*args)
+            out = module(*args)
+        if cuda:
+            torch.cuda.synchronize()
+        return out
 
     return run
 
 
-def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int):
+def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    provider = "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"
+    session = ort.InferenceSession(str(onnx_path), options, providers=[provider])
     feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
     return lambda: session.run(None, feed)
 
@@ -118,7 +132,7 @@ def torch_outputs(out) -> list[np.ndarray]:
     import torch
 
     if isinstance(out, torch.Tensor):
-        return [out.detach().numpy()]
+        return [out.detach().cpu().numpy()]
     return [a for o in out for a in torch_outputs(o)]
 
 
@@ -170,18 +184,24 @@ def benchmark(
 ) -> dict:
     """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
     ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
-    references run the float model; a quantized variant is also compared with TVM's fp32."""
+    references run the float model; a quantized variant is also compared with TVM's fp32. With a CUDA
+    `dev` the references run on the GPU where their runtime can (PyTorch with CUDA, ONNX Runtime's
+    CUDA provider), and every build is also checked against ONNX Runtime (or PyTorch) on the CPU."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
+    on_cuda = reference_cuda(dev)
+    host_name = cpu_name()
     makers = {
         ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
         for (variant, tuned), ex in sorted(executables.items())
     }
     if "pytorch" in references:
-        makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(references["pytorch"], inputs, threads)
+        makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(
+            references["pytorch"], inputs, threads, on_cuda["pytorch"]
+        )
     if "onnxruntime" in references:
         makers[("onnxruntime", "fp32", False)] = lambda: onnxruntime_runner(
-            references["onnxruntime"], inputs, threads
+            references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
         )
 
     rows, outs, unavailable = [], {}, []
@@ -201,14 +221,18 @@ def benchmark(
                 "runtime": runtime,
                 "variant": variant,
                 "tuned": tuned,
-                "device": device,
+                "device": device if runtime == "tvm" or on_cuda[runtime] else host_name,
                 "threads": threads,
                 **measure(run, budget_s),
             }
         )
         report((i + 1) / len(makers))
 
-    references_out = {ref: out for (ref, _, _), out in outs.items() if ref != "tvm"}
+    references_out = {
+        f"{ref} (CUDA)" if on_cuda[ref] else ref: out for (ref, _, _), out in outs.items() if ref != "tvm"
+    }
+    if any(on_cuda.values()):  # the float model on the CPU: the reference the GPU builds answer to
+        references_out |= cpu_reference(references, inputs, threads)
     if ("tvm", "fp32", False) in outs and any(v != "fp32" for v, _ in executables):
         references_out["tvm fp32"] = outs[("tvm", "fp32", False)]
     fid = [
@@ -229,6 +253,39 @@ def benchmark(
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }
+
+
+def reference_cuda(dev) -> dict[str, bool]:
+    """Which reference runtimes run on the GPU: where the TVM build runs on CUDA and the runtime
+    has CUDA (this project installs CPU builds of both; a server with a GPU may install others)."""
+    out = {"pytorch": False, "onnxruntime": False, "tvm": True}
+    if dev is None or dev.device_type != 2:  # kDLCUDA
+        return out
+    import onnxruntime as ort
+    import torch
+
+    out["pytorch"] = torch.cuda.is_available()
+    out["onnxruntime"] = "CUDAExecutionProvider" in ort.get_available_providers()
+    return out
+
+
+def cpu_reference(references: dict[str, Path], inputs: dict[str, np.ndarray], threads: int) -> dict:
+    """The float model's outputs on the CPU, by ONNX Runtime where the job has an .onnx."""
+    if "onnxruntime" in references:
+        return {
+            "onnxruntime on the CPU": flatten_outputs(
+                onnxruntime_runner(references["onnxruntime"], inputs, threads)()
+            )
+        }
+    if "pytorch" in references:
+        return {"pytorch on the CPU": torch_outputs(pytorch_runner(references["pytorch"], inputs, threads)())}
+    return {}
+
+
+def cpu_name() -> str:
+    from webapp import targets
+
+    return targets.host().device_name(targets.host_target())
 
 
 def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
@@ -279,6 +336,8 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> 
     """The benchmark stage of a job: its builds against the frameworks' references on the target's
     device, on a random input (a held-out image for an example with a dataset), and accuracy on the
     dataset where there is one."""
+    if target.gpu and not device_present(target):
+        return {"benchmarks": [], "fidelity": [], "not_timed": target.no_device_line()}
     inputs = job_inputs(model, job)
     device = target.device_name(tvm_target)
     budget = job.bench_budget_s
@@ -287,3 +346,11 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> 
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
+
+
+def device_present(target) -> bool:
+    """Whether the target's device exists here, as TVM's runtime sees it."""
+    try:
+        return bool(target.device().exist)
+    except Exception:  # a runtime TVM was built without (OpenCL, Metal, WebGPU)
+        return False

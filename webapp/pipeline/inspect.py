@@ -16,7 +16,10 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from webapp.pipeline.device_code import write_device_code
 from webapp.pipeline.optimize import relax_script
+
+DEVICE_VIEWS = (".device", ".ptx", ".sass")  # views/kernels/<kernel>.<view> of a GPU build
 
 CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
 
@@ -240,11 +243,13 @@ def inspect_build(
     executable,
     job_dir: Path,
     labels: dict[str, str],
+    tvm_target,
     report=lambda f: None,
     graphs: dict | None = None,
 ) -> dict:
     """The code views and kernel table of the build the page shows; `graphs` when draw_graphs already
-    drew its graphs (after optimize)."""
+    drew its graphs (after optimize). For a GPU build also its device code (webapp.pipeline.device_code);
+    the LLVM IR and assembly are then the host side's, which launches the kernels."""
     views, files = job_dir / "views", job_dir / "files"
     (views / "kernels").mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
@@ -280,6 +285,12 @@ def inspect_build(
                 "dtypes": kernel_dtypes(func),
             }
         )
+    report(0.8)
+    device = write_device_code(host, tvm_target, [k["name"] for k in kernels], job_dir)
+    for k in kernels if device else []:
+        resources = device["kernels"][k["name"]].get("resources")
+        k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
+        k.update({"gpu": resources} if resources else {})
     report(0.9)
 
     (views / "optimized.py").write_text(relax_script(lowered))
@@ -290,9 +301,9 @@ def inspect_build(
         "kernels": kernels,
         "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
         "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
-        "instructions": instruction_counts(asm),
+        "instructions": instruction_counts(asm) | ((device or {}).get("sass_counts") or {}),
         "dtype_census": dtype_census(lowered),
-    }
+    } | ({"device_code": device} if device else {})
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2
@@ -352,7 +363,9 @@ def write_ir_zip(job_dir: Path) -> None:
     """Every IR text of the job in one download."""
     with zipfile.ZipFile(job_dir / "files" / "ir.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted((job_dir / "views").rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".ll", ".s", ".txt"):
+            if path.is_file() and path.suffix in (".py", ".ll", ".s", ".txt", *DEVICE_VIEWS):
                 z.write(path, path.relative_to(job_dir / "views"))
+        for path in sorted((job_dir / "files").glob("device.*")):
+            z.write(path, path.name)
         for name in ("module.ll", "module.s"):
             z.write(job_dir / "files" / name, name)

@@ -58,7 +58,8 @@ class CaptureTopLevelPasses:
         depth, started = self.depth, self.started.pop()
         self.depth -= 1
         if depth <= 3 and info.name not in ("sequential", "_pipeline"):
-            self.snapshots.append((info.name, time.perf_counter() - started, mod))
+            # a copy: a later Python pass (dlight's, for GPUs) may change this module in place
+            self.snapshots.append((info.name, time.perf_counter() - started, mod.clone()))
 
 
 def canonical(mod: tvm.IRModule) -> tvm.IRModule:

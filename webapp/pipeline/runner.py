@@ -110,7 +110,15 @@ def run(job_dir: Path) -> None:
         **stage(
             "inspect",
             lambda report: inspect_build(
-                model.mod, built.fused, built.lowered, built.executable, job_dir, built.labels, report, graphs
+                model.mod,
+                built.fused,
+                built.lowered,
+                built.executable,
+                job_dir,
+                built.labels,
+                tvm_target,
+                report,
+                graphs,
             ),
         )
     )

@@ -599,12 +599,19 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     none does. A rule that raises, whatever the error (TVM refusing its schedule, or a bug of the
     rule's own), leaves the kernel to the next rule, and the label says so, e.g.
     "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build."""
+    rules = RULES
+    if kind_of(target).gpu:
+        from webapp.pipeline import gpu_schedules
+
+        if gpu_schedules.bound_already(func):
+            return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: "TVM's own GPU kernel"})
+        rules = gpu_schedules.RULES
     try:
         s_tir.Schedule(func).get_sblock("root")
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
     failures = []
-    for rule in RULES:
+    for rule in rules:
         try:
             sch = s_tir.Schedule(func)
             result = rule(sch, target)
@@ -700,7 +707,11 @@ def rename_calls(func: relax.Function, renamed: dict) -> relax.Function:
 def labels(mod: tvm.IRModule) -> dict[str, str]:
     """Kernel name -> how it was scheduled ("tuned", "default rule: ...", "naive")."""
     return {
-        gv.name_hint: str(func.attrs.get(SCHEDULE_ATTR, "naive")) if func.attrs else "naive"
+        gv.name_hint: str(
+            func.attrs.get(SCHEDULE_ATTR, "TVM's own kernel" if is_scheduled(func) else "naive")
+        )
+        if func.attrs
+        else "naive"
         for gv, func in mod.functions_items()
         if isinstance(func, tirx.PrimFunc)
     }

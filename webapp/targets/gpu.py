@@ -1,0 +1,205 @@
+"""GPUs: CUDA (NVIDIA, per compute capability), OpenCL, Metal (Apple) and WebGPU (browsers).
+
+TVM compiles each into a device module (CUDA C, OpenCL C, Metal Shading Language, WGSL) imported by
+an LLVM host module that launches its kernels. Every kernel must be bound to GPU threads before it
+compiles at all: the GPU rules of webapp.pipeline.gpu_schedules do that. The code runs and is timed
+only where the server has such a device (a CUDA driver and GPU for the CUDA presets; TVM's wheel has
+no OpenCL, Metal or Vulkan runtime, and WebGPU runs in a browser): elsewhere it is built and shown.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from typing import ClassVar
+
+from webapp.targets.base import Target
+
+
+class GPU(Target):
+    gpu: ClassVar[bool] = True
+    runtime: ClassVar[str] = ""  # TVM's target kind and device name ("cuda", "opencl", ...)
+    language: ClassVar[str] = ""  # what the device module is written in
+    source_suffix: ClassVar[str] = ""  # of the whole device module's download: device.<suffix>
+    device_word: ClassVar[str] = ""  # the device the server lacks, in words: "CUDA GPU"
+    activation_dtype: ClassVar[str] = "int8"  # quantized activations (dp4a multiplies int8 by int8)
+
+    @property
+    def arch(self) -> str:  # type: ignore[override]
+        return str(self.spec.get("arch", self.runtime))
+
+    @property
+    def can_run_here(self) -> bool:
+        return False
+
+    @property
+    def runs_on(self) -> str:
+        if self.can_run_here:
+            return f"this server's {self.device_word}"
+        article = "an" if self.device_word[0] in "AEIOU" else "a"
+        return f"{article} {self.device_word} (built here, not run: this server has none)"
+
+    def no_device_line(self) -> str:
+        """The benchmark stage's one line where the code cannot run here."""
+        return f"compiled for {self.name}; this server has no {self.device_word}, so nothing was timed"
+
+    # --- what the sandboxed pipeline asks ---
+    def tvm_target(self):
+        import tvm
+
+        from webapp.targets import host_target
+
+        return tvm.target.Target(self.spec, host=host_target())
+
+    @classmethod
+    def matches(cls, tvm_target) -> bool:
+        return tvm_target.kind.name == cls.runtime
+
+    @classmethod
+    def device(cls):
+        import tvm
+
+        return tvm.device(cls.runtime, 0)
+
+    @classmethod
+    def device_name(cls, tvm_target) -> str:
+        return f"{cls.device_word} ({tvm_target.attrs.get('arch', cls.runtime)})"
+
+    @classmethod
+    def backend(cls):
+        from tvm.relax.backend.gpu_generic import pipeline
+
+        return pipeline
+
+    @classmethod
+    def legalize_passes(cls, tvm_target) -> list:
+        """TVM's pipeline for the kind up to fused kernels, without its dlight scheduling (the
+        project's GPU rules schedule, dlight's among them)."""
+        backend = cls.backend()
+        legalize = [p for p in backend.legalize_passes(tvm_target) if p.info.name != "ApplyDefaultSchedule"]
+        return backend.library_dispatch_passes(tvm_target) + legalize
+
+    @classmethod
+    def lower_passes(cls, tvm_target) -> list:
+        backend = cls.backend()
+        return backend.dataflow_lower_passes(tvm_target) + backend.finalize_passes(tvm_target)
+
+    @classmethod
+    def export_library(cls, executable, path: str) -> None:
+        executable.export_library(path)
+
+
+class CUDA(GPU):
+    kind = "cuda"
+    runtime = "cuda"
+    language = "CUDA C"
+    source_suffix = "cu"
+    device_word = "CUDA GPU"
+
+    @property
+    def can_run_here(self) -> bool:
+        return cuda_devices() > 0
+
+    @property
+    def sm(self) -> str:
+        """The compute capability the code is for, as ptxas names it: "sm_90"."""
+        return str(self.spec["arch"])
+
+    @classmethod
+    def backend(cls):
+        from tvm.relax.backend.cuda import pipeline
+
+        return pipeline
+
+
+class OpenCL(GPU):
+    kind = "opencl"
+    runtime = "opencl"
+    language = "OpenCL C"
+    source_suffix = "cl"
+    device_word = "OpenCL device in TVM's runtime"
+
+
+class Metal(GPU):
+    kind = "metal"
+    runtime = "metal"
+    language = "Metal Shading Language"
+    source_suffix = "metal"
+    device_word = "Apple GPU (Metal)"
+
+
+class WebGPU(GPU):
+    kind = "webgpu"
+    runtime = "webgpu"
+    language = "WGSL"
+    source_suffix = "wgsl"
+    device_word = "browser with WebGPU"
+
+    @property
+    def runs_on(self) -> str:
+        return "a browser with WebGPU, through TVM's web runtime (built here, not run)"
+
+    def no_device_line(self) -> str:
+        return (
+            f"compiled for {self.name}; WebGPU code runs in a browser, not on this server, so nothing "
+            "was timed"
+        )
+
+
+@lru_cache(maxsize=1)
+def cuda_devices() -> int:
+    """CUDA GPUs the driver sees (0 without a driver): asked of libcuda itself, so the web process
+    needs no TVM."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def cuda(name: str, title: str, sm: str, description: str) -> CUDA:
+    return CUDA(name, title, description, {"kind": "cuda", "arch": sm})
+
+
+PRESETS = [
+    cuda(
+        "cuda-sm80",
+        "NVIDIA A100 (CUDA, sm_80)",
+        "sm_80",
+        "CUDA C for Ampere data-centre GPUs (A100, A30): compute capability 8.0, PTX and SASS for sm_80.",
+    ),
+    cuda(
+        "cuda-sm89",
+        "NVIDIA L4 / RTX 40 (CUDA, sm_89)",
+        "sm_89",
+        "CUDA C for Ada Lovelace GPUs (L4, L40, RTX 4090): compute capability 8.9, PTX and SASS for sm_89.",
+    ),
+    cuda(
+        "cuda-sm90",
+        "NVIDIA H100 (CUDA, sm_90)",
+        "sm_90",
+        "CUDA C for Hopper GPUs (H100, H200): compute capability 9.0, PTX and SASS for sm_90.",
+    ),
+    OpenCL(
+        "opencl",
+        "OpenCL GPU (generic)",
+        "OpenCL C kernels for any OpenCL GPU (Intel, AMD, Mali, Adreno), launched by TVM's OpenCL runtime.",
+        {"kind": "opencl"},
+    ),
+    Metal(
+        "metal",
+        "Apple GPU (Metal)",
+        "Metal Shading Language for Apple silicon GPUs (M-series Macs, iPhones), launched by TVM's Metal "
+        "runtime.",
+        {"kind": "metal"},
+    ),
+    WebGPU(
+        "webgpu",
+        "WebGPU (browser)",
+        "WGSL compute shaders for a browser's WebGPU, the code TVM's web runtime (tvmjs) runs.",
+        {"kind": "webgpu"},
+    ),
+]
