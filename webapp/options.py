@@ -80,6 +80,16 @@ class JobOptions:
                 f"Tuning runs its measurements where the code runs; for {target} that is a board of the "
                 "device pool, which tuning does not use yet. Submit with tune_trials 0."
             )
+        if trials and TARGETS[target].gpu:
+            raise SubmitError(
+                f"Tuning runs its measurements where the code runs; for {target} that is "
+                + (
+                    "this server's GPU, which tuning does not use yet."
+                    if TARGETS[target].can_run_here
+                    else f"{TARGETS[target].runs_on.split(' (')[0]}, and this server has none."
+                )
+                + " Submit with tune_trials 0: the GPU default rules schedule every kernel."
+            )
         return cls(
             target=target,
             quantize=choice("quantize", QUANTIZE_MODES),

@@ -86,7 +86,7 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     main = vm["main"]
-    if dev.device_type == host().device().device_type:
+    if dev.dlpack_device_type() == host().device().dlpack_device_type():
         return lambda: main(*args)
 
     def run():  # a GPU runs the kernels after the call returns: a run ends when the device is done
@@ -259,7 +259,7 @@ def reference_cuda(dev) -> dict[str, bool]:
     """Which reference runtimes run on the GPU: where the TVM build runs on CUDA and the runtime
     has CUDA (this project installs CPU builds of both; a server with a GPU may install others)."""
     out = {"pytorch": False, "onnxruntime": False, "tvm": True}
-    if dev is None or dev.device_type != 2:  # kDLCUDA
+    if dev is None or dev.dlpack_device_type() != 2:  # kDLCUDA
         return out
     import onnxruntime as ort
     import torch

@@ -21,9 +21,9 @@ TVM's own GPU kernels (sort and scan, dispatched by DispatchSortScan) arrive bou
 from __future__ import annotations
 
 from tvm import s_tir, tirx
-from tvm.tirx import IndexMap
 from tvm.s_tir import dlight
 from tvm.script import tirx as T
+from tvm.tirx import IndexMap
 
 from webapp.pipeline.schedules import extent, fuse, inline_epilogue, is_output, iter_kinds
 

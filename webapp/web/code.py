@@ -10,7 +10,18 @@ from pathlib import Path
 from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import DiffLexer, GasLexer, LlvmLexer, PythonLexer, TextLexer
+from pygments.lexers import (
+    CLexer,
+    CppLexer,
+    CudaLexer,
+    DiffLexer,
+    GasLexer,
+    LlvmLexer,
+    PtxLexer,
+    PythonLexer,
+    TextLexer,
+    WgslLexer,
+)
 
 from webapp.naming import natural_key
 
@@ -27,10 +38,60 @@ VIEWS = {
     "tir": ("TIR of a kernel", PythonLexer, "views/kernels/{kernel}.tir.py"),
     "llvm": ("LLVM IR", LlvmLexer, "views/kernels/{kernel}.ll"),
     "asm": ("Assembly", GasLexer, "views/kernels/{kernel}.s"),
+    # a GPU build's device code (results["device_code"] says which of these it has)
+    "device": ("Device code", CudaLexer, "views/kernels/{kernel}.device"),
+    "ptx": ("PTX", PtxLexer, "views/kernels/{kernel}.ptx"),
+    "sass": ("SASS", GasLexer, "views/kernels/{kernel}.sass"),
     "bytecode": ("VM bytecode", TextLexer, "views/bytecode.txt"),
 }
-KERNEL_VIEWS = ("tir", "llvm", "asm")
+KERNEL_VIEWS = ("tir", "llvm", "asm", "device", "ptx", "sass")
+DEVICE_VIEWS = ("device", "ptx", "sass")
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
+# the device code's language -> its lexer (the device view's default is CUDA C)
+DEVICE_LEXERS = {"OpenCL C": CLexer, "Metal Shading Language": CppLexer, "WGSL": WgslLexer}
+LEXERS = (
+    PythonLexer,
+    LlvmLexer,
+    GasLexer,
+    TextLexer,
+    DiffLexer,
+    CudaLexer,
+    PtxLexer,
+    CLexer,
+    CppLexer,
+    WgslLexer,
+)
+
+
+def available_views(results: dict) -> dict[str, str]:
+    """View name -> its title, for the views this result has: the quantized IR with quantization,
+    the device code views of a GPU build (the LLVM IR and assembly are then its host side)."""
+    device = results.get("device_code") or {}
+    out = {}
+    for name, (title, _, _) in VIEWS.items():
+        if name == "relax-quantized" and not results.get("quantization"):
+            continue
+        if name in DEVICE_VIEWS and name not in device.get("views", ()):
+            continue
+        if name == "device" and device:
+            title = f"Device code ({device['language']})"
+        elif name == "ptx" and device:
+            title = f"PTX ({device['sm']})"
+        elif name == "sass" and device:
+            title = f"SASS ({device['sm']}, from ptxas)"
+        elif name in ("llvm", "asm") and device:
+            title = f"{title}, host side (kernel launches)"
+        out[name] = title
+    return out
+
+
+def whole_module(results: dict) -> dict[str, str]:
+    """View -> the file of the whole module, for the views that have one."""
+    device = results.get("device_code") or {}
+    files = {"device": device.get("file"), "ptx": device.get("ptx"), "sass": device.get("sass")}
+    return WHOLE_MODULE | {view: f"files/{name}" for view, name in files.items() if name}
+
+
 MODULE = "__module__"  # the kernel choice that means the whole generated module
 
 
@@ -66,7 +127,7 @@ def read_text(path: Path | None) -> tuple[str, bool]:
 
 @lru_cache(maxsize=64)
 def highlighted(text: str, lexer_name: str) -> Markup:
-    lexer = {c.__name__: c for c in (PythonLexer, LlvmLexer, GasLexer, TextLexer, DiffLexer)}[lexer_name]()
+    lexer = {c.__name__: c for c in LEXERS}[lexer_name]()
     return Markup(highlight(text, lexer, HtmlFormatter(cssclass="code", linenos=False)))
 
 
@@ -79,17 +140,22 @@ def code_view(
     diff: bool = False,
 ) -> dict:
     """Everything the code panel needs for one selection."""
-    if view not in VIEWS:
+    views = available_views(results)
+    if view not in views:
         view = "relax-imported"
-    title, lexer, template = VIEWS[view]
+    _, lexer, template = VIEWS[view]
+    title = views[view]
+    if view == "device":
+        lexer = DEVICE_LEXERS.get(results["device_code"]["language"], lexer)
+    modules = whole_module(results)
     kernels = sorted((k["name"] for k in results.get("kernels", [])), key=natural_key)
     passes = changed_passes(results.get("passes", []))
     download = None
     if view in KERNEL_VIEWS:
-        if kernel not in kernels and not (kernel == MODULE and view in WHOLE_MODULE):
+        if kernel not in kernels and not (kernel == MODULE and view in modules):
             kernel = kernels[0] if kernels else ""
-        rel = WHOLE_MODULE[view] if kernel == MODULE else template.format(kernel=kernel) if kernel else ""
-        download = WHOLE_MODULE.get(view, "").removeprefix("files/") or None
+        rel = modules[view] if kernel == MODULE else template.format(kernel=kernel) if kernel else ""
+        download = modules.get(view, "").removeprefix("files/") or None
     elif view == "passes":
         indexes = [p["index"] for p in passes]
         if pass_index not in indexes:
@@ -121,7 +187,8 @@ def code_view(
         "download": download,
         "html": highlighted(text, lexer.__name__) if text else None,
         "empty": not text,
-        "whole_module_allowed": view in WHOLE_MODULE,
+        "whole_module_allowed": view in modules,
+        "views": views,
         "module": MODULE,
     }
 

@@ -35,7 +35,7 @@ from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, submit_from_request, view_or_404
-from webapp.web.code import VIEWS, code_view, pygments_css, safe_job_file
+from webapp.web.code import code_view, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
 
@@ -151,13 +151,16 @@ def where_it_runs(t) -> str:
         return "Run on this server"
     if t.board:
         return "Run on a board of the device pool (TVM RPC)"
+    if t.gpu:
+        return "GPU code: compiled and shown here, run only where such a GPU exists"
     return "Compile only: not run here"
 
 
 def target_groups() -> list[tuple[str, list]]:
-    """The presets grouped by where their code runs: this server first, then the pool's boards."""
+    """The presets grouped by where their code runs: this server first, then the pool's boards, then
+    the GPUs (with a CUDA GPU here, its presets come first)."""
     groups: dict[str, list] = {}
-    for t in sorted(TARGETS.values(), key=lambda t: (not t.can_run_here, t.board is None)):
+    for t in sorted(TARGETS.values(), key=lambda t: (not t.can_run_here, t.board is None, not t.gpu)):
         groups.setdefault(where_it_runs(t), []).append(t)
     return list(groups.items())
 
@@ -234,7 +237,6 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "job": job,
         "r": job["results"],
         "code": requested_code_view(job),
-        "views": VIEWS,
         "chart": bench_chart(job["results"]),
         "files": downloadable(job),
     }
@@ -284,7 +286,7 @@ def cancel(job_id: str):
 @bp.get("/r/<job_id>/code")
 def code(job_id: str):
     job = view_or_404(job_id)
-    return render_template("_code.html", job=job, code=requested_code_view(job), views=VIEWS)
+    return render_template("_code.html", job=job, code=requested_code_view(job))
 
 
 @bp.get("/r/<job_id>/files/<name>")
