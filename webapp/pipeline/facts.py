@@ -13,7 +13,7 @@ from webapp.naming import natural_key
 
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
 NO_SPEEDUP_BELOW = 1.1
-DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot")
+DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot", "IDP.4A")  # IDP.4A: CUDA dp4a, in the SASS
 EMULATED_NOTE = (
     "Emulated under QEMU, which translates every Arm instruction into x86 ones: these times compare "
     "fp32 with the quantized build on the same board, run for run; they are not predictions of a real "
@@ -79,7 +79,7 @@ def why_no_speedup(results: dict) -> str:
     instructions = results.get("instructions") or {}
     if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
         return (
-            "the generated code has no integer dot-product instruction (vpdpbusd / sdot): this target "
+            "the generated code has no integer dot-product instruction (vpdpbusd / sdot / dp4a): this target "
             "lacks AVX-512 VNNI or Arm dot product, so 8-bit products are widened and multiplied one "
             "by one, no faster than float FMAs"
         )
