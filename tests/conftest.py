@@ -15,6 +15,16 @@ from webapp.jobs.queue import JobQueue
 
 ROOT = Path(__file__).resolve().parent.parent
 
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
@@ -76,3 +86,15 @@ def wait_for_job(client, job_id: str, timeout: float = 300) -> dict:
             return job
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job}")
+
+
+@pytest.fixture(scope="module")
+def page():
+    """A real browser page: Debian's chromium, driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        yield page
+        browser.close()

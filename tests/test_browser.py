@@ -5,19 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-import pytest
-from playwright.sync_api import expect, sync_playwright
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
+from playwright.sync_api import expect
 
 # Records, in the page, each change of the status pill and of the sections shown: [{pill, sections}].
 WATCH_THE_PAGE = """() => {
@@ -57,15 +45,6 @@ def code_panel_ready(page) -> None:
         "() => { const f = document.querySelector('.code-picker');"
         " return f && f['htmx-internal-data'] && !document.querySelector('.htmx-request, .htmx-settling'); }"
     )
-
-
-@pytest.fixture(scope="module")
-def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        yield page
-        browser.close()
 
 
 def test_upload_watch_stages_read_results_and_reload_by_share_link(

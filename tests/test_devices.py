@@ -261,8 +261,8 @@ def test_code_for_a_core_the_board_lacks_dies_of_sigill_and_the_board_serves_on(
 def test_a_pi_job_from_the_browser_shows_its_emulated_board(pool, tmp_path):
     """The form in chromium: rpi5, int8, an example; the result page's Device section and benchmark say
     emulated, and the index shows the pool's status line."""
+    from conftest import CHROMIUM_ARGS
     from playwright.sync_api import expect, sync_playwright
-    from test_browser import CHROMIUM_ARGS
     from werkzeug.serving import make_server
 
     from webapp import create_app

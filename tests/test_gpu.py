@@ -11,16 +11,16 @@ import zipfile
 
 import pytest
 import tvm
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from tvm import s_tir, te, topi
 
 from tests.conftest import wait_for_job
-from tests.test_browser import CHROMIUM_ARGS, assert_every_link_answers, code_panel_ready
+from tests.test_browser import assert_every_link_answers, code_panel_ready
 from webapp import targets
 from webapp.catalog import EXAMPLES
 from webapp.pipeline import build, device_code, gpu_schedules, schedules
 from webapp.pipeline.importers import import_model
-from webapp.pipeline.inspect import host_code_module
+from webapp.pipeline.inspect import COUNTED_SASS, SASS_MNEMONIC, host_code_module, instruction_counts
 from webapp.pipeline.optimize import canonical
 from webapp.targets.gpu import cuda_devices
 
@@ -66,7 +66,7 @@ def test_every_example_compiles_for_cuda_sm90_with_ptx_and_sass(config, example)
     for name in funcs:  # every device function is in the PTX and the SASS, with its resources
         assert f".entry {name}(" in ptx and name in sass_funcs and sass_funcs[name].count(";") > 3
         assert resources[name]["registers"] > 0 and resources[name]["spill_stores"] >= 0
-    assert sum(device_code.sass_counts(sass).values()) > 0
+    assert sum(instruction_counts(sass, COUNTED_SASS, SASS_MNEMONIC).values()) > 0
 
 
 @pytest.mark.slow
@@ -98,7 +98,7 @@ def test_int8_conv_for_cuda_uses_dp4a_down_to_the_sass():
     source = executable.mod.imports[0].inspect_source()
     assert "__dp4a(" in source
     _, sass, _ = device_code.cuda_binaries(source, "sm_90")
-    assert device_code.sass_counts(sass).get("IDP.4A", 0) > 0
+    assert instruction_counts(sass, COUNTED_SASS, SASS_MNEMONIC).get("IDP.4A", 0) > 0
 
 
 def test_the_dp4a_rule_leaves_other_targets_and_float_kernels_to_the_next_rule():
@@ -174,11 +174,14 @@ def test_int8_cuda_job_is_done_with_device_code_ptx_sass_and_the_no_gpu_line(cli
         code["language"] == "CUDA C" and code["sm"] == "sm_90" and code["views"] == ["device", "ptx", "sass"]
     )
     assert {"device.cu", "device.ptx", "device.sass", "ptxas.txt"} <= set(r["files"])
-    assert code["sass_counts"]["IDP.4A"] > 0
+    assert r["instructions"]["IDP.4A"] > 0
     convs = [k for k in r["kernels"] if k["name"].startswith("fused_conv2d")]
     assert convs and all(k["schedule"] == "default rule: int8 dot product (dp4a)" for k in convs)
     assert all(k["gpu"]["registers"] > 0 and k["device_functions"] for k in r["kernels"])
     base = f"/r/{job['id']}"
+    page = client.get(base).get_data(as_text=True)
+    assert NO_GPU in page or cuda_devices() > 0
+    assert "IDP.4A" in page  # the instruction counts of the Quantization section, from the SASS
     with zipfile.ZipFile(io.BytesIO(client.get(f"{base}/files/ir.zip").data)) as z:
         assert {"device.cu", "device.ptx", "device.sass"} <= set(z.namelist())
         assert any(n.endswith(".sass") and n.startswith("kernels/") for n in z.namelist())
@@ -188,15 +191,6 @@ def test_int8_cuda_job_is_done_with_device_code_ptx_sass_and_the_no_gpu_line(cli
         assert expected in re.sub(r"<[^>]+>", "", html), view
     whole = client.get(f"{base}/code?view=ptx&kernel=__module__").get_data(as_text=True)
     assert "whole module" in whole and ".entry" in re.sub(r"<[^>]+>", "", whole)
-
-
-@pytest.fixture(scope="module")
-def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        yield page
-        browser.close()
 
 
 @pytest.mark.slow

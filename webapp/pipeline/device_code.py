@@ -143,21 +143,6 @@ def kernel_resources(kernel: str, resources: dict[str, dict]) -> dict | None:
     }
 
 
-# SASS instructions worth counting: the int8 dot product, float FMA, tensor-core MMA.
-COUNTED_SASS = {
-    "IDP.4A": "int8 dot product of 4 pairs into int32 (dp4a)",
-    "FFMA": "float fused multiply-add",
-    "HMMA": "tensor-core matrix multiply-add (fp16/tf32)",
-    "IMMA": "tensor-core matrix multiply-add (int8)",
-}
-
-
-def sass_counts(sass: str) -> dict[str, int]:
-    mnemonics = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)", sass, re.M)
-    counts = {name: sum(1 for m in mnemonics if m.startswith(name)) for name in COUNTED_SASS}
-    return {name: n for name, n in counts.items() if n}
-
-
 # ---------------------------------------------------------------- the inspect stage's part
 
 
@@ -190,7 +175,7 @@ def write_device_code(host, tvm_target, kernels: list[str], job_dir: Path) -> di
             parts["ptx"] = (ptx_functions(ptx), "device.ptx")
             parts["sass"] = (sass_functions(sass), "device.sass")
             resources = ptxas_resources(report)
-            out.update(sm=sm, ptx="device.ptx", sass="device.sass", sass_counts=sass_counts(sass))
+            out.update(sm=sm, ptx="device.ptx", sass="device.sass")
     for kernel in kernels:
         entry = {}
         for view, (funcs, _) in parts.items():

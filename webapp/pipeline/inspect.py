@@ -287,6 +287,7 @@ def inspect_build(
         )
     report(0.8)
     device = write_device_code(host, tvm_target, [k["name"] for k in kernels], job_dir)
+    sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
         resources = device["kernels"][k["name"]].get("resources")
         k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
@@ -301,7 +302,7 @@ def inspect_build(
         "kernels": kernels,
         "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
         "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
-        "instructions": instruction_counts(asm) | ((device or {}).get("sass_counts") or {}),
+        "instructions": instruction_counts(asm) | instruction_counts(sass, COUNTED_SASS, SASS_MNEMONIC),
         "dtype_census": dtype_census(lowered),
     } | ({"device_code": device} if device else {})
 
@@ -320,14 +321,24 @@ COUNTED_INSTRUCTIONS = {
 }
 
 
-def instruction_counts(asm: str) -> dict[str, int]:
-    """Occurrences of each COUNTED_INSTRUCTIONS mnemonic (and its variants) in the assembly."""
-    mnemonics = re.findall(r"^\s+([a-z][a-z0-9]*)", asm, re.M)
-    return {
-        name: sum(1 for m in mnemonics if m.startswith(name))
-        for name in COUNTED_INSTRUCTIONS
-        if any(m.startswith(name) for m in mnemonics)
-    }
+ASM_MNEMONIC = r"^\s+([a-z][a-z0-9]*)"
+# The same in NVIDIA's SASS (nvdisasm), for a CUDA build: dp4a, float FMA, tensor-core MMA.
+COUNTED_SASS = {
+    "IDP.4A": "int8 dot product of 4 pairs into int32 (dp4a)",
+    "FFMA": "float fused multiply-add",
+    "HMMA": "tensor-core matrix multiply-add (fp16/tf32)",
+    "IMMA": "tensor-core matrix multiply-add (int8)",
+}
+SASS_MNEMONIC = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)"
+
+
+def instruction_counts(
+    text: str, counted=COUNTED_INSTRUCTIONS, mnemonic: str = ASM_MNEMONIC
+) -> dict[str, int]:
+    """Occurrences of each counted mnemonic (and its variants) in the assembly (or the SASS)."""
+    mnemonics = re.findall(mnemonic, text, re.M)
+    counts = {name: sum(1 for m in mnemonics if m.startswith(name)) for name in counted}
+    return {name: n for name, n in counts.items() if n}
 
 
 def kernel_dtypes(func: tvm.tirx.PrimFunc) -> str:
