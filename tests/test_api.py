@@ -60,8 +60,11 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
     assert runtimes == {"tvm", "pytorch", "onnxruntime"}
     assert all(b["median_ms"] > 0 and b["p90_ms"] >= b["median_ms"] for b in job["results"]["benchmarks"])
+    # one row per reference, each run once (a CPU job has no extra CPU reference, as a GPU job has)
+    assert sorted(f["reference"] for f in job["results"]["fidelity"]) == ["onnxruntime", "pytorch"]
     for f in job["results"]["fidelity"]:
         assert f["max_abs_err"] < 1e-4 and f["cosine"] > 0.9999 and f["top1_agree"] == 1.0
+    assert {b["device"] for b in job["results"]["benchmarks"]} == {job["results"]["benchmarks"][0]["device"]}
     assert client.get(f"/r/{created['id']}.json").get_json() == job
 
     so = client.get(f"/r/{created['id']}/files/model.so")
