@@ -145,7 +145,7 @@ def submit(client, **data):
     return client.post("/api/jobs", data=data, content_type="multipart/form-data")
 
 
-def test_api_lists_the_gpu_targets_and_refuses_tuning_without_a_gpu(client):
+def test_api_lists_the_gpu_targets_and_refuses_what_they_cannot_do(client):
     listed = {t["name"]: t for t in client.get("/api/targets").get_json()}
     for name, kind in [("cuda-sm80", "cuda"), ("cuda-sm89", "cuda"), ("cuda-sm90", "cuda")]:
         assert listed[name]["kind"] == kind and listed[name]["tvm_target"]["arch"] == name[-4:].replace(
@@ -154,6 +154,8 @@ def test_api_lists_the_gpu_targets_and_refuses_tuning_without_a_gpu(client):
         assert listed[name]["can_run_here"] == (cuda_devices() > 0)
     for name in ("opencl", "metal", "webgpu"):
         assert listed[name]["kind"] == name and listed[name]["can_run_here"] is False
+    resp = submit(client, example="cnn-small", target="webgpu", quantize="int8")
+    assert resp.status_code == 400 and "no 64-bit integers" in resp.get_json()["error"]
     if cuda_devices() == 0:
         resp = submit(client, example="cnn-small", target="cuda-sm90", tune_trials="8")
         assert resp.status_code == 400

@@ -80,6 +80,9 @@ class JobOptions:
                 f"Tuning runs its measurements where the code runs; for {target} that is a board of the "
                 "device pool, which tuning does not use yet. Submit with tune_trials 0."
             )
+        quantize = choice("quantize", QUANTIZE_MODES)
+        if quantize != "none" and TARGETS[target].no_quantization:
+            raise SubmitError(TARGETS[target].no_quantization)
         if trials and TARGETS[target].gpu:
             raise SubmitError(
                 f"Tuning runs its measurements where the code runs; for {target} that is "
@@ -92,7 +95,7 @@ class JobOptions:
             )
         return cls(
             target=target,
-            quantize=choice("quantize", QUANTIZE_MODES),
+            quantize=quantize,
             calibration=choice("calibration", CALIBRATION_MODES),
             weight_scale=choice("weight_scale", WEIGHT_SCALE_MODES),
             weight_granularity=choice("weight_granularity", WEIGHT_GRANULARITY),

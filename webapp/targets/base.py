@@ -26,6 +26,7 @@ class Target:
     kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on
     gpu: ClassVar[bool] = False  # scheduled by the GPU rules (webapp.pipeline.gpu_schedules)
+    no_quantization: ClassVar[str] = ""  # why quantized builds are refused for the kind, if they are
 
     # --- what the web process may ask (no TVM) ---
     @property

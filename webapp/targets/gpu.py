@@ -134,6 +134,11 @@ class WebGPU(GPU):
     language = "WGSL"
     source_suffix = "wgsl"
     device_word = "browser with WebGPU"
+    no_quantization = (
+        "WebGPU's shading language (WGSL) has no 64-bit integers, which the quantized model's "
+        "requantization uses, so TVM cannot compile it for webgpu. Submit webgpu with quantize none, "
+        "or quantize for another target."
+    )
 
     @property
     def runs_on(self) -> str:
