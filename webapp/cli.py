@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from webapp.targets import TARGETS
 
 
 def cmd_serve(args) -> int:
-    """gunicorn for the web app plus one local worker process."""
+    """gunicorn for the web app, one local worker process and the device pool, each started again
+    when it exits: a worker killed mid-job costs that job one retry, never the web."""
     config = Config.from_env()
     from webapp import create_app
 
@@ -33,43 +35,51 @@ def cmd_serve(args) -> int:
     host = os.environ.get("HOST", "127.0.0.1")
     print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
     bin_dir = Path(sys.executable).parent
-    # The device pool (tracker, emulated boards) comes up in the background: nothing here waits for it.
-    pool = subprocess.Popen([sys.executable, "-m", "webapp.cli", "pool"]) if args.pool else None
-    worker = subprocess.Popen([sys.executable, "-m", "webapp.cli", "worker"])
-    web = subprocess.Popen(
-        [
-            str(bin_dir / "gunicorn"),
-            "--workers",
-            str(args.web_workers),
-            "--threads",
-            "4",
-            "--bind",
-            f"{host}:{config.port}",
-            "--timeout",
-            "120",
-            "webapp:create_app()",
-        ]
-    )
-
-    children = [p for p in (web, worker, pool) if p is not None]
-
-    def stop(*_):
-        for p in children:
-            p.terminate()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    web = [str(bin_dir / "gunicorn"), "--workers", str(args.web_workers), "--threads", "4"]
+    web += ["--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"]
+    children = [Supervised("web", web), Supervised("worker", [sys.executable, "-m", "webapp.cli", "worker"])]
+    if args.pool:  # the device pool (tracker, emulated boards) comes up in the background
+        children.append(Supervised("pool", [sys.executable, "-m", "webapp.cli", "pool"]))
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     try:
-        while web.poll() is None and worker.poll() is None:
-            try:
-                web.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
+        while not stopping:
+            for child in children:
+                child.keep_running()
+            time.sleep(0.2)
     finally:
-        stop()
-        for p in children:
-            p.wait()
-    return web.returncode or worker.returncode or 0
+        for child in children:
+            child.stop()
+    return 0
+
+
+class Supervised:
+    """A child process of `serve`, started again when it exits: after 1 s, doubling up to 30 s
+    while it keeps exiting within a minute of its start."""
+
+    def __init__(self, name: str, argv: list[str]):
+        self.name, self.argv, self.delay = name, argv, 0.5
+        self.proc = subprocess.Popen(argv)
+        self.started, self.restart_at = time.monotonic(), None
+
+    def keep_running(self) -> None:
+        now = time.monotonic()
+        if self.restart_at is None and self.proc.poll() is not None:
+            self.delay = min(self.delay * 2, 30.0) if now - self.started < 60 else 1.0
+            print(f"serve: the {self.name} exited ({self.proc.returncode}); starting it again", flush=True)
+            self.restart_at = now + self.delay
+        if self.restart_at is not None and now >= self.restart_at:
+            self.proc, self.started, self.restart_at = subprocess.Popen(self.argv), now, None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def cmd_worker(args) -> int:
@@ -81,8 +91,9 @@ def cmd_worker(args) -> int:
     from webapp.jobs.queue import JobQueue
     from webapp.jobs.worker import recover_interrupted
 
-    recover_interrupted(config)
-    JobQueue(config).consumer(workers=args.jobs).run()
+    queue = JobQueue(config)
+    recover_interrupted(config, queue.enqueue)
+    queue.consumer(workers=args.jobs).run()
     return 0
 
 

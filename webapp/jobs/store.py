@@ -28,9 +28,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     started REAL,
     finished REAL,
-    worker TEXT
+    worker TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    note TEXT
 )
 """
+# Columns added since the first schema, for stores made before them: (name, definition).
+ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT"))
 
 
 def new_job_id() -> str:
@@ -56,6 +60,10 @@ class JobStore:
         with closing(self.connect()) as db, db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(SCHEMA)
+            have = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, definition in ADDED_COLUMNS:
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
 
     def connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.db_path, timeout=30)
@@ -100,6 +108,15 @@ class JobStore:
                 ("failed" if error else "done", json.dumps(error) if error else None, time.time(), job_id),
             )
 
+    def requeue(self, job_id: str, note: str) -> None:
+        """A running job back in the queue for another attempt, with the reason on its page."""
+        with closing(self.connect()) as db, db:
+            db.execute(
+                "UPDATE jobs SET status = 'queued', started = NULL, worker = NULL, "
+                "attempts = attempts + 1, note = ? WHERE id = ?",
+                (note, job_id),
+            )
+
     def request_cancel(self, job_id: str) -> bool:
         """Flag a running job to stop tuning (the pipeline polls the flag file); False if not running."""
         job = self.get(job_id)
@@ -135,6 +152,7 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
         "options": job["options"],
         "stages": stages,
         "error": job["error"],
+        "note": job["note"],  # e.g. "retried after the worker stopped"
         "results": read_untrusted_json(job_dir / "result.json") or {},
         "url": f"{url_root}/r/{job_id}",
         "api_url": f"{url_root}/api/jobs/{job_id}",

@@ -146,13 +146,43 @@ def board_wait_s(config: Config, key: str) -> float:
     return min(config.board_wait_s, 30.0)
 
 
-def recover_interrupted(config: Config) -> None:
-    """Jobs this host's dead workers left running are marked failed (their sandbox died with them)."""
+RETRIED = "retried after the worker stopped"
+PIPELINE_OUTPUTS = (
+    "progress.json",
+    "result.json",
+    "log.txt",
+    "views",
+    "files",
+    "remote",
+    "tuning",
+    "job.json",
+)
+
+
+def recover_interrupted(config: Config, enqueue) -> list[str]:
+    """Jobs this host's dead workers left running (their sandboxes died with them): each is queued
+    again once, with what its first attempt wrote removed, and fails with a plain message if its
+    worker stops again. Returns the ids queued again; `enqueue(job_id)` queues one."""
     store = JobStore(config.data_dir)
     host = socket.gethostname()
+    requeued = []
     for job_id in store.running_on(host + ":"):
         job = store.get(job_id)
         pid = int(job["worker"].rsplit(":", 1)[1])
-        if not Path(f"/proc/{pid}").exists():
-            message = "The worker stopped while this job was running; submit it again."
-            store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message))
+        if Path(f"/proc/{pid}").exists():
+            continue
+        job_dir = store.job_dir(job_id)
+        if job["attempts"] >= 1:
+            message = (
+                "The worker stopped while this job was running, twice (it was retried once): the job "
+                "may be what stops it. Submit it again, or with other options."
+            )
+            store.mark_finished(job_id, close_progress(job_dir, -1, message))
+            continue
+        for name in PIPELINE_OUTPUTS:
+            path = job_dir / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        store.requeue(job_id, RETRIED)
+        enqueue(job_id)
+        requeued.append(job_id)
+    return requeued
