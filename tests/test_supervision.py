@@ -171,6 +171,12 @@ def test_worker_killed_mid_job_the_web_keeps_answering_and_the_job_is_retried(se
     assert status == 200 and b"retried after the worker stopped" in page
     assert "serve: the worker exited (-9); starting it again" in log.read_text()
     # the web answered throughout: every probe, each within a second
+    times = sorted(t for _, t in prober.samples)
+    print(
+        f"\nprobes of / while the worker was killed and the job retried: {len(times)}, "
+        f"errors {sum(s != 200 for s, _ in prober.samples)}, median {times[len(times) // 2] * 1000:.0f} ms, "
+        f"max {times[-1] * 1000:.0f} ms"
+    )
     assert len(prober.samples) > 20
     assert all(s == 200 for s, _ in prober.samples), [s for s in prober.samples if s[0] != 200]
     assert max(t for _, t in prober.samples) < 1.0, max(t for _, t in prober.samples)
