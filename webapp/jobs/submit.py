@@ -104,7 +104,8 @@ def submit_job(
         shutil.rmtree(job_dir)
         raise
     fingerprint = job_fingerprint(options, job_dir / "input")
-    earlier = None if flag(form.get("rerun")) else store.find_identical(fingerprint)
+    reuse = config.reuse_results and not flag(form.get("rerun"))
+    earlier = store.find_identical(fingerprint) if reuse else None
     if earlier is not None:  # the same work, done (or under way) already: its result answers
         shutil.rmtree(job_dir)
         return earlier, True
