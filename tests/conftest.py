@@ -36,7 +36,14 @@ def config(data_dir) -> Config:
     # A short timing budget keeps the benchmark stage fast; the figures are still real.
     # Without the shipped tuning records: jobs here start untuned unless a test tunes.
     return Config(
-        data_dir=data_dir, bench_budget_s=0.3, bench_threads=2, wall_limit_s=600, shipped_tuning_records=False
+        data_dir=data_dir,
+        bench_budget_s=0.3,
+        bench_threads=2,
+        wall_limit_s=600,
+        shipped_tuning_records=False,
+        # Tests submit the same small jobs again and again, each expecting its own run; reuse of
+        # identical jobs is tested on an app of its own (tests/test_reuse.py).
+        reuse_results=False,
     )
 
 

@@ -58,6 +58,7 @@ def pool(tmp_path_factory, rootfs):
         bench_threads=2,
         wall_limit_s=600,
         shipped_tuning_records=False,
+        reuse_results=False,  # its tests submit the same small jobs, each expecting its own run
         tracker=f"127.0.0.1:{free_port()}",
         rootfs=rootfs,
         board_wait_s=120,

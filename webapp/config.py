@@ -31,6 +31,9 @@ class Config:
     tracker: str = "127.0.0.1:9190"  # where clients and boards reach the tracker
     tracker_bind: str | None = None  # the address it listens on (0.0.0.0 to let real boards join)
     emulated_boards: bool = True  # one QEMU board per Raspberry Pi target, started by the pool
+    reuse_results: bool = (
+        True  # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
+    )
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
 
@@ -52,6 +55,7 @@ class Config:
             tracker=os.environ.get("PLAYGROUND_TRACKER") or c.tracker,
             tracker_bind=os.environ.get("PLAYGROUND_TRACKER_BIND") or None,
             emulated_boards=os.environ.get("PLAYGROUND_EMULATED_BOARDS", "1") != "0",
+            reuse_results=os.environ.get("PLAYGROUND_REUSE_RESULTS", "1") != "0",
             board_wait_s=float(os.environ.get("PLAYGROUND_BOARD_WAIT_S") or c.board_wait_s),
             rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve()
             if os.environ.get("PLAYGROUND_ROOTFS")

@@ -30,11 +30,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     worker TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    note TEXT
+    note TEXT,
+    fingerprint TEXT
 )
 """
 # Columns added since the first schema, for stores made before them: (name, definition).
-ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT"))
+ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT"), ("fingerprint", "TEXT"))
 
 
 def new_job_id() -> str:
@@ -75,12 +76,22 @@ class JobStore:
             raise ValueError("bad job id")
         return self.jobs_dir / job_id
 
-    def create(self, job_id: str, options: dict) -> None:
+    def create(self, job_id: str, options: dict, fingerprint: str | None = None) -> None:
         with closing(self.connect()) as db, db:
             db.execute(
-                "INSERT INTO jobs (id, created, status, options) VALUES (?, ?, 'queued', ?)",
-                (job_id, time.time(), json.dumps(options)),
+                "INSERT INTO jobs (id, created, status, options, fingerprint) VALUES (?, ?, 'queued', ?, ?)",
+                (job_id, time.time(), json.dumps(options), fingerprint),
             )
+
+    def find_identical(self, fingerprint: str) -> str | None:
+        """The newest job of this fingerprint that is done or under way (a failed one is not reused)."""
+        with closing(self.connect()) as db:
+            row = db.execute(
+                "SELECT id FROM jobs WHERE fingerprint = ? AND status IN ('done', 'queued', 'running') "
+                "ORDER BY created DESC LIMIT 1",
+                (fingerprint,),
+            ).fetchone()
+        return row["id"] if row else None
 
     def get(self, job_id: str) -> dict | None:
         if not ID_PATTERN.match(job_id):

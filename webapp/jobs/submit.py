@@ -5,8 +5,12 @@ One function serves the HTML form, the JSON API and anything else that submits.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import BinaryIO
 
 from webapp.catalog import EXAMPLES
@@ -50,8 +54,10 @@ def submit_job(
     filename: str = "",
     tuning_files: dict[str, BinaryIO] | None = None,
     calibration: BinaryIO | None = None,
-) -> str:
-    """Check the request, save the upload into a new job folder, record and queue the job; returns its id."""
+) -> tuple[str, bool]:
+    """Check the request, save the upload into a new job folder, record and queue the job; returns
+    (its id, False). An identical job (same project version, options and input bytes) already done
+    or under way answers instead, (its id, True), unless the form asks to `rerun`."""
     options = JobOptions.parse(form).to_json()  # plus what the upload was, below
     example = (form.get("example") or "").strip()
     if upload is None and not example:
@@ -97,9 +103,42 @@ def submit_job(
     except SubmitError:
         shutil.rmtree(job_dir)
         raise
-    store.create(job_id, options)
+    fingerprint = job_fingerprint(options, job_dir / "input")
+    reuse = config.reuse_results and not flag(form.get("rerun"))
+    earlier = store.find_identical(fingerprint) if reuse else None
+    if earlier is not None:  # the same work, done (or under way) already: its result answers
+        shutil.rmtree(job_dir)
+        return earlier, True
+    store.create(job_id, options, fingerprint)
     queue.enqueue(job_id)
-    return job_id
+    return job_id, False
+
+
+def flag(value) -> bool:
+    return str(value or "").strip().lower() in ("1", "true", "on", "yes")
+
+
+@lru_cache(maxsize=1)
+def project_version() -> str:
+    """A digest of the project's code and pins: a result is reused only by the same version."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "webapp").rglob("*.py"), root / "pyproject.toml"]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def job_fingerprint(options: dict, inputs: Path) -> str:
+    """What decides a job's result: the project version, the options (not the upload's file name)
+    and the bytes of every input file (model, tuning records, calibration data)."""
+    digest = hashlib.sha256(project_version().encode())
+    digest.update(json.dumps({k: v for k, v in options.items() if k != "filename"}, sort_keys=True).encode())
+    for path in sorted(p for p in inputs.rglob("*") if p.is_file()):
+        digest.update(b"\0" + str(path.relative_to(inputs)).encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:

@@ -22,9 +22,9 @@ def view_or_404(job_id: str, url_root: str = "") -> dict:
     return view
 
 
-def submit_from_request() -> str:
-    """Submit the job this request describes (form fields, optional `model` file); returns its id.
-    Raises SubmitError for a request refused at once."""
+def submit_from_request() -> tuple[str, bool]:
+    """Submit the job this request describes (form fields, optional `model` file); returns its id and
+    whether it is an earlier identical job's. Raises SubmitError for a request refused at once."""
     config, store, queue = ctx()
     upload = request.files.get("model")
     if upload is not None and not upload.filename:

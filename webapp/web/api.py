@@ -71,9 +71,11 @@ def devices():
 
 @bp.post("/jobs")
 def create_job():
-    job_id = submit_from_request()
+    job_id, reused = submit_from_request()
     root = request.url_root.rstrip("/")
-    return jsonify({"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}), 202
+    answer = {"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}
+    # an identical earlier job answers: 200 with "reused" (send rerun=1 for a fresh run)
+    return jsonify(answer | {"reused": reused}), 200 if reused else 202
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -192,10 +192,10 @@ def index():
 @bp.post("/jobs")
 def submit():
     try:
-        job_id = submit_from_request()
+        job_id, reused = submit_from_request()
     except SubmitError as e:
         return render_index(str(e), 400, request.form)
-    return redirect(url_for("pages.result", job_id=job_id), code=303)
+    return redirect(url_for("pages.result", job_id=job_id, **({"reused": 1} if reused else {})), code=303)
 
 
 @bp.errorhandler(413)
@@ -254,7 +254,8 @@ def is_live(job: dict) -> bool:
 @bp.get("/r/<job_id>")
 def result(job_id: str):
     job = view_or_404(job_id)
-    return render_template("job.html", job=job, parts=render_parts(job), live=is_live(job))
+    reused = request.args.get("reused") == "1"  # the form's submission was answered by this job
+    return render_template("job.html", job=job, parts=render_parts(job), live=is_live(job), reused=reused)
 
 
 @bp.get("/r/<job_id>/live")
