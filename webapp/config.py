@@ -31,9 +31,8 @@ class Config:
     tracker: str = "127.0.0.1:9190"  # where clients and boards reach the tracker
     tracker_bind: str | None = None  # the address it listens on (0.0.0.0 to let real boards join)
     emulated_boards: bool = True  # one QEMU board per Raspberry Pi target, started by the pool
-    reuse_results: bool = (
-        True  # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
-    )
+    # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
+    reuse_results: bool = True
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
 

@@ -89,7 +89,7 @@ class JobOptions:
                 + (
                     "this server's GPU, which tuning does not use yet."
                     if TARGETS[target].can_run_here
-                    else f"{TARGETS[target].runs_on.split(' (')[0]}, and this server has none."
+                    else f"{TARGETS[target].a_device}, and this server has none."
                 )
                 + " Submit with tune_trials 0: the GPU default rules schedule every kernel."
             )

@@ -258,7 +258,7 @@ def benchmark(
 def reference_cuda(dev) -> dict[str, bool]:
     """Which reference runtimes run on the GPU: where the TVM build runs on CUDA and the runtime
     has CUDA (this project installs CPU builds of both; a server with a GPU may install others)."""
-    out = {"pytorch": False, "onnxruntime": False, "tvm": True}
+    out = {"pytorch": False, "onnxruntime": False}
     if dev is None or dev.dlpack_device_type() != 2:  # kDLCUDA
         return out
     import onnxruntime as ort

@@ -30,6 +30,7 @@ from tvm.target.codegen import target_has_features
 from webapp.targets import KINDS, kind_of
 
 SCHEDULE_ATTR = "playground.schedule"
+TVM_KERNEL = "TVM's own kernel"  # the label of a kernel TVM scheduled itself (its GPU sort and scan)
 PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePreproc moves out
 
 
@@ -604,7 +605,7 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         from webapp.pipeline import gpu_schedules
 
         if gpu_schedules.bound_already(func):
-            return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: "TVM's own GPU kernel"})
+            return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
         rules = gpu_schedules.RULES
     try:
         s_tir.Schedule(func).get_sblock("root")
@@ -707,9 +708,7 @@ def rename_calls(func: relax.Function, renamed: dict) -> relax.Function:
 def labels(mod: tvm.IRModule) -> dict[str, str]:
     """Kernel name -> how it was scheduled ("tuned", "default rule: ...", "naive")."""
     return {
-        gv.name_hint: str(
-            func.attrs.get(SCHEDULE_ATTR, "TVM's own kernel" if is_scheduled(func) else "naive")
-        )
+        gv.name_hint: str(func.attrs.get(SCHEDULE_ATTR, TVM_KERNEL if is_scheduled(func) else "naive"))
         if func.attrs
         else "naive"
         for gv, func in mod.functions_items()

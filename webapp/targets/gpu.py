@@ -33,11 +33,15 @@ class GPU(Target):
         return False
 
     @property
+    def a_device(self) -> str:
+        """The device its code runs on, with its article: "a CUDA GPU"."""
+        return f"{'an' if self.device_word[0] in 'AEIOU' else 'a'} {self.device_word}"
+
+    @property
     def runs_on(self) -> str:
         if self.can_run_here:
             return f"this server's {self.device_word}"
-        article = "an" if self.device_word[0] in "AEIOU" else "a"
-        return f"{article} {self.device_word} (built here, not run: this server has none)"
+        return f"{self.a_device} (built here, not run: this server has none)"
 
     def no_device_line(self) -> str:
         """The benchmark stage's one line where the code cannot run here."""
@@ -99,11 +103,6 @@ class CUDA(GPU):
     @property
     def can_run_here(self) -> bool:
         return cuda_devices() > 0
-
-    @property
-    def sm(self) -> str:
-        """The compute capability the code is for, as ptxas names it: "sm_90"."""
-        return str(self.spec["arch"])
 
     @classmethod
     def backend(cls):

@@ -49,18 +49,7 @@ DEVICE_VIEWS = ("device", "ptx", "sass")
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
 # the device code's language -> its lexer (the device view's default is CUDA C)
 DEVICE_LEXERS = {"OpenCL C": CLexer, "Metal Shading Language": CppLexer, "WGSL": WgslLexer}
-LEXERS = (
-    PythonLexer,
-    LlvmLexer,
-    GasLexer,
-    TextLexer,
-    DiffLexer,
-    CudaLexer,
-    PtxLexer,
-    CLexer,
-    CppLexer,
-    WgslLexer,
-)
+LEXERS = {*(lexer for _, lexer, _ in VIEWS.values()), *DEVICE_LEXERS.values(), DiffLexer}
 
 
 def available_views(results: dict) -> dict[str, str]:
