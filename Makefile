@@ -8,7 +8,8 @@ PORT ?= 8000
 # emulated boards' arm64 root file system, qemu-user-static runs them.
 PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
 SERVE_DEBS := bubblewrap graphviz g++ $(PI_DEBS)
-TEST_DEBS := $(SERVE_DEBS) chromium
+# The tests start real Redis and PostgreSQL servers (the queue and store of several machines).
+TEST_DEBS := $(SERVE_DEBS) chromium redis-server postgresql
 
 .PHONY: serve test setup setup-test debs debs-test lint clean
 

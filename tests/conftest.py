@@ -44,6 +44,11 @@ def config(data_dir) -> Config:
         # Tests submit the same small jobs again and again, each expecting its own run; reuse of
         # identical jobs is tested on an app of its own (tests/test_reuse.py).
         reuse_results=False,
+        # Tests submit many jobs from one address; admission control has tests of its own
+        # (tests/test_admission.py).
+        submit_rate="",
+        max_queued_per_client=0,
+        max_queued=0,
     )
 
 

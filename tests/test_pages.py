@@ -289,10 +289,11 @@ def update_job(app, job_id: str, results: dict | None, status: str, stages=None)
     if results is not None:
         (job_dir / "result.json").write_text(json.dumps(results))
     (job_dir / "progress.json").write_text(json.dumps({"stages": stages or STAGES_DONE, "error": None}))
-    if status == "running":
-        store.mark_running(job_id, "test:0")
-    elif status in ("done", "failed"):
-        store.mark_finished(job_id, None if status == "done" else {"stage": "build", "message": "boom"})
+    if status in ("running", "done", "failed"):
+        store.claim(job_id, "test:0")
+    if status in ("done", "failed"):
+        error = None if status == "done" else {"stage": "build", "message": "boom"}
+        store.mark_finished(job_id, error, "test:0")
 
 
 def with_facts(results: dict) -> dict:

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def create_app(config: Config | None = None) -> Flask:
     from webapp.jobs.queue import JobQueue
     from webapp.jobs.sandbox import check_bubblewrap
-    from webapp.jobs.store import JobStore
     from webapp.web import api, pages
 
     config = config or Config.from_env()
@@ -24,9 +23,23 @@ def create_app(config: Config | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = (config.max_upload_mb + 1) << 20
     app.extensions["playground"] = {
         "config": config,
-        "store": JobStore(config.data_dir),
+        "store": config.store(),
         "queue": JobQueue(config),
     }
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    if config.submit_rate:
+        limit_submissions(app, config)
     return app
+
+
+def limit_submissions(app: Flask, config: Config) -> None:
+    """flask-limiter on the two ways to submit, per client address; counted in Redis when there is
+    one (shared by every web process), else in each web process's memory."""
+    from flask_limiter import Limiter
+    from flask_limiter.util import get_remote_address
+
+    storage = config.redis_url or "memory://"
+    limiter = Limiter(get_remote_address, app=app, storage_uri=storage, headers_enabled=True)
+    for endpoint in ("api.create_job", "pages.submit"):
+        app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])

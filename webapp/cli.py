@@ -89,10 +89,11 @@ def cmd_worker(args) -> int:
 
         check_bubblewrap()
     from webapp.jobs.queue import JobQueue
-    from webapp.jobs.worker import recover_interrupted
+    from webapp.jobs.worker import requeue_waiting, watch_for_lost_workers
 
     queue = JobQueue(config)
-    recover_interrupted(config, queue.enqueue)
+    requeue_waiting(config, queue.enqueue)
+    watch_for_lost_workers(config, queue.enqueue)  # this machine's dead workers, and lost machines
     queue.consumer(workers=args.jobs).run()
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -15,8 +16,14 @@ def env_int(name: str, default: int) -> int:
 class Config:
     data_dir: Path = field(default_factory=lambda: Path("data").resolve())
     port: int = 8000
-    redis_url: str | None = None
+    redis_url: str | None = None  # the queue: huey on Redis (default: huey on SQLite in the data folder)
+    database_url: str | None = None  # the job store: PostgreSQL (default: SQLite in the data folder)
     max_upload_mb: int = 500
+    # Admission control: submissions per client address (flask-limiter's syntax; "" for none), and
+    # caps on jobs queued or running, per address and in all (0 for none); past them, 429.
+    submit_rate: str = "10 per minute;100 per day"
+    max_queued_per_client: int = 3
+    max_queued: int = 50
     # Limits of one sandboxed pipeline run.
     memory_limit_mb: int = 16384  # address space
     cpu_limit_s: int = 3600
@@ -33,6 +40,11 @@ class Config:
     emulated_boards: bool = True  # one QEMU board per Raspberry Pi target, started by the pool
     # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
     reuse_results: bool = True
+    # A running job's worker writes a heartbeat into the store; one silent for lost_after_s is given up
+    # for lost (its machine gone) and the job retried by another worker.
+    host: str = field(default_factory=socket.gethostname)  # this machine's name in worker names
+    heartbeat_s: float = 5.0
+    lost_after_s: float = 60.0
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
 
@@ -44,7 +56,11 @@ class Config:
             data_dir=Path(os.environ.get("PLAYGROUND_DATA") or c.data_dir).resolve(),
             port=env_int("PORT", c.port),
             redis_url=os.environ.get("REDIS_URL") or None,
+            database_url=os.environ.get("DATABASE_URL") or None,
             max_upload_mb=env_int("PLAYGROUND_MAX_UPLOAD_MB", c.max_upload_mb),
+            submit_rate=os.environ.get("PLAYGROUND_SUBMIT_RATE", c.submit_rate),
+            max_queued_per_client=env_int("PLAYGROUND_MAX_QUEUED_PER_CLIENT", c.max_queued_per_client),
+            max_queued=env_int("PLAYGROUND_MAX_QUEUED", c.max_queued),
             memory_limit_mb=env_int("PLAYGROUND_MEMORY_LIMIT_MB", c.memory_limit_mb),
             cpu_limit_s=env_int("PLAYGROUND_CPU_LIMIT_S", c.cpu_limit_s),
             wall_limit_s=env_int("PLAYGROUND_WALL_LIMIT_S", c.wall_limit_s),
@@ -55,12 +71,21 @@ class Config:
             tracker_bind=os.environ.get("PLAYGROUND_TRACKER_BIND") or None,
             emulated_boards=os.environ.get("PLAYGROUND_EMULATED_BOARDS", "1") != "0",
             reuse_results=os.environ.get("PLAYGROUND_REUSE_RESULTS", "1") != "0",
+            host=os.environ.get("PLAYGROUND_HOST") or c.host,
+            heartbeat_s=float(os.environ.get("PLAYGROUND_HEARTBEAT_S") or c.heartbeat_s),
+            lost_after_s=float(os.environ.get("PLAYGROUND_LOST_AFTER_S") or c.lost_after_s),
             board_wait_s=float(os.environ.get("PLAYGROUND_BOARD_WAIT_S") or c.board_wait_s),
             rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve()
             if os.environ.get("PLAYGROUND_ROOTFS")
             else None,
         )
         return replace(c, **overrides)
+
+    def store(self):
+        """The job store (one per data folder and database in a process)."""
+        from webapp.jobs.store import open_store
+
+        return open_store(self.data_dir, self.database_url)
 
     @property
     def jobs_dir(self) -> Path:

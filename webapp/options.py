@@ -16,6 +16,19 @@ MAX_TUNE_TRIALS = 20000
 class SubmitError(ValueError):
     """A request refused at once; the message says why."""
 
+    status = 400
+    retry_after: int | None = None
+
+
+class Busy(SubmitError):
+    """A request refused for now (too many jobs queued): 429, with when to try again."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
 
 @dataclass(frozen=True)
 class JobOptions:

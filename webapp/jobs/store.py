@@ -1,41 +1,46 @@
-"""The job store: one SQLite table of job records, and each job's folder under data/jobs/<id>.
+"""The job store: a table of job records (SQLite in the data folder, or PostgreSQL when DATABASE_URL
+is set), and each job's folder under data/jobs/<id>.
 
-The record holds what the web layer decides (options, status, error); the folder holds what the
-sandboxed pipeline writes (progress.json, result.json, artifacts). `job_view` joins the two into the
-one dict that both the result page and the JSON API render.
+The record holds what the web layer decides (options, status, error) and who runs the job (worker,
+heartbeat); the folder holds what the sandboxed pipeline writes (progress.json, result.json,
+artifacts). `job_view` joins the two into the one dict that both the result page and the JSON API
+render.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
 import sqlite3
+import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from webapp.catalog import STAGES
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    status TEXT NOT NULL,
-    options TEXT NOT NULL,
-    error TEXT,
-    started REAL,
-    finished REAL,
-    worker TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    note TEXT,
-    fingerprint TEXT
+# One schema for both engines (DOUBLE PRECISION: PostgreSQL's REAL is 4 bytes, too few for a time).
+COLUMNS = (
+    ("id", "TEXT PRIMARY KEY"),
+    ("created", "DOUBLE PRECISION NOT NULL"),
+    ("status", "TEXT NOT NULL"),
+    ("options", "TEXT NOT NULL"),
+    ("error", "TEXT"),
+    ("started", "DOUBLE PRECISION"),
+    ("finished", "DOUBLE PRECISION"),
+    ("worker", "TEXT"),
+    # added since the first schema: stores made before them gain them at start
+    ("attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("note", "TEXT"),
+    ("fingerprint", "TEXT"),
+    ("heartbeat", "DOUBLE PRECISION"),  # the running worker's last sign of life
+    ("client", "TEXT"),  # the submitter's address (admission control counts its queued jobs)
 )
-"""
-# Columns added since the first schema, for stores made before them: (name, definition).
-ADDED_COLUMNS = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("note", "TEXT"), ("fingerprint", "TEXT"))
+FIRST_COLUMNS = 8
 
 
 def new_job_id() -> str:
@@ -53,80 +58,149 @@ def read_untrusted_json(path: Path, max_bytes: int = 64 << 20):
 
 
 class JobStore:
-    def __init__(self, data_dir: Path):
+    """Every query is written once, with `?` placeholders (on PostgreSQL they become `%s`)."""
+
+    def __init__(self, data_dir: Path, database_url: str | None = None):
         self.data_dir = data_dir
         self.jobs_dir = data_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.database_url = database_url
         self.db_path = data_dir / "jobs.db"
-        with closing(self.connect()) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(SCHEMA)
-            have = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
-            for name, definition in ADDED_COLUMNS:
-                if name not in have:
-                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
+        self.local = threading.local()  # one PostgreSQL connection per thread, kept
+        first = ", ".join(f"{name} {kind}" for name, kind in COLUMNS[:FIRST_COLUMNS])
+        with self.cursor() as cur:
+            if not database_url:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS jobs ({first})")
+            for name, kind in COLUMNS[FIRST_COLUMNS:]:
+                if name not in self.column_names(cur):
+                    cur.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            cur.execute("CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)")
+            cur.execute("CREATE INDEX IF NOT EXISTS jobs_fingerprint ON jobs (fingerprint)")
 
-    def connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=30)
-        db.row_factory = sqlite3.Row
-        return db
+    def column_names(self, cur) -> set[str]:
+        if self.database_url:
+            cur.execute("SELECT column_name AS name FROM information_schema.columns WHERE table_name='jobs'")
+        else:
+            cur.execute("PRAGMA table_info(jobs)")
+        return {row["name"] for row in cur.fetchall()}
+
+    @contextmanager
+    def cursor(self):
+        """A cursor whose rows are dicts, in a transaction committed at the end of the block."""
+        if not self.database_url:
+            with closing(sqlite3.connect(self.db_path, timeout=30)) as db, db:
+                db.row_factory = sqlite3.Row
+                yield db.cursor()
+            return
+        import psycopg
+        from psycopg.rows import dict_row
+
+        conn = getattr(self.local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.database_url, row_factory=dict_row, autocommit=True)
+            self.local.conn = conn
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                yield cur
+        except psycopg.OperationalError:
+            conn.close()  # the server went away: the next query connects again
+            raise
+
+    def query(self, sql: str, *params) -> list[dict]:
+        with self.cursor() as cur:
+            cur.execute(self.placeholders(sql), params)
+            return [dict(row) for row in cur.fetchall()]
+
+    def change(self, sql: str, *params) -> int:
+        """Run an UPDATE / INSERT / DELETE; returns how many rows it changed."""
+        with self.cursor() as cur:
+            cur.execute(self.placeholders(sql), params)
+            return cur.rowcount
+
+    def placeholders(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.database_url else sql
 
     def job_dir(self, job_id: str) -> Path:
         if not ID_PATTERN.match(job_id):
             raise ValueError("bad job id")
         return self.jobs_dir / job_id
 
-    def create(self, job_id: str, options: dict, fingerprint: str | None = None) -> None:
-        with closing(self.connect()) as db, db:
-            db.execute(
-                "INSERT INTO jobs (id, created, status, options, fingerprint) VALUES (?, ?, 'queued', ?, ?)",
-                (job_id, time.time(), json.dumps(options), fingerprint),
-            )
+    def create(self, job_id: str, options: dict, fingerprint: str | None = None, client: str = "") -> None:
+        self.change(
+            "INSERT INTO jobs (id, created, status, options, fingerprint, client) "
+            "VALUES (?, ?, 'queued', ?, ?, ?)",
+            job_id,
+            time.time(),
+            json.dumps(options),
+            fingerprint,
+            client,
+        )
 
     def find_identical(self, fingerprint: str) -> str | None:
         """The newest job of this fingerprint that is done or under way (a failed one is not reused)."""
-        with closing(self.connect()) as db:
-            row = db.execute(
-                "SELECT id FROM jobs WHERE fingerprint = ? AND status IN ('done', 'queued', 'running') "
-                "ORDER BY created DESC LIMIT 1",
-                (fingerprint,),
-            ).fetchone()
-        return row["id"] if row else None
+        rows = self.query(
+            "SELECT id FROM jobs WHERE fingerprint = ? AND status IN ('done', 'queued', 'running') "
+            "ORDER BY created DESC LIMIT 1",
+            fingerprint,
+        )
+        return rows[0]["id"] if rows else None
 
     def get(self, job_id: str) -> dict | None:
         if not ID_PATTERN.match(job_id):
             return None
-        with closing(self.connect()) as db:
-            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
+        rows = self.query("SELECT * FROM jobs WHERE id = ?", job_id)
+        if not rows:
             return None
-        job = dict(row)
+        job = rows[0]
         job["options"] = json.loads(job["options"])
         job["error"] = json.loads(job["error"]) if job["error"] else None
         return job
 
-    def mark_running(self, job_id: str, worker: str) -> None:
-        with closing(self.connect()) as db, db:
-            db.execute(
-                "UPDATE jobs SET status = 'running', started = ?, worker = ? WHERE id = ?",
-                (time.time(), worker, job_id),
-            )
+    def claim(self, job_id: str, worker: str) -> bool:
+        """Mark a queued job running on `worker`; False when another worker has it already."""
+        now = time.time()
+        return 1 == self.change(
+            "UPDATE jobs SET status = 'running', started = ?, worker = ?, heartbeat = ? "
+            "WHERE id = ? AND status = 'queued'",
+            now,
+            worker,
+            now,
+            job_id,
+        )
 
-    def mark_finished(self, job_id: str, error: dict | None) -> None:
-        with closing(self.connect()) as db, db:
-            db.execute(
-                "UPDATE jobs SET status = ?, error = ?, finished = ? WHERE id = ?",
-                ("failed" if error else "done", json.dumps(error) if error else None, time.time(), job_id),
-            )
+    def beat(self, job_id: str, worker: str) -> bool:
+        """The running worker's sign of life; False when the job is no longer its own."""
+        return 1 == self.change(
+            "UPDATE jobs SET heartbeat = ? WHERE id = ? AND status = 'running' AND worker = ?",
+            time.time(),
+            job_id,
+            worker,
+        )
 
-    def requeue(self, job_id: str, note: str) -> None:
-        """A running job back in the queue for another attempt, with the reason on its page."""
-        with closing(self.connect()) as db, db:
-            db.execute(
-                "UPDATE jobs SET status = 'queued', started = NULL, worker = NULL, "
-                "attempts = attempts + 1, note = ? WHERE id = ?",
-                (note, job_id),
-            )
+    def mark_finished(self, job_id: str, error: dict | None, worker: str) -> bool:
+        """Record a job's end, while `worker` still holds it (a worker given up for lost, whose job
+        runs elsewhere now, records nothing); False when nothing was recorded."""
+        return 1 == self.change(
+            "UPDATE jobs SET status = ?, error = ?, finished = ?, heartbeat = NULL "
+            "WHERE id = ? AND status = 'running' AND worker = ?",
+            "failed" if error else "done",
+            json.dumps(error) if error else None,
+            time.time(),
+            job_id,
+            worker,
+        )
+
+    def requeue(self, job_id: str, worker: str, note: str) -> bool:
+        """A running job back in the queue for another attempt, with the reason on its page; False
+        when it is no longer `worker`'s (another worker's recovery took it first)."""
+        return 1 == self.change(
+            "UPDATE jobs SET status = 'queued', started = NULL, worker = NULL, heartbeat = NULL, "
+            "attempts = attempts + 1, note = ? WHERE id = ? AND status = 'running' AND worker = ?",
+            note,
+            job_id,
+            worker,
+        )
 
     def request_cancel(self, job_id: str) -> bool:
         """Flag a running job to stop tuning (the pipeline polls the flag file); False if not running."""
@@ -136,10 +210,24 @@ class JobStore:
         (self.job_dir(job_id) / "cancel").write_text("cancel requested\n")
         return True
 
-    def running_on(self, worker_prefix: str) -> list[str]:
-        with closing(self.connect()) as db:
-            rows = db.execute("SELECT id, worker FROM jobs WHERE status = 'running'").fetchall()
-        return [r["id"] for r in rows if (r["worker"] or "").startswith(worker_prefix)]
+    def running(self) -> list[dict]:
+        """The running jobs: id, worker, heartbeat and attempts."""
+        return self.query("SELECT id, worker, heartbeat, attempts FROM jobs WHERE status = 'running'")
+
+    def waiting(self) -> list[str]:
+        """The queued jobs' ids, oldest first."""
+        return [r["id"] for r in self.query("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created")]
+
+    def queued_count(self, client: str | None = None) -> int:
+        """Jobs waiting or running, of one client address or of everyone."""
+        sql = "SELECT COUNT(*) AS n FROM jobs WHERE status IN ('queued', 'running')"
+        rows = self.query(sql + " AND client = ?", client) if client is not None else self.query(sql)
+        return int(rows[0]["n"])
+
+
+@functools.cache
+def open_store(data_dir: Path, database_url: str | None) -> JobStore:
+    return JobStore(data_dir, database_url)
 
 
 def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:

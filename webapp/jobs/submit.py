@@ -17,7 +17,7 @@ from webapp.catalog import EXAMPLES
 from webapp.config import Config
 from webapp.jobs.queue import JobQueue
 from webapp.jobs.store import JobStore, new_job_id
-from webapp.options import JobOptions, SubmitError
+from webapp.options import Busy, JobOptions, SubmitError
 
 # First byte of a serialized onnx.ModelProto: the tag of one of its fields (ir_version, producer_name,
 # producer_version, domain, model_version, doc_string, graph, opset_import, metadata_props).
@@ -54,10 +54,12 @@ def submit_job(
     filename: str = "",
     tuning_files: dict[str, BinaryIO] | None = None,
     calibration: BinaryIO | None = None,
+    client: str = "",
 ) -> tuple[str, bool]:
     """Check the request, save the upload into a new job folder, record and queue the job; returns
     (its id, False). An identical job (same project version, options and input bytes) already done
-    or under way answers instead, (its id, True), unless the form asks to `rerun`."""
+    or under way answers instead, (its id, True), unless the form asks to `rerun`. `client` is the
+    submitter's address: Busy when it, or the server, has as many jobs queued as allowed."""
     options = JobOptions.parse(form).to_json()  # plus what the upload was, below
     example = (form.get("example") or "").strip()
     if upload is None and not example:
@@ -109,9 +111,31 @@ def submit_job(
     if earlier is not None:  # the same work, done (or under way) already: its result answers
         shutil.rmtree(job_dir)
         return earlier, True
-    store.create(job_id, options, fingerprint)
+    try:
+        admit(config, store, client)
+    except Busy:
+        shutil.rmtree(job_dir)
+        raise
+    store.create(job_id, options, fingerprint, client)
     queue.enqueue(job_id)
     return job_id, False
+
+
+def admit(config: Config, store: JobStore, client: str) -> None:
+    """Busy when the client, or everyone, has as many jobs queued or running as the caps allow."""
+    cap = config.max_queued_per_client
+    if cap and store.queued_count(client) >= cap:
+        raise Busy(
+            f"You have {cap} jobs queued or running on this server, as many as one address may. "
+            "Submit again when one of them has finished.",
+            retry_after=30,
+        )
+    if config.max_queued and store.queued_count() >= config.max_queued:
+        raise Busy(
+            f"This server has {config.max_queued} jobs queued or running, as many as it takes. "
+            "Try again in a few minutes.",
+            retry_after=120,
+        )
 
 
 def flag(value) -> bool:

@@ -5,23 +5,25 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
 from webapp.config import Config
 from webapp.jobs.sandbox import run_sandboxed
-from webapp.jobs.store import JobStore, read_untrusted_json
+from webapp.jobs.store import read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def worker_name(config: Config) -> str:
+    """host:pid; the host is the machine's name (PLAYGROUND_HOST), shared by its worker processes."""
+    return f"{config.host}:{os.getpid()}"
 
 
 def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
@@ -97,18 +99,43 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
 
 
 def run_job(config: Config, job_id: str) -> None:
-    store = JobStore(config.data_dir)
-    job = store.get(job_id)
-    if job is None or job["status"] != "queued":
+    store = config.store()
+    job, me = store.get(job_id), worker_name(config)
+    if job is None or not store.claim(job_id, me):  # gone, or another worker's (a repeated message)
         return
     job_dir = store.job_dir(job_id)
-    store.mark_running(job_id, worker_name())
-    try:
-        prepare_job_folder(config, job_dir, job["options"])
-    except Exception as exc:  # an example that cannot be built is our bug, not the user's
-        store.mark_finished(job_id, {"stage": "import", "message": f"Could not prepare the job: {exc}"})
-        return
-    store.mark_finished(job_id, run_prepared_job(config, job_dir, job["options"]["target"]))
+    with Heartbeat(store, job_id, me, config.heartbeat_s):
+        try:
+            prepare_job_folder(config, job_dir, job["options"])
+        except Exception as exc:  # an example that cannot be built is our bug, not the user's
+            error = {"stage": "import", "message": f"Could not prepare the job: {exc}"}
+        else:
+            error = run_prepared_job(config, job_dir, job["options"]["target"])
+    store.mark_finished(job_id, error, me)
+
+
+class Heartbeat(threading.Thread):
+    """While a job runs, its worker's sign of life in the store every `every` seconds: a job whose
+    heartbeat stops (its machine lost) is retried by another worker (recover_interrupted)."""
+
+    def __init__(self, store, job_id: str, worker: str, every: float):
+        super().__init__(daemon=True, name=f"heartbeat {job_id}")
+        self.store, self.job_id, self.worker, self.every = store, job_id, worker, every
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            try:
+                self.store.beat(self.job_id, self.worker)
+            except Exception as exc:  # the database away for a moment: the next beat tries again
+                print(f"heartbeat of {self.job_id}: {exc}", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
 
 
 def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
@@ -160,29 +187,56 @@ PIPELINE_OUTPUTS = (
 
 
 def recover_interrupted(config: Config, enqueue) -> list[str]:
-    """Jobs this host's dead workers left running (their sandboxes died with them): each is queued
+    """Jobs whose worker is gone: a dead process of this machine (its sandboxes died with it), or a
+    worker anywhere whose heartbeat has been silent for lost_after_s (its machine lost). Each is queued
     again once, with what its first attempt wrote removed, and fails with a plain message if its
-    worker stops again. Returns the ids queued again; `enqueue(job_id)` queues one."""
-    store = JobStore(config.data_dir)
-    host = socket.gethostname()
+    worker is lost again. Any worker may run this at any time: the store hands each job to one.
+    Returns the ids queued again; `enqueue(job_id)` queues one."""
+    store, now = config.store(), time.time()
     requeued = []
-    for job_id in store.running_on(host + ":"):
-        job = store.get(job_id)
-        pid = int(job["worker"].rsplit(":", 1)[1])
-        if Path(f"/proc/{pid}").exists():
+    for job in store.running():
+        host, _, pid = (job["worker"] or "").rpartition(":")
+        if host == config.host:
+            if pid.isdigit() and Path(f"/proc/{pid}").exists():
+                continue
+        elif (job["heartbeat"] or 0) > now - config.lost_after_s:
             continue
-        job_dir = store.job_dir(job_id)
+        job_id, job_dir = job["id"], store.job_dir(job["id"])
         if job["attempts"] >= 1:
             message = (
                 "The worker stopped while this job was running, twice (it was retried once): the job "
                 "may be what stops it. Submit it again, or with other options."
             )
-            store.mark_finished(job_id, close_progress(job_dir, -1, message))
+            store.mark_finished(job_id, close_progress(job_dir, -1, message), job["worker"])
             continue
+        if not store.requeue(job_id, job["worker"], RETRIED):
+            continue  # another worker's recovery took it
         for name in PIPELINE_OUTPUTS:
             path = job_dir / name
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-        store.requeue(job_id, RETRIED)
         enqueue(job_id)
         requeued.append(job_id)
     return requeued
+
+
+def requeue_waiting(config: Config, enqueue) -> None:
+    """Queue every waiting job again (a worker's start): a queue that lost its messages (a Redis
+    without persistence, restarted) loses no job, and a repeated message is a no-op (run_job claims)."""
+    for job_id in config.store().waiting():
+        enqueue(job_id)
+
+
+def watch_for_lost_workers(config: Config, enqueue) -> threading.Thread:
+    """recover_interrupted every heartbeat period, in a thread of the worker process."""
+
+    def loop():
+        while True:
+            try:
+                recover_interrupted(config, enqueue)
+            except Exception as exc:  # the database away for a moment: try again next period
+                print(f"recovery: {exc}", file=sys.stderr, flush=True)
+            time.sleep(config.heartbeat_s)
+
+    thread = threading.Thread(target=loop, daemon=True, name="recovery")
+    thread.start()
+    return thread

@@ -6,6 +6,7 @@ from flask import abort, current_app, request
 
 from webapp.jobs.store import job_view
 from webapp.jobs.submit import TUNING_UPLOADS, submit_job
+from webapp.options import SubmitError
 
 
 def ctx():
@@ -20,6 +21,10 @@ def view_or_404(job_id: str, url_root: str = "") -> dict:
     if view is None:
         abort(404)
     return view
+
+
+def retry_headers(e: SubmitError) -> dict:
+    return {"Retry-After": str(e.retry_after)} if e.retry_after else {}
 
 
 def submit_from_request() -> tuple[str, bool]:
@@ -47,4 +52,5 @@ def submit_from_request() -> tuple[str, bool]:
         upload.filename if upload else "",
         tuning,
         calibration.stream if calibration is not None and calibration.filename else None,
+        request.remote_addr or "",
     )

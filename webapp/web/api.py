@@ -8,14 +8,14 @@ from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.jobs.worker import ensure_example_files
-from webapp.web import ctx, submit_from_request, view_or_404
+from webapp.web import ctx, retry_headers, submit_from_request, view_or_404
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
 
 @bp.errorhandler(SubmitError)
 def refused(e: SubmitError):
-    return jsonify({"error": str(e)}), 400
+    return jsonify({"error": str(e)}), e.status, retry_headers(e)
 
 
 @bp.errorhandler(413)

@@ -34,7 +34,7 @@ from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
-from webapp.web import ctx, submit_from_request, view_or_404
+from webapp.web import ctx, retry_headers, submit_from_request, view_or_404
 from webapp.web.code import code_view, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
@@ -129,6 +129,10 @@ def http_error(e: HTTPException):
     if status == 413 and not wants_json():
         config, _, _ = ctx()
         message = f"The file is larger than this server's limit of {config.max_upload_mb} MB."
+    elif status == 429:  # flask-limiter's rate limit on submissions (it adds Retry-After)
+        message = f"Too many submissions from your address (at most {e.description}). Try again later."
+        if request.endpoint == "pages.submit":
+            return render_index(message, 429, request.form)
     else:
         message = ERROR_TEXT.get(status, e.description or e.name)
     if wants_json():
@@ -194,7 +198,7 @@ def submit():
     try:
         job_id, reused = submit_from_request()
     except SubmitError as e:
-        return render_index(str(e), 400, request.form)
+        return *render_index(str(e), e.status, request.form), retry_headers(e)
     return redirect(url_for("pages.result", job_id=job_id, **({"reused": 1} if reused else {})), code=303)
 
 

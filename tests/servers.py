@@ -1,0 +1,90 @@
+"""Real redis-server and PostgreSQL (Debian's packages) for the tests, each in a folder of its own,
+listening on a free loopback port only, stopped at the end."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def redis_server():
+    """A redis-server on 127.0.0.1:<free port>, without persistence; yields its URL."""
+    folder, port = tempfile.mkdtemp(prefix="playground-redis-"), free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", folder]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_port(port, proc, "redis-server")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def postgres_server():
+    """A PostgreSQL cluster of its own (initdb, trust authentication on loopback); yields its URL.
+    As root it runs as the 'postgres' user the Debian package makes (PostgreSQL refuses root)."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not bins:
+        raise RuntimeError("PostgreSQL is not installed (Debian package postgresql)")
+    folder, port = tempfile.mkdtemp(prefix="playground-pg-"), free_port()  # /tmp: postgres may enter it
+    as_user = []
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data = os.path.join(folder, "data")
+    subprocess.run(
+        [*as_user, f"{bins[-1]}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder} -c fsync=off"
+    proc = subprocess.Popen(
+        [*as_user, f"{bins[-1]}/postgres", "-D", data, *options.split()],
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(folder, "log.txt"), "w"),  # noqa: SIM115 - the server's own log
+        start_new_session=True,
+    )
+    try:
+        wait_for_port(port, proc, "postgres")
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
