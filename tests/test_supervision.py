@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,13 +15,8 @@ import urllib.request
 
 import pytest
 
+from tests.servers import free_port
 from webapp.jobs.store import JobStore, read_untrusted_json
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:

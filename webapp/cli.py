@@ -29,15 +29,10 @@ def cmd_serve(args) -> int:
     """gunicorn for the web app, one local worker process and the device pool, each started again
     when it exits: a worker killed mid-job costs that job one retry, never the web."""
     config = Config.from_env()
-    from webapp import create_app
-
-    create_app(config)  # fails early, with the reason, if the sandbox cannot run
-    host = os.environ.get("HOST", "127.0.0.1")
-    print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
-    bin_dir = Path(sys.executable).parent
-    web = [str(bin_dir / "gunicorn"), "--workers", str(args.web_workers), "--threads", "4"]
-    web += ["--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"]
-    children = [Supervised("web", web), Supervised("worker", [sys.executable, "-m", "webapp.cli", "worker"])]
+    children = [
+        Supervised("web", web_command(config, args.web_workers)),
+        Supervised("worker", [sys.executable, "-m", "webapp.cli", "worker"]),
+    ]
     if args.pool:  # the device pool (tracker, emulated boards) comes up in the background
         children.append(Supervised("pool", [sys.executable, "-m", "webapp.cli", "pool"]))
     stopping = []
@@ -52,6 +47,24 @@ def cmd_serve(args) -> int:
         for child in children:
             child.stop()
     return 0
+
+
+def cmd_web(args) -> int:
+    """The web app alone (gunicorn): the workers run elsewhere, sharing the data folder, the queue
+    (REDIS_URL) and the store (DATABASE_URL)."""
+    command = web_command(Config.from_env(), args.web_workers)
+    os.execv(command[0], command)
+
+
+def web_command(config: Config, workers: int) -> list[str]:
+    """gunicorn's command line for the web app, on HOST:PORT; checks first that the app starts."""
+    from webapp import create_app
+
+    create_app(config)  # fails early, with the reason, if the sandbox cannot run
+    host = os.environ.get("HOST", "127.0.0.1")
+    print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
+    command = [str(Path(sys.executable).parent / "gunicorn"), "--workers", str(workers), "--threads", "4"]
+    return command + ["--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"]
 
 
 class Supervised:
@@ -166,7 +179,9 @@ def benchmark_table(result: dict) -> str:
         return result.get("not_timed") or "(no benchmark)"
     fastest = min(r["median_ms"] for r in rows)
     lines = [
-        f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}):",
+        f"Benchmark ({result.get('threads')} threads, {rows[0]['device']}"
+        + (f", at CPU priority nice {result['nice']}" if result.get("nice") else "")
+        + "):",
         f"  {'runtime':<12} {'variant':<8} {'tuned':<6} {'median ms':>10} {'p90 ms':>10} {'runs':>5} "
         f"{'vs fastest':>10}",
     ]
@@ -217,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-pool", dest="pool", action="store_false", help="no device pool (tracker, boards) with it"
     )
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("web", help="serve the web app alone; workers run elsewhere (REDIS_URL, DATABASE_URL)")
+    p.add_argument("--web-workers", type=int, default=2)
+    p.set_defaults(func=cmd_web)
     p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
     p.add_argument("--jobs", type=int, default=1, help="jobs run at once")
     p.set_defaults(func=cmd_worker)

@@ -28,6 +28,7 @@ class Config:
     memory_limit_mb: int = 16384  # address space
     cpu_limit_s: int = 3600
     wall_limit_s: int = 3600
+    nice: int = 10  # jobs run at lower CPU priority than the web, which stays quick while they compile
     process_limit: int = 512  # processes and threads
     output_limit_mb: int = 4096  # largest file the job may write
     bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -64,6 +65,7 @@ class Config:
             memory_limit_mb=env_int("PLAYGROUND_MEMORY_LIMIT_MB", c.memory_limit_mb),
             cpu_limit_s=env_int("PLAYGROUND_CPU_LIMIT_S", c.cpu_limit_s),
             wall_limit_s=env_int("PLAYGROUND_WALL_LIMIT_S", c.wall_limit_s),
+            nice=env_int("PLAYGROUND_JOB_NICE", c.nice),
             process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
             bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
             unsandboxed=os.environ.get("PLAYGROUND_UNSANDBOXED") == "1",

@@ -90,6 +90,7 @@ def set_limits(config: Config, nproc: int):
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_FSIZE, (config.output_limit_mb * mb,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.nice(config.nice)
         os.setsid()
 
     return preexec

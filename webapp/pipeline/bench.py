@@ -250,6 +250,7 @@ def benchmark(
         "benchmarks": rows,
         "fidelity": fid,
         "threads": threads,
+        "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }
