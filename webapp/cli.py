@@ -31,7 +31,7 @@ def cmd_serve(args) -> int:
     config = Config.from_env()
     children = [
         Supervised("web", web_command(config, args.web_workers)),
-        Supervised("worker", [sys.executable, "-m", "webapp.cli", "worker"]),
+        Supervised("worker", [sys.executable, "-m", "webapp.cli", "worker", "--jobs", str(args.jobs)]),
     ]
     if args.pool:  # the device pool (tracker, emulated boards) comes up in the background
         children.append(Supervised("pool", [sys.executable, "-m", "webapp.cli", "pool"]))
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve the web app with a local worker (PORT, PLAYGROUND_DATA)")
     p.add_argument("--web-workers", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=1, help="jobs its worker runs at once")
     p.add_argument(
         "--no-pool", dest="pool", action="store_false", help="no device pool (tracker, boards) with it"
     )
