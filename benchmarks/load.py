@@ -98,7 +98,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
     parser.add_argument("--seconds", type=float, default=120, help="the load stops after this at most")
     parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false", help="time the first renders too")
+    parser.add_argument(
+        "--no-warm-up", dest="warm_up", action="store_false", help="time each web process's first renders too"
+    )
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="playground-load-"))
@@ -122,7 +124,7 @@ def main() -> int:
         compiling = [submit(base, fields) for fields in COMPILING]
         wait_for(lambda: all(status_of(base, j) == "running" for j in compiling), 120, "two running jobs")
         urls = [f"{base}/r/{done}", f"{base}/r/{done}.json", f"{base}/api/jobs/{done}", f"{base}/"]
-        for _ in range(4 * args.web_workers if args.warm_up else 0):  # warm-up: each web process renders each page once first
+        for _ in range(4 * args.web_workers if args.warm_up else 0):  # each web process renders each page
             for url in urls:
                 fetch(url)
         samples: list = []
