@@ -120,3 +120,36 @@ def test_cpu_limit_ends_the_run_with_its_name(config, tmp_path, limit_s):
     short = replace(config, cpu_limit_s=limit_s)
     outcome, _, _ = run_script(short, tmp_path, "while True:\n    pass")
     assert outcome.limit == f"CPU time limit reached ({limit_s} CPU seconds)."
+
+
+def test_pipeline_cannot_change_its_inputs_shared_with_other_jobs(config, tmp_path):
+    """A job's input folder holds hard links to uploads kept once for every job (data/uploads):
+    read-only inside the sandbox, so no job can alter what another job reads."""
+    job_dir = config.jobs_dir / f"sandbox-test-{tmp_path.name}"
+    (job_dir / "input").mkdir(parents=True)
+    (job_dir / "input" / "model.onnx").write_bytes(b"the upload")
+    outcome, _, log = run_script(
+        config,
+        tmp_path,
+        """
+import os
+for attempt in ("write", "chmod", "remove", "create"):
+    try:
+        if attempt == "write":
+            open("input/model.onnx", "ab").write(b"poison")
+        elif attempt == "chmod":
+            os.chmod("input/model.onnx", 0o666)
+        elif attempt == "remove":
+            os.unlink("input/model.onnx")
+        else:
+            open("input/new.onnx", "wb")
+        print("DID", attempt)
+    except OSError as e:
+        print("denied", attempt, type(e).__name__)
+print("read:", open("input/model.onnx", "rb").read())
+""",
+    )
+    assert outcome.returncode == 0, log
+    assert "DID" not in log and log.count("denied") == 4, log
+    assert "read: b'the upload'" in log
+    assert (job_dir / "input" / "model.onnx").read_bytes() == b"the upload"

@@ -102,12 +102,28 @@ def cmd_worker(args) -> int:
 
         check_bubblewrap()
     from webapp.jobs.queue import JobQueue
-    from webapp.jobs.worker import requeue_waiting, watch_for_lost_workers
+    from webapp.jobs.worker import look_after, requeue_waiting
 
     queue = JobQueue(config)
     requeue_waiting(config, queue.enqueue)
-    watch_for_lost_workers(config, queue.enqueue)  # this machine's dead workers, and lost machines
+    look_after(config, queue.enqueue)  # dead workers here, lost machines, the retention policy
     queue.consumer(workers=args.jobs).run()
+    return 0
+
+
+def cmd_gc(args) -> int:
+    """The retention policy, now (the worker also runs it every hour)."""
+    from webapp.jobs.storage import collect_garbage
+
+    overrides = {k: v for k, v in (("keep_days", args.days), ("keep_gb", args.gb)) if v is not None}
+    config = Config.from_env(**overrides)
+    done = collect_garbage(config)
+    policy = [f"older than {config.keep_days:g} days" if config.keep_days else None]
+    policy.append(f"beyond {config.keep_gb:g} GB" if config.keep_gb else None)
+    print(f"retention: {' or '.join(p for p in policy if p) or 'keep everything'} (in {config.data_dir})")
+    print(f"expired {len(done['expired'])} jobs' artifacts, freed {done['freed_bytes'] / 1e6:.1f} MB")
+    for job_id in done["expired"]:
+        print(f"  {job_id}")
     return 0
 
 
@@ -239,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("worker", help="run queued jobs (shares the data folder, or REDIS_URL)")
     p.add_argument("--jobs", type=int, default=1, help="jobs run at once")
     p.set_defaults(func=cmd_worker)
+    p = sub.add_parser("gc", help="apply the retention policy now (PLAYGROUND_KEEP_DAYS, PLAYGROUND_KEEP_GB)")
+    p.add_argument("--days", type=float, help="expire finished jobs older than this (0: never)")
+    p.add_argument("--gb", type=float, help="expire the oldest while the data is larger (0: no cap)")
+    p.set_defaults(func=cmd_gc)
     p = sub.add_parser(
         "pool", help="the device pool: TVM RPC tracker and emulated boards (PLAYGROUND_TRACKER)"
     )

@@ -24,6 +24,11 @@ class Config:
     submit_rate: str = "10 per minute;100 per day"
     max_queued_per_client: int = 3
     max_queued: int = 50
+    # Retention: finished jobs' large artifacts expire after keep_days, and the oldest first while
+    # the data passes keep_gb (0: never); `tvm-playground gc`, and the worker every gc_every_s.
+    keep_days: float = 30.0
+    keep_gb: float = 0.0
+    gc_every_s: float = 3600.0
     # Limits of one sandboxed pipeline run.
     memory_limit_mb: int = 16384  # address space
     cpu_limit_s: int = 3600
@@ -62,6 +67,8 @@ class Config:
             submit_rate=os.environ.get("PLAYGROUND_SUBMIT_RATE", c.submit_rate),
             max_queued_per_client=env_int("PLAYGROUND_MAX_QUEUED_PER_CLIENT", c.max_queued_per_client),
             max_queued=env_int("PLAYGROUND_MAX_QUEUED", c.max_queued),
+            keep_days=float(os.environ.get("PLAYGROUND_KEEP_DAYS") or c.keep_days),
+            keep_gb=float(os.environ.get("PLAYGROUND_KEEP_GB") or c.keep_gb),
             memory_limit_mb=env_int("PLAYGROUND_MEMORY_LIMIT_MB", c.memory_limit_mb),
             cpu_limit_s=env_int("PLAYGROUND_CPU_LIMIT_S", c.cpu_limit_s),
             wall_limit_s=env_int("PLAYGROUND_WALL_LIMIT_S", c.wall_limit_s),

@@ -136,6 +136,8 @@ def bwrap_command(
     # after the binds above: the data folder may lie inside one of them
     args += mount_point(data_dir) + ["--tmpfs", str(data_dir)]
     args += mount_point(job_dir) + ["--bind", str(job_dir), str(job_dir)]
+    if (job_dir / "input").is_dir():  # the inputs, uploads kept once and shared by jobs: read-only
+        args += ["--ro-bind", str(job_dir / "input"), str(job_dir / "input")]
     # No user namespace as root: the process must stay a real uid for RLIMIT_NPROC to count.
     args += [
         "--unshare-ipc",
@@ -210,9 +212,10 @@ def run_sandboxed(
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
-        # The sandbox user owns the job folder: the only place it can write.
+        # The sandbox user owns the job folder, the only place it can write, but not its inputs.
         for path in [job_dir, *job_dir.rglob("*")]:
-            os.lchown(path, SANDBOX_UID, SANDBOX_UID)
+            if not path.is_relative_to(job_dir / "input"):
+                os.lchown(path, SANDBOX_UID, SANDBOX_UID)
         nproc = config.process_limit
     else:
         nproc = user_process_count() + config.process_limit

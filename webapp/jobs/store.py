@@ -10,6 +10,8 @@ render.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import re
 import secrets
@@ -39,6 +41,8 @@ COLUMNS = (
     ("fingerprint", "TEXT"),
     ("heartbeat", "DOUBLE PRECISION"),  # the running worker's last sign of life
     ("client", "TEXT"),  # the submitter's address (admission control counts its queued jobs)
+    ("expired", "TEXT"),  # JSON: when the retention policy removed the large artifacts, why, which
+    ("delete_token", "TEXT"),  # sha256 of the token of the submitter's delete link
 )
 FIRST_COLUMNS = 8
 
@@ -126,22 +130,26 @@ class JobStore:
             raise ValueError("bad job id")
         return self.jobs_dir / job_id
 
-    def create(self, job_id: str, options: dict, fingerprint: str | None = None, client: str = "") -> None:
+    def create(
+        self, job_id: str, options: dict, fingerprint: str | None = None, client: str = "", token: str = ""
+    ) -> None:
+        """A queued job; `token` is its delete link's (only its hash is kept)."""
         self.change(
-            "INSERT INTO jobs (id, created, status, options, fingerprint, client) "
-            "VALUES (?, ?, 'queued', ?, ?, ?)",
+            "INSERT INTO jobs (id, created, status, options, fingerprint, client, delete_token) "
+            "VALUES (?, ?, 'queued', ?, ?, ?, ?)",
             job_id,
             time.time(),
             json.dumps(options),
             fingerprint,
             client,
+            token_hash(token) if token else None,
         )
 
     def find_identical(self, fingerprint: str) -> str | None:
         """The newest job of this fingerprint that is done or under way (a failed one is not reused)."""
         rows = self.query(
             "SELECT id FROM jobs WHERE fingerprint = ? AND status IN ('done', 'queued', 'running') "
-            "ORDER BY created DESC LIMIT 1",
+            "AND expired IS NULL ORDER BY created DESC LIMIT 1",
             fingerprint,
         )
         return rows[0]["id"] if rows else None
@@ -155,6 +163,7 @@ class JobStore:
         job = rows[0]
         job["options"] = json.loads(job["options"])
         job["error"] = json.loads(job["error"]) if job["error"] else None
+        job["expired"] = json.loads(job["expired"]) if job["expired"] else None
         return job
 
     def claim(self, job_id: str, worker: str) -> bool:
@@ -214,6 +223,27 @@ class JobStore:
         """The running jobs: id, worker, heartbeat and attempts."""
         return self.query("SELECT id, worker, heartbeat, attempts FROM jobs WHERE status = 'running'")
 
+    def expirable(self) -> list[dict]:
+        """Finished jobs whose artifacts are still there, oldest first: id and finished."""
+        return self.query(
+            "SELECT id, finished FROM jobs WHERE status IN ('done', 'failed') AND expired IS NULL "
+            "ORDER BY finished"
+        )
+
+    def mark_expired(self, job_id: str, what: dict) -> None:
+        self.change("UPDATE jobs SET expired = ? WHERE id = ?", json.dumps(what), job_id)
+
+    def may_delete(self, job_id: str, token: str) -> bool:
+        """Whether `token` is the one of this job's delete link."""
+        job = self.get(job_id)
+        stored = (job or {}).get("delete_token") or ""
+        return bool(stored and token) and hmac.compare_digest(stored, token_hash(token))
+
+    def mark_deleted(self, job_id: str) -> None:
+        self.change(
+            "UPDATE jobs SET status = 'deleted', options = '{}', fingerprint = NULL WHERE id = ?", job_id
+        )
+
     def waiting(self) -> list[str]:
         """The queued jobs' ids, oldest first."""
         return [r["id"] for r in self.query("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created")]
@@ -223,6 +253,10 @@ class JobStore:
         sql = "SELECT COUNT(*) AS n FROM jobs WHERE status IN ('queued', 'running')"
         rows = self.query(sql + " AND client = ?", client) if client is not None else self.query(sql)
         return int(rows[0]["n"])
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @functools.cache
@@ -252,6 +286,7 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
         "stages": stages,
         "error": job["error"],
         "note": job["note"],  # e.g. "retried after the worker stopped"
+        "expired": job["expired"],  # {"at", "reason", "files"} once the retention policy removed artifacts
         "results": read_untrusted_json(job_dir / "result.json") or {},
         "url": f"{url_root}/r/{job_id}",
         "api_url": f"{url_root}/api/jobs/{job_id}",

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import shutil
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from webapp.catalog import EXAMPLES
 from webapp.config import Config
 from webapp.jobs.queue import JobQueue
+from webapp.jobs.storage import store_once
 from webapp.jobs.store import JobStore, new_job_id
 from webapp.options import Busy, JobOptions, SubmitError
 
@@ -55,10 +57,11 @@ def submit_job(
     tuning_files: dict[str, BinaryIO] | None = None,
     calibration: BinaryIO | None = None,
     client: str = "",
-) -> tuple[str, bool]:
-    """Check the request, save the upload into a new job folder, record and queue the job; returns
-    (its id, False). An identical job (same project version, options and input bytes) already done
-    or under way answers instead, (its id, True), unless the form asks to `rerun`. `client` is the
+) -> Submitted:
+    """Check the request, save the upload into a new job folder (each input file kept once by its
+    content hash), record and queue the job; returns its id and the token of its delete link. An
+    identical job (same project version, options and input bytes) already done or under way answers
+    instead (reused, no token), unless the form asks to `rerun`. `client` is the
     submitter's address: Busy when it, or the server, has as many jobs queued as allowed."""
     options = JobOptions.parse(form).to_json()  # plus what the upload was, below
     example = (form.get("example") or "").strip()
@@ -105,20 +108,31 @@ def submit_job(
     except SubmitError:
         shutil.rmtree(job_dir)
         raise
-    fingerprint = job_fingerprint(options, job_dir / "input")
+    inputs = job_dir / "input"
+    digests = {
+        str(p.relative_to(inputs)): store_once(config, p) for p in sorted(inputs.rglob("*")) if p.is_file()
+    }
+    fingerprint = job_fingerprint(options, digests)
     reuse = config.reuse_results and not flag(form.get("rerun"))
     earlier = store.find_identical(fingerprint) if reuse else None
     if earlier is not None:  # the same work, done (or under way) already: its result answers
         shutil.rmtree(job_dir)
-        return earlier, True
+        return Submitted(earlier, True, None)
     try:
         admit(config, store, client)
     except Busy:
         shutil.rmtree(job_dir)
         raise
-    store.create(job_id, options, fingerprint, client)
+    token = secrets.token_urlsafe(18)
+    store.create(job_id, options, fingerprint, client, token)
     queue.enqueue(job_id)
-    return job_id, False
+    return Submitted(job_id, False, token)
+
+
+class Submitted(NamedTuple):
+    id: str
+    reused: bool  # an earlier identical job's
+    delete_token: str | None  # for the submitter's delete link; None for a reused job
 
 
 def admit(config: Config, store: JobStore, client: str) -> None:
@@ -152,17 +166,13 @@ def project_version() -> str:
     return digest.hexdigest()
 
 
-def job_fingerprint(options: dict, inputs: Path) -> str:
+def job_fingerprint(options: dict, inputs: dict[str, str]) -> str:
     """What decides a job's result: the project version, the options (not the upload's file name)
-    and the bytes of every input file (model, tuning records, calibration data)."""
-    digest = hashlib.sha256(project_version().encode())
-    digest.update(json.dumps({k: v for k, v in options.items() if k != "filename"}, sort_keys=True).encode())
-    for path in sorted(p for p in inputs.rglob("*") if p.is_file()):
-        digest.update(b"\0" + str(path.relative_to(inputs)).encode() + b"\0")
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()
+    and the bytes of every input file (model, tuning records, calibration data), given as
+    {path in the input folder: sha256 of its bytes}."""
+    options = {k: v for k, v in options.items() if k != "filename"}
+    what = {"version": project_version(), "options": options, "inputs": inputs}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:

@@ -226,13 +226,19 @@ def requeue_waiting(config: Config, enqueue) -> None:
         enqueue(job_id)
 
 
-def watch_for_lost_workers(config: Config, enqueue) -> threading.Thread:
-    """recover_interrupted every heartbeat period, in a thread of the worker process."""
+def look_after(config: Config, enqueue) -> threading.Thread:
+    """A thread of the worker process: recover_interrupted every heartbeat period, the retention
+    policy (collect_garbage) every gc_every_s."""
+    from webapp.jobs.storage import collect_garbage
 
     def loop():
+        next_gc = time.monotonic()
         while True:
             try:
                 recover_interrupted(config, enqueue)
+                if time.monotonic() >= next_gc:
+                    next_gc = time.monotonic() + config.gc_every_s
+                    collect_garbage(config)
             except Exception as exc:  # the database away for a moment: try again next period
                 print(f"recovery: {exc}", file=sys.stderr, flush=True)
             time.sleep(config.heartbeat_s)

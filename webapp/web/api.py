@@ -8,7 +8,7 @@ from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.jobs.worker import ensure_example_files
-from webapp.web import ctx, retry_headers, submit_from_request, view_or_404
+from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -71,11 +71,25 @@ def devices():
 
 @bp.post("/jobs")
 def create_job():
-    job_id, reused = submit_from_request()
+    job = submit_from_request()
     root = request.url_root.rstrip("/")
-    answer = {"id": job_id, "url": f"{root}/r/{job_id}", "api_url": f"{root}/api/jobs/{job_id}"}
-    # an identical earlier job answers: 200 with "reused" (send rerun=1 for a fresh run)
-    return jsonify(answer | {"reused": reused}), 200 if reused else 202
+    answer = {"id": job.id, "url": f"{root}/r/{job.id}", "api_url": f"{root}/api/jobs/{job.id}"}
+    if job.reused:  # an identical earlier job answers: 200 with "reused" (send rerun=1 for a fresh run)
+        return jsonify(answer | {"reused": True}), 200
+    # the submitter's alone: DELETE /api/jobs/<id>?token=... (or the link, in a browser)
+    answer |= {
+        "reused": False,
+        "delete_url": delete_url(job.id, job.delete_token),
+        "delete_token": job.delete_token,
+    }
+    return jsonify(answer), 202
+
+
+@bp.delete("/jobs/<job_id>")
+def delete(job_id: str):
+    """Delete a result with its delete token (`token` in the query or the form)."""
+    delete_with_token(job_id, request.values.get("token", ""))
+    return jsonify({"id": job_id, "deleted": True})
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 
 from flask import (
     Blueprint,
@@ -34,7 +35,7 @@ from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
-from webapp.web import ctx, retry_headers, submit_from_request, view_or_404
+from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.code import code_view, pygments_css, safe_job_file
 
 bp = Blueprint("pages", __name__)
@@ -96,6 +97,11 @@ def natural_sort(items, attribute: str | None = None) -> list:
     return sorted(items, key=lambda x: natural_key(str(x[attribute] if attribute else x)))
 
 
+@bp.app_template_filter("datetime")
+def format_datetime(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
 @bp.app_template_test("match")
 def matches(value: str, pattern: str) -> bool:
     return re.match(pattern, value) is not None
@@ -117,6 +123,9 @@ def wants_json() -> bool:
 ERROR_TEXT = {
     404: "There is nothing at this address. A result is reachable only through its exact link.",
     405: "This address does not answer that kind of request.",
+    403: "This is not the delete link of this result.",
+    409: "The job is running: cancel its tuning or wait until it has finished, then delete it.",
+    410: "This result was deleted by the person who submitted it.",
     413: "The upload is larger than this server accepts.",
     500: "Something went wrong on the server while answering this request.",
 }
@@ -196,10 +205,22 @@ def index():
 @bp.post("/jobs")
 def submit():
     try:
-        job_id, reused = submit_from_request()
+        job = submit_from_request()
     except SubmitError as e:
         return *render_index(str(e), e.status, request.form), retry_headers(e)
-    return redirect(url_for("pages.result", job_id=job_id, **({"reused": 1} if reused else {})), code=303)
+    response = redirect(
+        url_for("pages.result", job_id=job.id, **({"reused": 1} if job.reused else {})), code=303
+    )
+    if job.delete_token:  # the submitter's browser keeps the delete link's token for the result page
+        response.set_cookie(
+            f"delete-{job.id}",
+            job.delete_token,
+            max_age=365 * 86400,
+            path=f"/r/{job.id}",
+            httponly=True,
+            samesite="Lax",
+        )
+    return response
 
 
 @bp.errorhandler(413)
@@ -232,7 +253,7 @@ def requested_code_view(job: dict) -> dict:
 
 def downloadable(job: dict) -> set[str]:
     """The files under /r/<id>/files/ that exist: the pipeline lists them in result.json."""
-    return set(job["results"].get("files") or ())
+    return set(job["results"].get("files") or ()) - set((job["expired"] or {}).get("files") or ())
 
 
 def render_parts(job: dict) -> list[tuple[str, str, str]]:
@@ -259,7 +280,26 @@ def is_live(job: dict) -> bool:
 def result(job_id: str):
     job = view_or_404(job_id)
     reused = request.args.get("reused") == "1"  # the form's submission was answered by this job
-    return render_template("job.html", job=job, parts=render_parts(job), live=is_live(job), reused=reused)
+    token = request.cookies.get(f"delete-{job_id}", "")  # set for the browser that submitted it
+    deletable = delete_url(job_id, token) if ctx()[1].may_delete(job_id, token) else None
+    return render_template(
+        "job.html", job=job, parts=render_parts(job), live=is_live(job), reused=reused, delete_url=deletable
+    )
+
+
+@bp.get("/r/<job_id>/delete")
+def confirm_delete(job_id: str):
+    """The delete link: a page that asks first (a GET deletes nothing)."""
+    job = view_or_404(job_id)
+    return render_template("delete.html", job=job, token=request.args.get("token", ""))
+
+
+@bp.post("/r/<job_id>/delete")
+def delete(job_id: str):
+    delete_with_token(job_id, request.form.get("token", ""))
+    response = redirect(url_for("pages.result", job_id=job_id), code=303)
+    response.delete_cookie(f"delete-{job_id}", path=f"/r/{job_id}")
+    return response
 
 
 @bp.get("/r/<job_id>/live")
