@@ -744,7 +744,7 @@ def test_json_urls_answer_json_errors(web, url):
 def test_wrong_method_is_a_styled_page_or_json(web):
     resp = web.get("/jobs")
     assert resp.status_code == 405 and 'id="error-page"' in resp.get_data(as_text=True)
-    resp = web.delete("/api/jobs/AAAAAAAAAAAAAAAAAAAAAAAAAAAA")
+    resp = web.put("/api/jobs/AAAAAAAAAAAAAAAAAAAAAAAAAAAA")
     assert resp.status_code == 405 and resp.is_json
 
 

@@ -4,6 +4,7 @@ the JSON API, the CLI, the worker and the pipeline. Plain Python (the web proces
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
@@ -124,6 +125,10 @@ def flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "on", "yes")
 
 
+MAX_RANK = 8
+MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32
+
+
 def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
     if not text.strip():
         return None
@@ -136,4 +141,12 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
         for v in shapes.values()
     ):
         raise SubmitError("input_shapes must map each input name to a list of positive integers.")
+    for name, shape in shapes.items():
+        elements = math.prod(shape)
+        if len(shape) > MAX_RANK or elements > MAX_INPUT_ELEMENTS:
+            raise SubmitError(
+                f"input_shapes gives {str(name)[:100]!r} {len(shape)} dimensions and {elements:,} "
+                f"elements; this server takes at most {MAX_RANK} dimensions and {MAX_INPUT_ELEMENTS:,} "
+                "elements an input."
+            )
     return shapes

@@ -9,6 +9,7 @@ import hashlib
 import json
 import secrets
 import shutil
+import zipfile
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +88,8 @@ def submit_job(
             options["model_file"] = f"model.{kind}"
             options["filename"] = filename[:200]
             save_upload(upload, head, job_dir / "input" / options["model_file"], config.max_upload_mb)
+            if kind == "pt2":
+                check_zip(job_dir / "input" / options["model_file"], "The .pt2 file", config.max_unzipped_mb)
         else:
             options["example"] = example
         if tuning_files:
@@ -104,6 +107,7 @@ def submit_job(
             if not head.startswith(ZIP_MAGIC):  # np.savez writes a zip; parsed only in the sandbox
                 raise SubmitError("calibration_data must be a .npz file (numpy.savez), one array per input.")
             save_upload(calibration, head, job_dir / "input" / "calibration.npz", config.max_upload_mb)
+            check_zip(job_dir / "input" / "calibration.npz", "calibration_data", config.max_unzipped_mb)
             options["calibration_data"] = True
     except SubmitError:
         shutil.rmtree(job_dir)
@@ -173,6 +177,22 @@ def job_fingerprint(options: dict, inputs: dict[str, str]) -> str:
     options = {k: v for k, v in options.items() if k != "filename"}
     what = {"version": project_version(), "options": options, "inputs": inputs}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def check_zip(path: Path, what: str, max_mb: int) -> None:
+    """A zip upload (.pt2, .npz) whose entries say they expand beyond max_mb, or that has absurdly many,
+    is refused before anything unpacks it (only the archive's directory is read here)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise SubmitError(f"{what} is not a readable zip archive ({e}).") from None
+    size = sum(e.file_size for e in entries)
+    if size > max_mb << 20 or len(entries) > 100_000:
+        raise SubmitError(
+            f"{what} would expand to {size / 1e6:,.0f} MB in {len(entries):,} entries when unpacked, more "
+            f"than this server's limit of {max_mb:,} MB: refused (a zip bomb, or a model too large here)."
+        )
 
 
 def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:

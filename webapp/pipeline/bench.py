@@ -100,8 +100,10 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
 def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
     import torch
 
+    from webapp.pipeline.importers import load_pt2
+
     torch.set_num_threads(threads)
-    module = torch.export.load(str(pt2)).module()
+    module = load_pt2(pt2).module()
     args = [torch.from_numpy(a) for a in inputs.values()]
     if cuda:
         module, args = module.to("cuda"), [a.to("cuda") for a in args]

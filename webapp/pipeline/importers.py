@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import pickle
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK
 from webapp.pipeline.errors import StageError
 
 
@@ -69,6 +72,12 @@ def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[in
             f"Input {spec.name!r} has a dynamic dimension (shape {spec.shape}). Give its size with "
             f'input_shapes, for example {{"{spec.name}": {example}}}.'
         )
+    elements = math.prod(spec.shape)
+    if len(spec.shape) > MAX_RANK or elements > MAX_INPUT_ELEMENTS:
+        raise StageError(
+            f"Input {spec.name!r} has the shape {spec.shape} ({elements:,} elements); this server takes at "
+            f"most {MAX_RANK} dimensions and {MAX_INPUT_ELEMENTS:,} elements an input."
+        )
     return list(spec.shape)
 
 
@@ -107,6 +116,8 @@ def onnx_value_spec(value) -> TensorSpec:
 def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     import onnx
     from google.protobuf.message import DecodeError
+    from onnx import external_data_helper
+    from onnx.external_data_helper import uses_external_data
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -116,6 +127,13 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
         ) from e
     if not model.graph.node:
         raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
+    external = [t.name for t in external_data_helper._get_all_tensors(model) if uses_external_data(t)]
+    if external:  # an upload is one file: such a path could only point at files of this server
+        raise StageError(
+            f"The ONNX model keeps {len(external)} tensor(s) in external data files (e.g. {external[0]!r}), "
+            "and an upload is one file. Save it with the weights inside: "
+            "onnx.save_model(model, path, save_as_external_data=False)."
+        )
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
@@ -165,13 +183,44 @@ def check_onnx_ops_supported(op_types: list[str]) -> None:
 # ---------------------------------------------------------------- PyTorch .pt2
 
 
+def load_pt2(path: Path):
+    """torch.export.load with every unpickling restricted to tensors and plain containers: torch
+    2.13 loads a .pt2's weights and constants with weights_only=False, and retries its sample inputs
+    that way when the safe load fails, so a pickled payload in an upload would run. Here each such
+    load is weights_only=True, and plain pickle.loads refuses."""
+    import torch
+    from torch.export.pt2_archive import _package
+
+    def tensors_only(*args, **kwargs):
+        return safe_load(*args, **{**kwargs, "weights_only": True})
+
+    def no_pickle(*args, **kwargs):
+        raise pickle.UnpicklingError("a pickled Python object (not a tensor) in the .pt2 file")
+
+    safe_load, package_pickle = torch.load, _package.pickle
+    torch.load, _package.pickle = tensors_only, type("NoPickle", (), {"loads": staticmethod(no_pickle)})
+    saved_pickle_obj, torch._C._pickle_load_obj = torch._C._pickle_load_obj, no_pickle
+    try:
+        return torch.export.load(str(path))
+    finally:
+        torch.load, _package.pickle, torch._C._pickle_load_obj = safe_load, package_pickle, saved_pickle_obj
+
+
 def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
     import torch
 
     if not zipfile.is_zipfile(path):
         raise StageError("This .pt2 file is not a zip archive: it is not a torch.export.save() file.")
     try:
-        ep = torch.export.load(str(path))
+        ep = load_pt2(path)
+    except pickle.UnpicklingError as e:
+        lines = str(e).strip().splitlines() or [""]
+        detail = next((line for line in lines if "Unsupported global" in line), lines[0]).strip()
+        raise StageError(
+            "This .pt2 file holds pickled Python objects other than tensors; unpickling them would run "
+            "code from the file, so it was refused. Export the model with plain tensor weights "
+            f"(torch.export.save). ({detail[:300]})"
+        ) from e
     except Exception as e:  # torch raises many kinds here; all mean "not a readable ExportedProgram"
         raise StageError(
             "This file is not a torch.export ExportedProgram (write one with torch.export.save): "
