@@ -100,9 +100,8 @@ echo "job $id: $status; seen running inside bubblewrap: $jailed"
 [ "$status" = done ] && [ "$jailed" = yes ] || { "${engine[@]}" logs "$NAME" | tail -30; exit 1; }
 curl -s "http://127.0.0.1:$PORT/api/jobs/$id" | python3 -c '
 import json, sys
-r = json.load(sys.stdin)["results"]
-for b in r["benchmarks"]:
-    print(f"  {b[\"runtime\"]:<12} {b[\"variant\"]:<6} median {b[\"median_ms\"]:.3f} ms")'
+for b in json.load(sys.stdin)["results"]["benchmarks"]:
+    print("  %-12s %-6s %-7s median %.3f ms" % (b["runtime"], b["variant"], "tuned" if b["tuned"] else "", b["median_ms"]))'
 
 echo "== a new container on the same volume: the result link still answers"
 cleanup_container

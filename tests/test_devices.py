@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, wait_until
 from webapp.cli import compile_locally
 from webapp.config import Config
 from webapp.devices.pool import start_pool, stop_processes, tracker_command
@@ -24,22 +25,6 @@ from webapp.devices.status import read_status
 from webapp.devices.tracker import Tracker, TrackerError, pool_of, tracker_summary
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 @pytest.fixture(scope="module")

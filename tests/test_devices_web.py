@@ -4,7 +4,6 @@ with TVM's own tracker running as a process (no boards register with it here). N
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from tests.servers import free_port
 from webapp import create_app
 from webapp.devices.pool import stop_processes, tracker_command
 from webapp.devices.tracker import TrackerError, tracker_summary
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

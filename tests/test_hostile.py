@@ -91,7 +91,7 @@ def test_a_pickled_payload_in_a_pt2_is_refused_and_never_runs(client, config, ex
     evil = pt2_with_payload((example_files / "mlp.pt2").read_bytes())
     job = failed_at_import(client, evil, "evil.pt2")
     assert "pickled Python objects other than tensors" in job["error"]["message"]
-    assert "GLOBAL exec" in job["error"]["message"]  # what it would have called
+    assert "(Unsupported operand" in job["error"]["message"]  # the safe unpickler's reason
     assert not (config.jobs_dir / job["id"] / "PWNED").exists()
 
 
@@ -125,7 +125,7 @@ def test_zip_bombs_are_refused_at_submit(config, tmp_path):
 
 @pytest.mark.parametrize("location", ["../../../../../../etc/passwd", "/etc/passwd", "weights.bin"])
 def test_onnx_external_data_is_refused_wherever_it_points(client, location):
-    bias = helper.make_tensor("bias", TensorProto.FLOAT, [1, 8], vals=[])
+    bias = TensorProto(name="bias", data_type=TensorProto.FLOAT, dims=[1, 8])
     bias.data_location = TensorProto.EXTERNAL
     bias.external_data.add(key="location", value=location)
     bias.external_data.add(key="length", value="32")
@@ -188,7 +188,7 @@ def test_html_in_names_is_shown_as_text_never_run(xss_job, live_server, page):
     page.goto(url)
     assert XSS_FILE in page.locator("h1").inner_text()  # the name, as text
     html = page.content()
-    assert "<script>alert" not in html and "onerror=" not in html.replace("onerror=&quot;", "")
+    assert "<script>alert" not in html and 'onerror="' not in html.replace('&lt;img src=x onerror="', "")
     for svg in (f for f in xss_job["results"]["files"] if f.endswith(".svg")):
         page.goto(f"{url}/files/{svg}")  # served under a CSP sandbox; graphviz escapes the labels
     assert dialogs == []

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.servers import free_port, postgres_server, redis_server, stop
+from tests.servers import free_port, postgres_server, redis_server, stop, wait_until
 from tests.test_supervision import Prober, get, gone_within, processes_of, submit, wait_finished
 from webapp.jobs.store import JobStore
 
@@ -55,16 +55,6 @@ def cluster(tmp_path):
         finally:
             for proc in procs.values():
                 stop(proc)
-
-
-def wait_until(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {seconds} s")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.servers import free_port
+from tests.servers import free_port, stop
 from webapp.jobs.store import JobStore, read_untrusted_json
 
 
@@ -40,37 +40,35 @@ def submit(base: str, fields: dict) -> str:
         return json.loads(r.read())["id"]
 
 
-@pytest.fixture()
-def server(tmp_path):
-    """`tvm-playground serve --no-pool` in a process group of its own, on a free port."""
-    port = free_port()
-    env = os.environ | {"PORT": str(port), "PLAYGROUND_DATA": str(tmp_path / "data")}
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webapp.cli", "serve", "--no-pool"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+def start_serve(folder, port: int) -> subprocess.Popen:
+    """`tvm-playground serve --no-pool` on the data folder folder/data, in a process group of its own,
+    once it answers."""
+    env = os.environ | {"PORT": str(port), "PLAYGROUND_DATA": str(folder / "data")}
+    with open(folder / "serve.log", "a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "webapp.cli", "serve", "--no-pool"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 60
     while True:
         try:
-            if get(base + "/")[0] == 200:
-                break
+            if get(f"http://127.0.0.1:{port}/")[0] == 200:
+                return proc
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise AssertionError((tmp_path / "serve.log").read_text()) from None
+                raise AssertionError((folder / "serve.log").read_text()) from None
             time.sleep(0.3)
-    yield base, JobStore(tmp_path / "data"), tmp_path / "serve.log"
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log.close()
+
+
+@pytest.fixture()
+def server(tmp_path):
+    port = free_port()
+    proc = start_serve(tmp_path, port)
+    yield f"http://127.0.0.1:{port}", JobStore(tmp_path / "data"), tmp_path / "serve.log"
+    stop(proc)
 
 
 class Prober(threading.Thread):
@@ -189,3 +187,30 @@ def test_a_job_whose_worker_is_killed_twice_fails_with_a_plain_message(server):
     job = wait_finished(store, job_id)
     assert job["status"] == "failed" and "twice" in job["error"]["message"]
     assert get(f"{base}/")[0] == 200
+
+
+@pytest.mark.slow
+def test_a_restart_of_everything_loses_no_finished_result_and_no_queued_job(tmp_path):
+    port = free_port()
+    base, store = f"http://127.0.0.1:{port}", JobStore(tmp_path / "data")
+    proc = start_serve(tmp_path, port)
+    finished = submit(base, {"example": "mlp", "target": "x86-host"})
+    assert wait_finished(store, finished)["status"] == "done"
+    running = submit(base, {"example": "cnn-small", "target": "x86-host", "quantize": "int8"})
+    queued = submit(base, {"example": "transformer-block", "target": "x86-host"})
+    deadline = time.monotonic() + 120
+    while store.get(running)["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop(proc)  # everything: the web, the worker and (dying with it) the job's sandbox
+    assert [store.get(j)["status"] for j in (running, queued)] == ["running", "queued"]  # not failed
+    proc = start_serve(tmp_path, port)
+    try:
+        for job_id in (running, queued):
+            job = wait_finished(store, job_id)
+            assert job["status"] == "done", job["error"]
+        assert store.get(running)["note"] == "retried after the worker stopped"
+        assert store.get(queued)["note"] is None  # it simply waited
+        status, page = get(f"{base}/r/{finished}")
+        assert status == 200 and b"retried" not in page
+    finally:
+        stop(proc)

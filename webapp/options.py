@@ -134,7 +134,7 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
         return None
     try:
         shapes = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested thousands deep
         raise SubmitError('input_shapes must be JSON, for example {"input": [1, 3, 224, 224]}.') from None
     if not isinstance(shapes, dict) or not all(
         isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v)

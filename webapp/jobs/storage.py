@@ -99,8 +99,10 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
     store, now = config.store(), now or time.time()
     finished = store.expirable()  # oldest first
     uploads = config.data_dir / "uploads"
-    total = sum(folder_bytes(store.job_dir(j["id"])) for j in finished)
-    total += folder_bytes(uploads) if uploads.is_dir() else 0
+    total = 0
+    if config.keep_gb:  # the whole data's size matters only to a cap on it
+        total = sum(folder_bytes(store.job_dir(j["id"])) for j in finished)
+        total += folder_bytes(uploads) if uploads.is_dir() else 0
     expired, freed = [], 0
     for job in finished:
         too_old = config.keep_days and job["finished"] < now - config.keep_days * 86400

@@ -40,6 +40,7 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
                 [sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
                 check=True,
                 capture_output=True,
+                start_new_session=True,  # a stop signal to the worker's group (Ctrl-C) does not fail it
             )
     return pt2, onnx
 
@@ -201,22 +202,30 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
                 continue
         elif (job["heartbeat"] or 0) > now - config.lost_after_s:
             continue
-        job_id, job_dir = job["id"], store.job_dir(job["id"])
+        job_id = job["id"]
         if job["attempts"] >= 1:
             message = (
                 "The worker stopped while this job was running, twice (it was retried once): the job "
                 "may be what stops it. Submit it again, or with other options."
             )
-            store.mark_finished(job_id, close_progress(job_dir, -1, message), job["worker"])
+            store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
             continue
-        if not store.requeue(job_id, job["worker"], RETRIED):
-            continue  # another worker's recovery took it
-        for name in PIPELINE_OUTPUTS:
-            path = job_dir / name
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-        enqueue(job_id)
-        requeued.append(job_id)
+        if retry(store, job_id, job["worker"], RETRIED):  # False: another worker's recovery took it
+            enqueue(job_id)
+            requeued.append(job_id)
     return requeued
+
+
+def retry(store, job_id: str, worker: str, note: str) -> bool:
+    """Put a job `worker` was running back in the queue, with what its attempt wrote removed (its
+    inputs stay). False when it was no longer `worker`'s."""
+    if not store.requeue(job_id, worker, note):
+        return False
+    job_dir = store.job_dir(job_id)
+    for name in PIPELINE_OUTPUTS:
+        path = job_dir / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    return True
 
 
 def requeue_waiting(config: Config, enqueue) -> None:

@@ -215,7 +215,7 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
         ep = load_pt2(path)
     except pickle.UnpicklingError as e:
         lines = str(e).strip().splitlines() or [""]
-        detail = next((line for line in lines if "Unsupported global" in line), lines[0]).strip()
+        detail = next((line for line in lines if "Unsupported" in line), lines[0]).strip()
         raise StageError(
             "This .pt2 file holds pickled Python objects other than tensors; unpickling them would run "
             "code from the file, so it was refused. Export the model with plain tensor weights "
