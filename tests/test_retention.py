@@ -51,12 +51,12 @@ def test_uploads_once_expiry_keeps_the_page_and_the_delete_link(own, example_fil
     report = collect_garbage(replace(config, keep_days=1), now=time.time() + 2 * 86400)
     assert report["expired"] == [first["id"]] and report["freed_bytes"] > 0
     job = client.get(f"/r/{first['id']}.json").get_json()
-    assert job["expired"]["reason"] == "older than 1 days"
+    assert job["expired"]["reason"] == "older than 1 day"
     assert "model.so" in job["expired"]["files"] and "graph-fused.svg" not in job["expired"]["files"]
     assert job["results"]["benchmarks"]  # the figures remain
     assert not inputs[0].exists() and blob.stat().st_nlink == 2  # the second job still has it
     page = " ".join(client.get(f"/r/{first['id']}").get_data(as_text=True).split())
-    assert "retention policy (older than 1 days) removed this job's uploaded model" in page
+    assert "retention policy (older than 1 day) removed this job's uploaded model" in page
     assert f"/r/{first['id']}/files/model.so" not in page  # no link to what is gone
     assert client.get(f"/r/{first['id']}/files/model.so").status_code == 404
     assert client.get(f"/r/{first['id']}/files/graph-fused.svg").status_code == 200

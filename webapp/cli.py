@@ -113,12 +113,12 @@ def cmd_worker(args) -> int:
 
 def cmd_gc(args) -> int:
     """The retention policy, now (the worker also runs it every hour)."""
-    from webapp.jobs.storage import collect_garbage
+    from webapp.jobs.storage import age_policy, collect_garbage
 
     overrides = {k: v for k, v in (("keep_days", args.days), ("keep_gb", args.gb)) if v is not None}
     config = Config.from_env(**overrides)
     done = collect_garbage(config)
-    policy = [f"older than {config.keep_days:g} days" if config.keep_days else None]
+    policy = [age_policy(config.keep_days) if config.keep_days else None]
     policy.append(f"beyond {config.keep_gb:g} GB" if config.keep_gb else None)
     print(f"retention: {' or '.join(p for p in policy if p) or 'keep everything'} (in {config.data_dir})")
     print(f"expired {len(done['expired'])} jobs' artifacts, freed {done['freed_bytes'] / 1e6:.1f} MB")

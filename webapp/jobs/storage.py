@@ -120,6 +120,10 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
     return {"expired": expired, "freed_bytes": freed}
 
 
+def age_policy(days: float) -> str:
+    return f"older than {days:g} day{'' if days == 1 else 's'}"
+
+
 def remove_unused_uploads(config: Config) -> int:
     uploads, freed = config.data_dir / "uploads", 0
     if uploads.is_dir():

@@ -200,6 +200,15 @@ class JobStore:
             worker,
         )
 
+    def take_over(self, job_id: str, worker: str, me: str) -> bool:
+        """A running job of the lost `worker` becomes `me`'s; False when it is no longer `worker`'s."""
+        return 1 == self.change(
+            "UPDATE jobs SET worker = ? WHERE id = ? AND status = 'running' AND worker = ?",
+            me,
+            job_id,
+            worker,
+        )
+
     def requeue(self, job_id: str, worker: str, note: str) -> bool:
         """A running job back in the queue for another attempt, with the reason on its page; False
         when it is no longer `worker`'s (another worker's recovery took it first)."""

@@ -144,7 +144,8 @@ def admit(config: Config, store: JobStore, client: str) -> None:
     cap = config.max_queued_per_client
     if cap and store.queued_count(client) >= cap:
         raise Busy(
-            f"You have {cap} jobs queued or running on this server, as many as one address may. "
+            f"You have {cap} job{'s' if cap != 1 else ''} queued or running on this server, as many as one "
+            "address may. "
             "Submit again when one of them has finished.",
             retry_after=30,
         )

@@ -210,48 +210,21 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
             )
             store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
             continue
-        if retry(store, job_id, job["worker"], RETRIED):  # False: another worker's recovery took it
+        if retry(store, job_id, job["worker"], RETRIED, worker_name(config)):
             enqueue(job_id)
             requeued.append(job_id)
     return requeued
 
 
-def retry(store, job_id: str, worker: str, note: str) -> bool:
-    """Put a job `worker` was running back in the queue, with what its attempt wrote removed (its
-    inputs stay). False when it was no longer `worker`'s."""
-    if not store.requeue(job_id, worker, note):
+def retry(store, job_id: str, worker: str, note: str, me: str) -> bool:
+    """Put a job the lost `worker` was running back in the queue, with what its attempt wrote
+    removed (its inputs stay). The job is first taken over by `me` (this worker), so that no other
+    recovery, and no worker that claims it once queued, meets the removal. False when it was no
+    longer `worker`'s (another worker's recovery took it)."""
+    if not store.take_over(job_id, worker, me):
         return False
     job_dir = store.job_dir(job_id)
     for name in PIPELINE_OUTPUTS:
         path = job_dir / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-    return True
-
-
-def requeue_waiting(config: Config, enqueue) -> None:
-    """Queue every waiting job again (a worker's start): a queue that lost its messages (a Redis
-    without persistence, restarted) loses no job, and a repeated message is a no-op (run_job claims)."""
-    for job_id in config.store().waiting():
-        enqueue(job_id)
-
-
-def look_after(config: Config, enqueue) -> threading.Thread:
-    """A thread of the worker process: recover_interrupted every heartbeat period, the retention
-    policy (collect_garbage) every gc_every_s."""
-    from webapp.jobs.storage import collect_garbage
-
-    def loop():
-        next_gc = time.monotonic()
-        while True:
-            try:
-                recover_interrupted(config, enqueue)
-                if time.monotonic() >= next_gc:
-                    next_gc = time.monotonic() + config.gc_every_s
-                    collect_garbage(config)
-            except Exception as exc:  # the database away for a moment: try again next period
-                print(f"recovery: {exc}", file=sys.stderr, flush=True)
-            time.sleep(config.heartbeat_s)
-
-    thread = threading.Thread(target=loop, daemon=True, name="recovery")
-    thread.start()
-    return thread
+    return store.requeue(job_id, me, note)
