@@ -74,7 +74,11 @@ def test_two_workers_share_jobs_and_a_lost_ones_job_moves_to_the_other(cluster):
             return {j["worker"].split(":")[0]: j["id"] for j in running}
 
     # both run at once, one on each machine
-    on = wait_until(lambda: (m := machines()) and len(m) == 2 and m, 120, "two jobs running on two machines")
+    on = wait_until(
+        lambda: (m := machines()) and len(m) == 2 and m,
+        120,
+        f"two jobs running on two machines ({[store.get(j) for j in jobs]})",
+    )
     assert set(on) == {"machine-a", "machine-b"}
     lost = on["machine-a"]
     wait_until(lambda: processes_of(store.job_dir(lost)), 60, "sandbox of machine-a's job")

@@ -109,9 +109,7 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
         too_big = config.keep_gb and total - freed > config.keep_gb * (1 << 30)
         if not (too_old or too_big):
             continue
-        reason = (
-            f"older than {config.keep_days:g} days" if too_old else f"the data passed {config.keep_gb:g} GB"
-        )
+        reason = age_policy(config.keep_days) if too_old else f"the data passed {config.keep_gb:g} GB"
         bytes_freed, files = expire_job(store.job_dir(job["id"]))
         freed += bytes_freed + remove_unused_uploads(config)
         store.mark_expired(job["id"], {"at": now, "reason": reason, "files": files})

@@ -228,3 +228,32 @@ def retry(store, job_id: str, worker: str, note: str, me: str) -> bool:
         path = job_dir / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
     return store.requeue(job_id, me, note)
+
+
+def requeue_waiting(config: Config, enqueue) -> None:
+    """Queue every waiting job again (a worker's start): a queue that lost its messages (a Redis
+    without persistence, restarted) loses no job, and a repeated message is a no-op (run_job claims)."""
+    for job_id in config.store().waiting():
+        enqueue(job_id)
+
+
+def look_after(config: Config, enqueue) -> threading.Thread:
+    """A thread of the worker process: recover_interrupted every heartbeat period, the retention
+    policy (collect_garbage) every gc_every_s."""
+    from webapp.jobs.storage import collect_garbage
+
+    def loop():
+        next_gc = time.monotonic()
+        while True:
+            try:
+                recover_interrupted(config, enqueue)
+                if time.monotonic() >= next_gc:
+                    next_gc = time.monotonic() + config.gc_every_s
+                    collect_garbage(config)
+            except Exception as exc:  # the database away for a moment: try again next period
+                print(f"recovery: {exc}", file=sys.stderr, flush=True)
+            time.sleep(config.heartbeat_s)
+
+    thread = threading.Thread(target=loop, daemon=True, name="recovery")
+    thread.start()
+    return thread
