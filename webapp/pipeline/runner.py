@@ -136,10 +136,12 @@ def run(job_dir: Path) -> None:
 
     from webapp.pipeline.bench import benchmark_job
 
+    shown = next(key for key, ex in built.executables.items() if ex is built.executable)
+
     results.save(
         **stage(
             "benchmark",
-            lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report),
+            lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report, shown),
         )
     )
     progress.skip("remote")
