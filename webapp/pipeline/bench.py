@@ -145,6 +145,17 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
     }
 
 
+def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
+    """The inspect stage's kernels with each one's ms per run and share of the run, from the profile
+    of the build the page shows, slowest first (a kernel the VM never calls, last, with None)."""
+    shown = next((p for p in profiles if p.get("shown")), {})
+    if "kernels" not in shown:  # the profile failed: the kernels stay as they were
+        return kernels
+    times = shown["kernels"]
+    rows = [{**k, **{f: times.get(k["name"], {}).get(f) for f in ("ms", "share")}} for k in kernels]
+    return sorted(rows, key=lambda k: -(k["ms"] or 0))
+
+
 def profile_or_why(executable, inputs: dict[str, np.ndarray], dev) -> dict:
     """A build's kernel profile, or why there is none: a profile never fails the job."""
     try:

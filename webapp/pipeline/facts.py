@@ -34,23 +34,9 @@ def derive(results: dict) -> dict:
         facts["tuning_summary"] = tuning_summary(results)
     if results.get("kernels"):
         facts["kernel_summary"] = kernel_summary(results)
-        facts["kernels"] = kernel_times(results)
     if results.get("device"):
         facts["device_summary"] = device_summary(results, facts.get("quantization_summary"))
     return facts
-
-
-def kernel_times(results: dict) -> list[dict]:
-    """The kernel table's rows with each kernel's ms per run and share of the run, from the profile
-    of the build the page shows (once the benchmark stage has run), slowest first."""
-    shown = next((p for p in results.get("profiles", []) if p.get("shown")), None)
-    if shown is None or "kernels" not in shown:  # not profiled (yet), or the profile failed
-        return results["kernels"]
-    times = shown["kernels"]
-    rows = [
-        {**k, **{f: times.get(k["name"], {}).get(f) for f in ("ms", "share")}} for k in results["kernels"]
-    ]
-    return sorted(rows, key=lambda k: -(k["ms"] or 0))
 
 
 def tvm_ms(results: dict, variant: str, tuned: bool) -> float | None:
