@@ -67,6 +67,24 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert {b["device"] for b in job["results"]["benchmarks"]} == {job["results"]["benchmarks"][0]["device"]}
     assert client.get(f"/r/{created['id']}.json").get_json() == job
 
+    # where the time goes: a profile per build, its kernels on the page's table, slowest first
+    results = job["results"]
+    assert [(p["variant"], p["tuned"], p["shown"]) for p in results["profiles"]] == [("fp32", False, True)]
+    profile = results["profiles"][0]
+    kernel_names = {k["name"] for k in results["kernels"]}
+    assert set(profile["kernels"]) <= kernel_names and len(profile["kernels"]) >= len(kernel_names) - 1
+    assert 0.2 < profile["kernels_share"] <= 1.0  # the rest: the VM's own work and the hook's
+    assert profile["kernels_share"] == pytest.approx(sum(k["share"] for k in profile["kernels"].values()))
+    times = [k["ms"] for k in results["kernels"] if k["ms"] is not None]
+    assert times == sorted(times, reverse=True) and all(ms > 0 for ms in times)
+    # a kernel the VM never calls (reshape: the VM makes it a view of its input) comes last, untimed
+    assert [k["ms"] for k in results["kernels"][len(times) :]] == [None] * (
+        len(results["kernels"]) - len(times)
+    )
+    assert results["kernels"][0]["name"].startswith("fused_conv2d")  # the convolutions take the most
+    page = client.get(f"/r/{created['id']}").get_data(as_text=True)
+    assert 'id="kernel-profile"' in page and "<th>ms / run</th>" in page
+
     so = client.get(f"/r/{created['id']}/files/model.so")
     assert so.status_code == 200
     (tmp_path / "model.so").write_bytes(so.data)

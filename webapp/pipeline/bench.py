@@ -97,6 +97,73 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     return run
 
 
+def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5) -> dict:
+    """Where one whole-model run's time goes: the VM's instrument hook times every call of a
+    compiled kernel (TVM 0.27 has no vm.profile). Per run: each kernel's calls, ms and share of the
+    run's wall time. The shares add up to `kernels_share`, under 1: the rest is the VM's own work
+    (allocations, calls) and the hook's, which weigh most in a small model's short run."""
+    import tvm
+    from tvm import relax
+
+    from webapp.targets import host
+
+    dev = dev or host().device()
+    on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
+    seconds: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    started: dict[str, float] = {}
+
+    def timer(func, symbol, before_run, ret_value, *call_args):
+        if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
+            if not on_host:
+                dev.sync()  # a GPU kernel ends when the device is done
+            if before_run:
+                started[symbol] = time.perf_counter()
+            elif symbol in started:
+                seconds[symbol] = seconds.get(symbol, 0.0) + time.perf_counter() - started.pop(symbol)
+                calls[symbol] = calls.get(symbol, 0) + 1
+        return relax.VMInstrumentReturnKind.NO_OP
+
+    vm["main"](*args)  # warm-up, untimed
+    vm.set_instrument(timer)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        vm["main"](*args)
+    if not on_host:
+        dev.sync()
+    run_s = (time.perf_counter() - t0) / runs
+    return {
+        "runs": runs,
+        "run_ms": run_s * 1e3,
+        "kernels_share": sum(seconds.values()) / runs / run_s,
+        "kernels": {
+            name: {"calls": calls[name] // runs, "ms": t / runs * 1e3, "share": t / runs / run_s}
+            for name, t in sorted(seconds.items(), key=lambda kv: -kv[1])
+        },
+    }
+
+
+def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
+    """The inspect stage's kernels with each one's ms per run and share of the run, from the profile
+    of the build the page shows, slowest first (a kernel the VM never calls, last, with None)."""
+    shown = next((p for p in profiles if p.get("shown")), {})
+    if "kernels" not in shown:  # the profile failed: the kernels stay as they were
+        return kernels
+    times = shown["kernels"]
+    rows = [{**k, **{f: times.get(k["name"], {}).get(f) for f in ("ms", "share")}} for k in kernels]
+    return sorted(rows, key=lambda k: -(k["ms"] or 0))
+
+
+def profile_or_why(executable, inputs: dict[str, np.ndarray], dev) -> dict:
+    """A build's kernel profile, or why there is none: a profile never fails the job."""
+    try:
+        return profile_kernels(executable, inputs, dev)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
 def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
     import torch
 
@@ -337,10 +404,10 @@ def job_inputs(model, job) -> dict[str, np.ndarray]:
     return make_inputs(model.inputs)
 
 
-def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> dict:
+def benchmark_job(executables: dict, model, job, target, tvm_target, report, shown=None) -> dict:
     """The benchmark stage of a job: its builds against the frameworks' references on the target's
-    device, on a random input (a held-out image for an example with a dataset), and accuracy on the
-    dataset where there is one."""
+    device, on a random input (a held-out image for an example with a dataset), accuracy on the
+    dataset where there is one, and each build's kernel profile."""
     if target.gpu and not device_present(target):
         return {"benchmarks": [], "fidelity": [], "not_timed": target.no_device_line()}
     inputs = job_inputs(model, job)
@@ -348,6 +415,15 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report) -> 
     budget = job.bench_budget_s
     dev = target.device()
     results = benchmark(executables, inputs, model.outputs, job.references, device, budget, report, dev)
+    results["profiles"] = [  # `shown`: the build whose kernels the page lists (model.so)
+        {
+            "variant": variant,
+            "tuned": tuned,
+            "shown": (variant, tuned) == shown,
+            **profile_or_why(ex, inputs, dev),
+        }
+        for (variant, tuned), ex in sorted(executables.items())
+    ]
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results

@@ -134,14 +134,15 @@ def run(job_dir: Path) -> None:
         )
         return  # the worker runs the remote stage next, in a sandbox that may reach the tracker
 
-    from webapp.pipeline.bench import benchmark_job
+    from webapp.pipeline.bench import benchmark_job, timed_kernels
 
-    results.save(
-        **stage(
-            "benchmark",
-            lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report),
-        )
+    shown = next(key for key, ex in built.executables.items() if ex is built.executable)
+    measured = stage(
+        "benchmark",
+        lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report, shown),
     )
+    kernels = timed_kernels(results.data.get("kernels", []), measured.get("profiles", []))
+    results.save(**measured, kernels=kernels)
     progress.skip("remote")
 
 
