@@ -129,6 +129,12 @@ MAX_RANK = 8
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32
 
 
+def over_shape_limits(shape: list[int]) -> bool:
+    """Whether an input of this shape is more than this server takes (checked at submit for
+    input_shapes, and at import for the shapes a model declares)."""
+    return len(shape) > MAX_RANK or math.prod(shape) > MAX_INPUT_ELEMENTS
+
+
 def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
     if not text.strip():
         return None
@@ -143,7 +149,7 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
         raise SubmitError("input_shapes must map each input name to a list of positive integers.")
     for name, shape in shapes.items():
         elements = math.prod(shape)
-        if len(shape) > MAX_RANK or elements > MAX_INPUT_ELEMENTS:
+        if over_shape_limits(shape):
             raise SubmitError(
                 f"input_shapes gives {str(name)[:100]!r} {len(shape)} dimensions and {elements:,} "
                 f"elements; this server takes at most {MAX_RANK} dimensions and {MAX_INPUT_ELEMENTS:,} "

@@ -111,7 +111,8 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
             continue
         reason = age_policy(config.keep_days) if too_old else f"the data passed {config.keep_gb:g} GB"
         bytes_freed, files = expire_job(store.job_dir(job["id"]))
-        freed += bytes_freed + remove_unused_uploads(config)
+        # under a size cap, the uploads this expiry left unused count at once; else once at the end
+        freed += bytes_freed + (remove_unused_uploads(config) if config.keep_gb else 0)
         store.mark_expired(job["id"], {"at": now, "reason": reason, "files": files})
         expired.append(job["id"])
     freed += remove_unused_uploads(config)

@@ -76,8 +76,9 @@ class JobStore:
             if not database_url:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"CREATE TABLE IF NOT EXISTS jobs ({first})")
+            have = self.column_names(cur)
             for name, kind in COLUMNS[FIRST_COLUMNS:]:
-                if name not in self.column_names(cur):
+                if name not in have:
                     cur.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
             cur.execute("CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)")
             cur.execute("CREATE INDEX IF NOT EXISTS jobs_fingerprint ON jobs (fingerprint)")

@@ -12,7 +12,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK
+from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError
 
 
@@ -72,8 +72,8 @@ def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[in
             f"Input {spec.name!r} has a dynamic dimension (shape {spec.shape}). Give its size with "
             f'input_shapes, for example {{"{spec.name}": {example}}}.'
         )
-    elements = math.prod(spec.shape)
-    if len(spec.shape) > MAX_RANK or elements > MAX_INPUT_ELEMENTS:
+    if over_shape_limits(spec.shape):
+        elements = math.prod(spec.shape)
         raise StageError(
             f"Input {spec.name!r} has the shape {spec.shape} ({elements:,} elements); this server takes at "
             f"most {MAX_RANK} dimensions and {MAX_INPUT_ELEMENTS:,} elements an input."
