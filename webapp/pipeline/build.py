@@ -17,6 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline import schedules
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.optimize import FusionTrace
 from webapp.targets import kind_of
 
 
@@ -67,10 +68,10 @@ def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
     return build(lowered, target, None), labels
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target: tvm.target.Target, trace=None) -> tvm.IRModule:
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
-    without its per-pass views."""
-    with target, tvm.transform.PassContext(opt_level=3):
+    without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
+    with target, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
         return tvm.transform.Sequential(kind_of(target).legalize_passes(target))(mod)
 
 
@@ -138,13 +139,16 @@ class Built:
     executable: object  # ...and its executable (model.so)
     record_choice: list[dict] = field(default_factory=list)  # per tuned kernel: record vs rule
     libraries: dict = field(default_factory=dict)  # (variant, tuned) -> the library exported for it
+    fusion: object = None  # a quantized build's optimize.Fusion (the float one is the optimize stage's)
 
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
         return out | ({"record_choice": self.record_choice} if self.record_choice else {})
 
 
-def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, report) -> Built:
+def build_job(
+    fused, quantized, target, tuning_dir: Path | None, job_dir: Path, report, layer_of: dict | None = None
+) -> Built:
     """The float build (tuned where records win, with its default-rule twin for the benchmark); with
     quantization also each quantized variant, the first of which becomes model.so and the code the
     page shows (the float library is kept beside it as model-fp32.so)."""
@@ -157,7 +161,8 @@ def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, 
     shown = None
     for q in list(quantized.variants):
         try:
-            qfused = fuse(q.mod, target)
+            trace = FusionTrace(q.mod, layer_of or {})
+            qfused = fuse(q.mod, target, trace)
             lowered, labels = schedule(qfused, target)
             executable = build(lowered, target, library if shown is None else None)
         except Exception as exc:  # in a sweep the other variants go on
@@ -166,11 +171,11 @@ def build_job(fused, quantized, target, tuning_dir: Path | None, job_dir: Path, 
         built.executables[(q.variant, False)] = executable
         if shown is None:
             built.libraries[(q.variant, False)] = library
-        shown = shown or (qfused, lowered, labels, executable)
+        shown = shown or (qfused, lowered, labels, executable, trace.fusion())
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")
-    built.fused, built.lowered, built.labels, built.executable = shown
+    built.fused, built.lowered, built.labels, built.executable, built.fusion = shown
     return built
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
+import re
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +37,7 @@ class ImportedModel:
     outputs: list[TensorSpec]
     param_count: int
     framework_ops: dict[str, int] = field(default_factory=dict)
+    layers: dict[str, str] = field(default_factory=dict)  # Relax var name -> the source layer it came from
 
     def to_json(self) -> dict:
         return {
@@ -159,14 +163,134 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
 
     from tvm.relax.frontend.onnx import from_onnx
 
-    mod = from_onnx(
-        model,
-        shape_dict={s.name: s.shape for s in inputs},
-        dtype_dict={s.name: s.dtype for s in inputs},
-        keep_params_in_input=False,
-    )
+    # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
+    layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & set(ops))
+    with layers.onnx():
+        mod = from_onnx(
+            model,
+            shape_dict={s.name: s.shape for s in inputs},
+            dtype_dict={s.name: s.dtype for s in inputs},
+            keep_params_in_input=False,
+        )
+    mod, layer_of = layers.named(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-    return ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops)
+    return ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
+
+
+def var_name(layer: str) -> str:
+    """A layer's name as a Relax var: torch.onnx's "/layer1/layer1.0/conv1/Conv" as "layer1_0_conv1_Conv"."""
+    path: list[str] = []
+    for part in (p for p in layer.split("/") if p):  # "stages", "stages.14": the second is a child
+        if path and part.startswith(path[-1] + "."):
+            path.pop()
+        path.append(part)
+    name = re.sub(r"\W+", "_", "_".join(path)).strip("_") or "layer"
+    return name if name[0].isalpha() else "l" + name
+
+
+class SourceLayers:
+    """Which source layer (an ONNX node's name, a PyTorch module's path) each binding of the imported
+    Relax function came from. The importer converts one layer at a time, so the bindings after one
+    layer's output and up to the next one's are that next layer's: an ONNX layer's output is emitted
+    as soon as it is converted to mark that place (unless `emit` is False: a model with branches is
+    converted into the same block builder). `named` then names every binding after its layer, the
+    output as the layer and the bindings before it "<layer>_1", "<layer>_2"...: the IR reads like the
+    model, and the names survive the passes up to fusion (webapp.pipeline.optimize.fusion_map), where
+    a pass's own new names ("lv3") cannot be mistaken for them."""
+
+    def __init__(self, emit: bool = True):
+        self.emit = emit
+        self.outputs: dict[str, str] = {}  # the var holding a layer's output -> the layer
+
+    def mark(self, bb, expr, layer: str):
+        if self.emit and isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
+            expr = bb.emit(expr)
+        for field_ in expr.fields if isinstance(expr, relax.Tuple) else [expr]:
+            if isinstance(field_, relax.Var):
+                self.outputs.setdefault(field_.name, layer)
+        return expr
+
+    @contextmanager
+    def onnx(self):
+        from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+        convert = ONNXGraphImporter._convert_operator
+
+        def converted(importer, op_name, inputs, attrs, opset):
+            sym = convert(importer, op_name, inputs, attrs, opset)
+            return self.mark(importer.bb, sym, attrs.get("tvm_custom", {}).get("name") or op_name)
+
+        ONNXGraphImporter._convert_operator = converted
+        try:
+            yield
+        finally:
+            ONNXGraphImporter._convert_operator = convert
+
+    @contextmanager
+    def pytorch(self):
+        from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+        create = ExportedProgramImporter.create_convert_map
+
+        def layer(node) -> str:
+            stack = list((node.meta.get("nn_module_stack") or {}).values())
+            path = stack[-1][0] if stack else ""
+            return f"{path} ({node.name})" if path else node.name
+
+        def created(importer):
+            def wrap(convert):
+                return lambda node, *rest: self.mark(
+                    importer.block_builder, convert(node, *rest), layer(node)
+                )
+
+            return {key: wrap(convert) for key, convert in create(importer).items()}
+
+        ExportedProgramImporter.create_convert_map = created
+        try:
+            yield
+        finally:
+            ExportedProgramImporter.create_convert_map = create
+
+    def named(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, str]]:
+        """The module with main's bindings named after their layers, and {var name: layer}."""
+        body = mod["main"].body
+        names, layers, taken, pending = {}, {}, set(), []
+        for block in body.blocks if isinstance(body, relax.SeqExpr) else []:
+            for binding in block.bindings:
+                pending.append(binding.var.name)
+                layer = self.outputs.get(binding.var.name)
+                if layer is None:
+                    continue
+                base = var_name(layer)
+                for k, old in enumerate(pending, start=1):
+                    name = base if old == binding.var.name else f"{base}_{k}"
+                    name = next(n for n in unique(name) if n not in taken)
+                    taken.add(name)
+                    names[old], layers[name] = name, layer
+                pending = []
+        mod = mod.clone()
+        mod["main"] = VarRenamer(names).visit_expr(mod["main"])
+        return mod, layers
+
+
+def unique(name: str):
+    yield name
+    yield from (f"{name}{n}" for n in itertools.count(1))
+
+
+@relax.expr_functor.mutator
+class VarRenamer(relax.PyExprMutator):
+    def __init__(self, names: dict[str, str]):
+        super().__init__()
+        self.names = names
+
+    def visit_var_def_(self, var):
+        name = self.names.get(var.name)
+        return relax.Var(name, var.ty) if name else var
+
+    def visit_dataflow_var_def_(self, var):
+        name = self.names.get(var.name)
+        return relax.DataflowVar(name, var.ty) if name else var
 
 
 def check_onnx_ops_supported(op_types: list[str]) -> None:
@@ -233,8 +357,10 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
 
     from tvm.relax.frontend.torch import from_exported_program
 
-    mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
-    mod = bind_symbolic_dims(mod, fixed)
+    layers = SourceLayers(emit=False)  # the converters emit their results themselves
+    with layers.pytorch():
+        mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
+    mod, layer_of = layers.named(bind_symbolic_dims(mod, fixed))
     for spec in inputs:
         spec.shape = fixed[spec.name]
     param_count = sum(int(t.numel()) for t in ep.state_dict.values()) + sum(
@@ -245,7 +371,7 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
         if node.op == "call_function":
             name = getattr(node.target, "__name__", str(node.target))
             ops[name] = ops.get(name, 0) + 1
-    return ImportedModel(mod, "pytorch", inputs, relax_outputs(mod, []), param_count, ops)
+    return ImportedModel(mod, "pytorch", inputs, relax_outputs(mod, []), param_count, ops, layer_of)
 
 
 def pt2_inputs(ep) -> list[TensorSpec]:

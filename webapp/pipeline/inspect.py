@@ -147,7 +147,7 @@ def graph_dot(graph: dict, title: str) -> str:
             label += "\n" + shape_text(n["type"])
         elif n.get("weights"):
             label += "\nw: " + ", ".join(shape_text(w) for w in n["weights"][:2])
-        lines.append(f"  {n['id']} [label={q(label)}, {NODE_STYLE[n['kind']]}];")
+        lines.append(f"  {n['id']} [id={q(n['id'])}, label={q(label)}, {NODE_STYLE[n['kind']]}];")
     for e in graph["edges"]:
         lines.append(f"  {e['src']} -> {e['dst']} [label={q(' ' + shape_text(e['type']))}];")
     lines.append("}")
@@ -214,17 +214,18 @@ def host_code_module(executable) -> tvm.runtime.Module | None:
 # ---------------------------------------------------------------- the stage
 
 
-def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path) -> dict:
-    """The graphs before and after fusion (JSON and SVG), as soon as optimize has fused the model."""
+def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusion=None) -> dict:
+    """The graphs before and after fusion (JSON and SVG), as soon as optimize has fused the model;
+    with `fusion` (optimize.Fusion) each imported node names its layer and kernel, and each call in
+    the fused graph its layers."""
     views, files = job_dir / "views", job_dir / "files"
     views.mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
-    graphs = {}
-    for key, mod, title in (
-        ("imported", imported, "Imported (before fusion)"),
-        ("fused", fused, "After operator fusion"),
-    ):
-        graph = relax_graph(mod)
+    graphs, drawn = {}, {"imported": relax_graph(imported), "fused": relax_graph(fused)}
+    if fusion:
+        link_graphs(drawn["imported"], drawn["fused"], fusion)
+    for key, title in (("imported", "Imported (before fusion)"), ("fused", "After operator fusion")):
+        graph = drawn[key]
         (views / f"graph-{key}.json").write_text(json.dumps(graph))
         svg_ok = render_svg(graph_dot(graph, title), files / f"graph-{key}.svg")
         graphs[key] = {
@@ -234,6 +235,48 @@ def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path) -> d
             "ops": op_counts(graph),
         }
     return graphs
+
+
+def link_graphs(imported: dict, fused: dict, fusion) -> None:
+    """Each imported node names its source layer, its kernel and the fused node (the kernel call)
+    computing it; each fused node names the source layers of its call."""
+    call_of = {}  # an imported var -> the id of the fused node computing it
+    for node in fused["nodes"]:
+        if "var" in node:
+            node["layers"] = fusion.site_layers(node["var"])
+            call_of.update(dict.fromkeys(fusion.sites.get(node["var"], []), node["id"]))
+    for node in imported["nodes"]:
+        if "var" in node:
+            var = node["var"]
+            node.update(
+                layer=fusion.layer_of.get(var), kernel=fusion.kernel_of.get(var), call=call_of.get(var)
+            )
+
+
+def time_graphs(job_dir: Path, kernels: list[dict]) -> None:
+    """Each kernel call of the graphs gains its time (ms) and share of a run, once the benchmark has
+    timed the kernels: a kernel's figures over its calls (the calls of one kernel are alike); an
+    imported node has those of the call computing it."""
+    timed = {k["name"]: k for k in kernels if k.get("ms") is not None and k.get("calls")}
+    views = job_dir / "views"
+    fused_path, imported_path = views / "graph-fused.json", views / "graph-imported.json"
+    if not fused_path.is_file():
+        return
+    fused = json.loads(fused_path.read_text())
+    per_call = {}
+    for node in fused["nodes"]:
+        k = timed.get(node["label"]) if node["kind"] == "kernel" else None
+        if k is not None:
+            node.update(ms=k["ms"] / k["calls"], share=k["share"] / k["calls"])
+            per_call[node["id"]] = node
+    fused_path.write_text(json.dumps(fused))
+    if imported_path.is_file():
+        imported = json.loads(imported_path.read_text())
+        for node in imported["nodes"]:
+            call = per_call.get(node.get("call"))
+            if call is not None:
+                node.update(ms=call["ms"], share=call["share"])
+        imported_path.write_text(json.dumps(imported))
 
 
 def inspect_build(
@@ -246,6 +289,7 @@ def inspect_build(
     tvm_target,
     report=lambda f: None,
     graphs: dict | None = None,
+    fusion=None,
 ) -> dict:
     """The code views and kernel table of the build the page shows; `graphs` when draw_graphs already
     drew its graphs (after optimize). For a GPU build also its device code (webapp.pipeline.device_code);
@@ -254,7 +298,8 @@ def inspect_build(
     (views / "kernels").mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
 
-    graphs = graphs or draw_graphs(imported, fused, job_dir)
+    graphs = graphs or draw_graphs(imported, fused, job_dir, fusion)
+    layers = fusion.layers() if fusion else {}
     report(0.4)
 
     host = host_code_module(executable)
@@ -283,6 +328,7 @@ def inspect_build(
                 # counted on the kernel before scheduling: the counter cannot read tensorized code
                 "flop": kernel_flop(fused[name] if name in names else func),
                 "dtypes": kernel_dtypes(func),
+                "layers": layers.get(name.removesuffix("_weight_prepack"), []),
             }
         )
     report(0.8)

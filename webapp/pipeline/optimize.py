@@ -11,6 +11,7 @@ from tvm import relax
 
 # Passes whose module we keep for the graph views.
 FUSION_PASS = "FuseTIR"
+FUSE_OPS_PASS = "FuseOps"  # the pass that groups the bindings into kernels
 # Ops whose legalization computes the output shape with a shape function of its own (canonical()).
 SHAPE_FUNCTION_OPS = ("relax.dynamic_strided_slice",)
 
@@ -29,6 +30,7 @@ class Optimized:
     lowered: tvm.IRModule  # ready for tvm.compile(..., relax_pipeline=None)
     fused: tvm.IRModule  # after operator fusion, before lowering to the VM: the graph after fusion
     passes: list[PassRecord]
+    fusion: Fusion  # which kernel each binding of the imported model went into
 
 
 def relax_script(mod: tvm.IRModule) -> str:
@@ -92,11 +94,17 @@ def batch_norm_in_training_mode(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
-def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report=lambda f: None) -> Optimized:
+def optimize(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    job_dir: Path,
+    report=lambda f: None,
+    layer_of: dict[str, str] | None = None,
+) -> Optimized:
     pass_dir = job_dir / "views" / "passes"
     pass_dir.mkdir(parents=True, exist_ok=True)
-    capture = CaptureTopLevelPasses()
-    with target, tvm.transform.PassContext(opt_level=3, instruments=[capture]):
+    capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
+    with target, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
         lowered = relax.get_default_pipeline(target)(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None
@@ -112,4 +120,152 @@ def optimize(mod: tvm.IRModule, target: tvm.target.Target, job_dir: Path, report
         previous = text
         if name == FUSION_PASS:
             fused = snapshot
-    return Optimized(lowered=lowered, fused=fused if fused is not None else lowered, passes=passes)
+    fused = fused if fused is not None else lowered
+    return Optimized(lowered=lowered, fused=fused, passes=passes, fusion=trace.fusion())
+
+
+@dataclass
+class Fusion:
+    """Which kernel each binding of the imported model went into, and which went into each call."""
+
+    kernel_of: dict[str, str]  # a var of the imported main -> its kernel
+    sites: dict[str, list[str]]  # a var of the fused main -> the imported vars its call computes
+    layer_of: dict[str, str]  # a var of the imported main -> its source layer (ImportedModel.layers)
+
+    def layers(self) -> dict[str, list[str]]:
+        """kernel -> the source layers fused into it (of every call of it), in the model's order."""
+        out: dict[str, list[str]] = {}
+        for var, layer in self.layer_of.items():
+            kernel = self.kernel_of.get(var)
+            if kernel is not None and layer not in out.setdefault(kernel, []):
+                out[kernel].append(layer)
+        return out
+
+    def site_layers(self, var: str) -> list[str]:
+        """The source layers of one call in the fused main."""
+        return list(dict.fromkeys(self.layer_of[v] for v in self.sites.get(var, []) if v in self.layer_of))
+
+
+@tvm.instrument.pass_instrument
+class FusionTrace:
+    """The module before and after FuseOps, for fusion_map."""
+
+    def __init__(self, imported: tvm.IRModule, layer_of: dict[str, str]):
+        self.imported, self.layer_of, self.before, self.after = imported, layer_of, None, None
+
+    def run_before_pass(self, mod, info):
+        if info.name == FUSE_OPS_PASS:
+            self.before = mod.clone()
+
+    def run_after_pass(self, mod, info):
+        if info.name == FUSE_OPS_PASS:
+            self.after = mod.clone()
+
+    def fusion(self) -> Fusion:
+        if self.after is None:
+            return Fusion({}, {}, self.layer_of)
+        kernel_of, sites = fusion_map(self.before, self.after)
+        # A binding a pass before fusion folded into another (a convolution into the batch norm
+        # after it, a bias reshape into its constant) goes with the first reader that has a kernel.
+        bindings = main_bindings(self.imported)
+        readers: dict[str, list[str]] = {}
+        for b in bindings:
+            for var in relax.analysis.free_vars(b.value):
+                readers.setdefault(var.name, []).append(b.var.name)
+        root: dict[str, str] = {}  # a folded var -> the unfolded one it went with
+        for b in reversed(bindings):
+            name = b.var.name
+            reader = next((r for r in readers.get(name, []) if r in kernel_of), None)
+            if name not in kernel_of and reader is not None:
+                kernel_of[name], root[name] = kernel_of[reader], root.get(reader, reader)
+        for group in sites.values():
+            group += [v for v, r in root.items() if r in group]
+        return Fusion(kernel_of, sites, self.layer_of)
+
+
+def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Each var of `before`'s main -> the kernel computing it, and each call of `after`'s main -> the
+    vars of `before` it computes, from the modules before and after FuseOps.
+
+    A binding FuseOps leaves in main keeps its var and names its kernel in its call_tir. A fused group
+    becomes a call of a function of its own (FuseTIR then makes it the kernel of that name), and
+    groups of the same structure share one function: each call's group is found in `before` by
+    matching the function's body backwards from its output, from the call's own arguments.
+    """
+    defs = {b.var.name: b.value for b in main_bindings(before)}
+    kernel_of: dict[str, str] = {}
+    sites: dict[str, list[str]] = {}
+    origin: dict[str, str] = {}  # a var of after's main -> the var of before's main it stands for
+    for binding in main_bindings(after):
+        value, name = binding.value, binding.var.name
+        if not isinstance(value, relax.Call):
+            continue
+        if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir":
+            kernel_of[name], origin[name], sites[name] = value.args[0].name_hint, name, [name]
+        elif isinstance(value.op, tvm.ir.GlobalVar) and isinstance(after[value.op], relax.Function):
+            func, kernel = after[value.op], value.op.name_hint
+            out = func.body.body
+            args = [origin.get(a.name, a.name) if isinstance(a, relax.Var) else a for a in value.args]
+            match = GroupMatch(
+                {b.var.name: b.value for b in main_bindings(after, kernel)},
+                defs,
+                {p.name: a for p, a in zip(func.params, args, strict=True)},
+                kernel_of,
+            )
+            for candidate in defs:
+                match.group = {}
+                if candidate not in kernel_of and isinstance(out, relax.Var) and match.var(out, candidate):
+                    kernel_of.update(dict.fromkeys(match.group.values(), kernel))
+                    origin[name], sites[name] = candidate, list(match.group.values())
+                    break
+    return kernel_of, sites
+
+
+class GroupMatch:
+    """Whether a fused function's body computes what bindings of the unfused main do, given what the
+    function's parameters stand for (a var name of main, or a constant); `group` collects the
+    function's vars -> main's vars of the match being tried."""
+
+    def __init__(self, inner: dict, defs: dict, params: dict, taken: dict):
+        self.inner, self.defs, self.params, self.taken = inner, defs, params, taken
+        self.group: dict[str, str] = {}
+
+    def var(self, a: relax.Var, b: str) -> bool:
+        """Whether the function's var `a` (not a parameter) computes main's var named `b`."""
+        if a.name not in self.inner or b not in self.defs or b in self.taken:
+            return False
+        if self.group.setdefault(a.name, b) != b:
+            return False
+        return self.same(self.inner[a.name], self.defs[b])
+
+    def same(self, a, b) -> bool:
+        if isinstance(a, relax.Var) and a.name in self.params:  # a var of main's, or a constant
+            bound = self.params[a.name]
+            return isinstance(b, relax.Var) == isinstance(bound, str) and (
+                not isinstance(b, relax.Var) or b.name == bound
+            )
+        if isinstance(a, relax.Var):
+            return isinstance(b, relax.Var) and self.var(a, b.name)
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, relax.Call):
+            if isinstance(a.op, tvm.ir.Op):
+                same_op = a.op.same_as(b.op)
+            else:
+                same_op = a.op.name_hint == getattr(b.op, "name_hint", None)
+            return same_op and self.all_same(a.args, b.args)
+        if isinstance(a, relax.Tuple):
+            return self.all_same(a.fields, b.fields)
+        if isinstance(a, relax.TupleGetItem):
+            return a.index == b.index and self.same(a.tuple_value, b.tuple_value)
+        if isinstance(a, tvm.ir.GlobalVar):
+            return a.name_hint == b.name_hint
+        return True  # constants, shapes, prim values: the ops and the dataflow tell groups apart
+
+    def all_same(self, xs, ys) -> bool:
+        return len(xs) == len(ys) and all(self.same(x, y) for x, y in zip(xs, ys, strict=True))
+
+
+def main_bindings(mod: tvm.IRModule, name: str = "main") -> list:
+    body = mod[name].body
+    return [b for block in body.blocks for b in block.bindings] if isinstance(body, relax.SeqExpr) else []

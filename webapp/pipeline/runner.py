@@ -97,13 +97,15 @@ def run(job_dir: Path) -> None:
     tuned_records = tuning_dir if "tuning" in results.data else None
     built = stage(
         "build",
-        lambda report: build_job(optimized.fused, quantized, tvm_target, tuned_records, job_dir, report),
+        lambda report: build_job(
+            optimized.fused, quantized, tvm_target, tuned_records, job_dir, report, model.layers
+        ),
     )
     results.save(
         **built.to_json(job_dir / "files" / "model.so"), **(quantized.to_json() if quantized else {})
     )
 
-    from webapp.pipeline.inspect import inspect_build
+    from webapp.pipeline.inspect import inspect_build, time_graphs
 
     graphs = None if quantized else graphs  # the page then shows the quantized model's fused graph
     results.save(
@@ -119,6 +121,7 @@ def run(job_dir: Path) -> None:
                 tvm_target,
                 report,
                 graphs,
+                built.fusion or optimized.fusion,
             ),
         )
     )
@@ -142,6 +145,7 @@ def run(job_dir: Path) -> None:
         lambda report: benchmark_job(built.executables, model, job, target, tvm_target, report, shown),
     )
     kernels = timed_kernels(results.data.get("kernels", []), measured.get("profiles", []))
+    time_graphs(job_dir, kernels)
     results.save(**measured, kernels=kernels)
     progress.skip("remote")
 
@@ -161,8 +165,8 @@ def optimize_stage(model, tvm_target, job_dir: Path, report):
     from webapp.pipeline.inspect import draw_graphs
     from webapp.pipeline.optimize import optimize
 
-    optimized = optimize(model.mod, tvm_target, job_dir, report)
-    return optimized, draw_graphs(model.mod, optimized.fused, job_dir)
+    optimized = optimize(model.mod, tvm_target, job_dir, report, model.layers)
+    return optimized, draw_graphs(model.mod, optimized.fused, job_dir, optimized.fusion)
 
 
 class Results:
