@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 from playwright.sync_api import expect
 
 # Records, in the page, each change of the status pill and of the sections shown: [{pill, sections}].
@@ -80,15 +83,15 @@ def test_upload_watch_stages_read_results_and_reload_by_share_link(
     for stage in ("import", "optimize", "build", "inspect", "benchmark"):
         expect(page.locator(f".stage[data-stage={stage}] .status")).to_have_text("done")
 
-    # The graph picture, before and after fusion, with pan/zoom controls (set up on the swapped-in section).
-    graph = page.locator("#graph-fused .panzoom img")
-    expect(graph).to_be_visible()
-    assert page.evaluate("document.querySelector('#graph-fused .panzoom img').naturalWidth") > 0
+    # The graph, before and after fusion, drawn inline with pan/zoom controls (set up on the swapped-in
+    # section).
+    expect(page.locator("#graph-fused .panzoom svg g.node").first).to_be_visible()
     page.click("button.tab[data-tab=graph-imported]")
-    expect(page.locator("#graph-imported .panzoom img")).to_be_visible()
+    expect(page.locator("#graph-imported .panzoom svg g.node").first).to_be_visible()
     expect(page.locator("#graph-imported .zoom-buttons")).to_have_count(1)
+    fitted = page.locator("#graph-imported .panzoom svg").get_attribute("viewBox")
     page.locator("#graph-imported .zoom-buttons button", has_text="+").click()
-    assert "scale(" in page.locator("#graph-imported .panzoom img").get_attribute("style")
+    assert page.locator("#graph-imported .panzoom svg").get_attribute("viewBox") != fitted
 
     # Switch code views: imported Relax, a kernel's TIR, its assembly, then one without kernels.
     expect(page.locator("#code-text")).to_contain_text("R.nn.conv2d")
@@ -189,3 +192,98 @@ def test_bits_sweep_of_the_digits_example_from_the_form(page, live_server):
     assert "top-1 agreement with fp32" in page.locator("#sweep-table tr").first.inner_text()
     # no broken download (the tuning database is offered only when the build used it)
     assert_every_link_answers(page, page.url)
+
+
+def deep_onnx_model(path, blocks: int) -> None:
+    """A chain of `blocks` MatMul + Add + Relu layers on a 1x8 vector: a graph of DenseNet-121's size
+    (3 imported nodes, one fused kernel call a block) that builds in seconds (one kernel shape)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "input"
+    for i in range(blocks):
+        w, b = f"w{i}", f"b{i}"
+        inits += [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.3, w)]
+        inits += [numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, b)]
+        nodes += [
+            helper.make_node("MatMul", [x, w], [f"m{i}"], name=f"/block{i}/fc/MatMul"),
+            helper.make_node("Add", [f"m{i}", b], [f"a{i}"], name=f"/block{i}/fc/Add"),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"/block{i}/act/Relu"),
+        ]
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "deep",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 8])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembly(
+    page, live_server, tmp_path
+):
+    deep_onnx_model(tmp_path / "deep.onnx", 400)
+    job = page.request.post(
+        live_server + "/api/jobs",
+        multipart={
+            "model": {
+                "name": "deep.onnx",
+                "mimeType": "application/octet-stream",
+                "buffer": (tmp_path / "deep.onnx").read_bytes(),
+            },
+            "target": "x86-host",
+        },
+    ).json()
+    page.goto(job["url"])
+    expect(page.locator("#job-status")).to_have_text("done", timeout=300_000)
+    page.reload()  # the finished page as a visitor opens it
+
+    view = "#graph-fused"
+    expect(page.locator(f"{view} .panzoom svg g.node").first).to_be_attached()
+    nodes = page.locator(f"{view} svg g.node").count()
+    assert nodes >= 400
+    # fitted in both directions: the whole drawing is inside the view box
+    fits = page.evaluate(f"""() => {{
+        const svg = document.querySelector('{view} .panzoom svg'), g = svg.querySelector('g.graph');
+        const v = svg.getBoundingClientRect(), b = g.getBoundingClientRect();
+        return [b.left >= v.left - 1, b.right <= v.right + 1, b.top >= v.top - 1, b.bottom <= v.bottom + 1,
+                b.height / v.height];
+    }}""")
+    assert all(fits[:4]) and fits[4] > 0.9, fits  # and it uses the height (a tall graph)
+    expect(page.locator(f"{view} .minimap .viewport")).to_be_visible()
+
+    # search by source layer finds the one call of block 377, and by kernel name every call
+    page.fill(f"{view} .graph-search", "block377/")
+    expect(page.locator(f"{view} .graph-found")).to_have_text("1 found")
+    page.fill(f"{view} .graph-search", "fused_matmul")
+    expect(page.locator(f"{view} .graph-found")).to_have_text(f"{400} found")
+    page.fill(f"{view} .graph-search", "block377/")
+    page.press(f"{view} .graph-search", "Enter")
+    details = page.locator(f"{view} .node-details")
+    expect(details).to_contain_text("/block377/fc/MatMul")
+    selected = page.eval_on_selector(f"{view} g.node.selected", "g => g.id")
+    kernel = page.locator(f"{view} .node-details a.to-code[data-view=asm]").get_attribute("data-kernel")
+    assert kernel.startswith("fused_matmul")
+    # the selected node is in view, at a readable size
+    box = page.locator(f"{view} g.node.selected").bounding_box()
+    frame = page.locator(f"{view} .panzoom").bounding_box()
+    assert frame["y"] <= box["y"] and box["y"] + box["height"] <= frame["y"] + frame["height"]
+    assert box["width"] > 60
+
+    # node -> its kernel's assembly (a URL that can be shared) -> back to the node
+    page.click(f"{view} .node-details a.to-code[data-view=asm]")
+    expect(page.locator(".code-title code")).to_have_text(kernel)
+    assert "view=asm" in page.url and f"kernel={kernel}" in page.url and f"node={selected}" in page.url
+    expect(page.locator("#code-text")).not_to_contain_text(".cfi_startproc")  # directives filtered
+    expect(page.locator("#code-text .linenos").first).to_be_visible()  # numbered
+    shared = page.url
+    page.click("#code-back a.back-to-graph")
+    expect(page.locator(f"{view} g.node.selected")).to_have_attribute("id", selected)
+
+    # the shared link opens the same view in a fresh page, with its back link
+    other = page.context.browser.new_page()
+    other.goto(shared)
+    expect(other.locator(".code-title code")).to_have_text(kernel)
+    other.click("#code-back a.back-to-graph")
+    expect(other.locator(f"{view} g.node.selected")).to_have_attribute("id", selected)
+    other.close()

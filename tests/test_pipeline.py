@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper
 
 from webapp.catalog import EXAMPLES
@@ -168,3 +169,43 @@ def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path,
     naive = bench.flatten_outputs(bench.tvm_runner(build(optimized.lowered, target, None), inputs)())
     scheduled = bench.flatten_outputs(bench.tvm_runner(build(lowered, target, None), inputs)())
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-4)
+
+
+def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files, tmp_path):
+    """The imported IR names each binding after its ONNX node; FuseOps' shared functions (one per
+    shape of block) are followed call by call: every kernel lists layers, every conv is in one kernel,
+    and each call of a shared kernel has the layers of its own place in the model."""
+    from webapp.jobs.worker import ensure_example_files
+
+    ensure_example_files(config, "resnet50")
+    model = import_model(example_files / "resnet50.onnx")
+    onnx_nodes = {n.name: n.op_type for n in onnx.load(str(example_files / "resnet50.onnx")).graph.node}
+    assert set(model.layers.values()) <= set(onnx_nodes)
+    assert "stages_14_body_1_0_Conv" in model.mod.script()  # "/stages/stages.14/body/body.1/body.1.0/Conv"
+    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    layers = optimized.fusion.layers()
+    kernels = [
+        gv.name_hint for gv, f in optimized.fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+    ]
+    assert kernels and all(layers.get(k) for k in kernels), [k for k in kernels if not layers.get(k)]
+    convs = [name for name, op in onnx_nodes.items() if op == "Conv"]
+    assert len(convs) == 53
+    for conv in convs:
+        vars_ = [v for v, layer in model.layers.items() if layer == conv]
+        assert len({optimized.fusion.kernel_of[v] for v in vars_}) == 1, conv
+    # a kernel shared by several blocks: each call site has its own block's layers
+    graph = relax_graph(optimized.fused)
+    calls = [n for n in graph["nodes"] if n["label"].startswith("fused_conv2d") and n["kind"] == "kernel"]
+    by_kernel: dict[str, list[list[str]]] = {}
+    for n in calls:
+        by_kernel.setdefault(n["label"], []).append(optimized.fusion.site_layers(n["var"]))
+    shared = next(sites for sites in by_kernel.values() if len(sites) > 1)
+    assert all(site for site in shared) and len({tuple(site) for site in shared}) == len(shared)
+
+
+def test_pytorch_layers_are_module_paths_and_survive_batch_norm_folding(example_files, tmp_path):
+    model = import_model(example_files / "cnn-small.pt2")
+    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    first = optimized.fusion.layers()["fused_conv2d_add_relu"]
+    # the convolution, the batch norm folded into it and the ReLU: one kernel
+    assert [layer.split(" ")[0] for layer in first] == ["features.0.0", "features.0.1", "features.0.2"]

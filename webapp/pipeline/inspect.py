@@ -232,6 +232,7 @@ def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusi
             "nodes": len(graph["nodes"]),
             "edges": len(graph["edges"]),
             "svg": f"graph-{key}.svg" if svg_ok else None,
+            "json": f"graph-{key}.json",  # in views/, served as /r/<id>/graph-<key>.json
             "ops": op_counts(graph),
         }
     return graphs

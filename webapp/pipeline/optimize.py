@@ -143,7 +143,8 @@ class Fusion:
 
     def site_layers(self, var: str) -> list[str]:
         """The source layers of one call in the fused main."""
-        return list(dict.fromkeys(self.layer_of[v] for v in self.sites.get(var, []) if v in self.layer_of))
+        site = set(self.sites.get(var, []))
+        return list(dict.fromkeys(layer for v, layer in self.layer_of.items() if v in site))
 
 
 @tvm.instrument.pass_instrument

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -115,9 +116,61 @@ def read_text(path: Path | None) -> tuple[str, bool]:
 
 
 @lru_cache(maxsize=64)
-def highlighted(text: str, lexer_name: str) -> Markup:
+def highlighted(text: str, lexer_name: str, numbered: bool = False, marked: tuple[int, ...] = ()) -> Markup:
+    """Pygments' HTML; `numbered` adds line numbers (beside the text: a copy takes the code alone),
+    `marked` highlights those lines (1-based)."""
     lexer = {c.__name__: c for c in LEXERS}[lexer_name]()
-    return Markup(highlight(text, lexer, HtmlFormatter(cssclass="code", linenos=False)))
+    formatter = HtmlFormatter(
+        cssclass="code", linenos="table" if numbered else False, hl_lines=list(marked), lineanchors="L"
+    )
+    return Markup(highlight(text, lexer, formatter))
+
+
+# ---------------------------------------------------------------- assembly as Compiler Explorer shows it
+
+ASM_LABEL = re.compile(r"^([.\w$]+):")
+ASM_DIRECTIVE = re.compile(r"^\s*\.[a-zA-Z_]\w*\b")
+ASM_LOCAL_LABEL = re.compile(r"\.L[\w$.]+")
+ASM_VECTOR = re.compile(r"\b(?:[xyz]mm\d+|v\d+\.\d*[bhsd]|q\d+)\b")
+
+
+def filter_asm(text: str) -> str:
+    """The assembly without assembler directives (.cfi_*, .p2align, .type, ...) and without the local
+    labels nothing jumps to (.Ltmp*, .Lfunc_end*): what Compiler Explorer shows by default."""
+    lines = text.splitlines()
+    code = [line for line in lines if not ASM_LABEL.match(line) and not ASM_DIRECTIVE.match(line)]
+    used = {label for line in code for label in ASM_LOCAL_LABEL.findall(line)}
+    out = []
+    for line in lines:
+        label = ASM_LABEL.match(line)
+        if label:
+            if label.group(1).startswith(".L") and label.group(1) not in used:
+                continue
+        elif ASM_DIRECTIVE.match(line):
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def hot_loop(text: str) -> tuple[int, int] | None:
+    """The lines (1-based, inclusive) of the kernel's hot loop: of its innermost loops (a label and
+    the last jump back up to it, with no other loop inside), the one with the most vector
+    instructions; None when the code has no loop."""
+    lines = text.splitlines()
+    loops = []
+    for i, line in enumerate(lines):
+        label = ASM_LABEL.match(line)
+        if label and label.group(1).startswith(".L"):
+            jump = re.compile(rf"^\s+\S+\s+{re.escape(label.group(1))}\s*(#.*)?$")
+            back = [j for j in range(i + 1, len(lines)) if jump.match(lines[j])]
+            if back:
+                loops.append((i, back[-1]))
+    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    vector = {
+        (a, b): sum(1 for line in lines[a : b + 1] if ASM_VECTOR.search(line.split("#")[0])) for a, b in inner
+    }
+    best = max(inner, key=lambda span: vector[span], default=None)
+    return (best[0] + 1, best[1] + 1) if best and vector[best] else None
 
 
 def code_view(
@@ -127,8 +180,12 @@ def code_view(
     kernel: str = "",
     pass_index: int | None = None,
     diff: bool = False,
+    asm_all: bool = False,
+    back: dict | None = None,
 ) -> dict:
-    """Everything the code panel needs for one selection."""
+    """Everything the code panel needs for one selection. The assembly is filtered (filter_asm)
+    unless `asm_all`, numbered, with its hot loop marked; `back` ({"graph", "node"}) is the graph
+    node the selection came from, for the link back."""
     views = available_views(results)
     if view not in views:
         view = "relax-imported"
@@ -163,6 +220,13 @@ def code_view(
         )
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
         lexer = DiffLexer
+    loop = None
+    if view in ("asm", "sass") and kernel != MODULE and text:
+        text = text if asm_all or view == "sass" else filter_asm(text)
+        loop = hot_loop(text) if view == "asm" else None
+    numbered = view in KERNEL_VIEWS
+    kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
+    marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()
     return {
         "view": view,
         "title": title,
@@ -174,7 +238,10 @@ def code_view(
         "diff": diff,
         "truncated": truncated,
         "download": download,
-        "html": highlighted(text, lexer.__name__) if text else None,
+        "html": highlighted(text, lexer.__name__, numbered, marked) if text else None,
+        "hot_loop": loop,
+        "asm_all": asm_all,
+        "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,
         "empty": not text,
         "whole_module_allowed": view in modules,
         "views": views,

@@ -49,6 +49,7 @@ FILE_HEADERS = {
 # The result page's sections, in order: each is one partial (templates/_<name>.html) that renders its
 # section, or nothing while the job has not measured what it shows. A running job's page polls
 # /r/<id>/live, which sends back the sections whose HTML changed.
+GRAPHS = ("imported", "fused")
 PARTS = (
     "head",
     "summary",
@@ -248,6 +249,8 @@ def requested_code_view(job: dict) -> dict:
         args.get("kernel", ""),
         args.get("pass", type=int),
         args.get("diff") == "1",
+        args.get("asm_all") == "1",
+        {"graph": args.get("graph", "fused"), "node": args.get("node", "")},
     )
 
 
@@ -332,6 +335,16 @@ def cancel(job_id: str):
 def code(job_id: str):
     job = view_or_404(job_id)
     return render_template("_code.html", job=job, code=requested_code_view(job))
+
+
+@bp.get("/r/<job_id>/graph-<key>.json")
+def graph_json(job_id: str, key: str):
+    """A graph of the job as JSON (nodes, edges; the layers, kernels and times linked to them)."""
+    view_or_404(job_id)
+    path = safe_job_file(ctx()[1].job_dir(job_id), f"views/graph-{key}.json") if key in GRAPHS else None
+    if path is None:
+        abort(404)
+    return send_file(path, mimetype="application/json", max_age=0)
 
 
 @bp.get("/r/<job_id>/files/<name>")

@@ -1,0 +1,53 @@
+"""The code panel's assembly as Compiler Explorer shows it: filtered, numbered, its hot loop marked."""
+
+from __future__ import annotations
+
+from webapp.web.code import filter_asm, hot_loop
+
+ASM = """\t.text
+\t.file\t"model"
+\t.globl\tk_compute_
+\t.p2align\t4, 0x90
+\t.type\tk_compute_,@function
+k_compute_:
+\t.cfi_startproc
+\tpushq\t%rbp
+.Ltmp0:
+\tmovq\t%rdi, %rax
+.LBB0_1:
+\tincq\t%rcx
+.LBB0_2:
+\tvmovaps\t(%rdi), %zmm0
+\tvfmadd231ps\t%zmm1, %zmm2, %zmm0
+\tvmovaps\t%zmm0, (%rsi)
+\taddq\t$64, %rdi
+\tcmpq\t%rdx, %rdi
+\tjne\t.LBB0_2
+\taddq\t$1, %r8
+\tjne\t.LBB0_1
+.LBB0_3:
+\tmovl\t$1, %eax
+.Ltmp1:
+\tmovl\t$2, %ebx
+\tretq
+.Lfunc_end0:
+\t.size\tk_compute_, .Lfunc_end0-k_compute_
+\t.cfi_endproc
+"""
+
+
+def test_assembly_drops_directives_and_labels_nothing_jumps_to():
+    shown = filter_asm(ASM).splitlines()
+    directives = (".cfi", ".p2align", ".type", ".size", ".file")
+    assert not [line for line in shown if line.strip().startswith(directives)]
+    assert ".Ltmp0:" not in shown and ".Lfunc_end0:" not in shown and ".LBB0_3:" not in shown
+    assert ".LBB0_1:" in shown and ".LBB0_2:" in shown  # jump targets stay
+    assert "k_compute_:" in shown and "\tretq" in shown
+
+
+def test_hot_loop_is_the_innermost_loop_with_vector_instructions():
+    shown = filter_asm(ASM)
+    start, end = hot_loop(shown)
+    lines = shown.splitlines()
+    assert lines[start - 1] == ".LBB0_2:" and lines[end - 1] == "\tjne\t.LBB0_2"
+    assert hot_loop("f:\n\tmovl\t$1, %eax\n\tretq\n") is None
