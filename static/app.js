@@ -265,7 +265,7 @@ async function setupGraphView(root) {
       legend.innerHTML = "";
       const bar = document.createElement("span"); bar.className = "heat-bar";
       bar.style.background = `linear-gradient(to right, ${[0, 0.33, 0.66, 1].map(heat).join(", ")})`;
-      legend.append("Share of a run's time, per kernel call: 0% ", bar, ` ${pct(top)}`,
+      legend.append("Share of the kernels' time in a run, per kernel call: 0% ", bar, ` ${pct(top)}`,
         " (grey: no kernel time, e.g. inputs or ops folded away)");
     }
   };
@@ -286,7 +286,7 @@ async function setupGraphView(root) {
       ["weights", (n.weights || []).map(shapeText).join(", ")], ["kernel", kernelName],
       ["schedule", k && k.schedule], ["kernel calls", k && k.calls],
       ["GFLOP per call", k && k.flop ? (k.flop / 1e9).toPrecision(3) : null],
-      ["time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of a run)` : null],
+      ["time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
       ["dtypes", k && k.dtypes]];
     details.hidden = false;
     details.innerHTML = "";

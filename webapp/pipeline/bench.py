@@ -99,9 +99,11 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
 
 def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5) -> dict:
     """Where one whole-model run's time goes: the VM's instrument hook times every call of a
-    compiled kernel (TVM 0.27 has no vm.profile). Per run: each kernel's calls, ms and share of the
-    run's wall time. The shares add up to `kernels_share`, under 1: the rest is the VM's own work
-    (allocations, calls) and the hook's, which weigh most in a small model's short run."""
+    compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run, and
+    share of the kernels' time in a run (the shares add up to 1). `run_ms` is a whole run timed by
+    time_evaluator without the hook, `kernels_ms` the kernels' total by the hook: their ratio says
+    how much of a run the kernels are (below 1: the VM's own work, allocations and calls; above 1:
+    the hook's own cost, a few microseconds a call, which shows on a small model)."""
     import tvm
     from tvm import relax
 
@@ -109,13 +111,19 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
 
     dev = dev or host().device()
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
-    vm = relax.VirtualMachine(executable, dev)
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
+    plain = relax.VirtualMachine(executable, dev)
+    plain.set_input("main", *args)
+    plain["invoke_stateful"]("main")  # warm-up
+    timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
+    run_ms = float(np.median(timer("main").results)) * 1e3
+
+    vm = relax.VirtualMachine(executable, dev)
     seconds: dict[str, float] = {}
     calls: dict[str, int] = {}
     started: dict[str, float] = {}
 
-    def timer(func, symbol, before_run, ret_value, *call_args):
+    def hook(func, symbol, before_run, ret_value, *call_args):
         if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
             if not on_host:
                 dev.sync()  # a GPU kernel ends when the device is done
@@ -127,26 +135,23 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
         return relax.VMInstrumentReturnKind.NO_OP
 
     vm["main"](*args)  # warm-up, untimed
-    vm.set_instrument(timer)
-    t0 = time.perf_counter()
+    vm.set_instrument(hook)
     for _ in range(runs):
         vm["main"](*args)
-    if not on_host:
-        dev.sync()
-    run_s = (time.perf_counter() - t0) / runs
+    total = sum(seconds.values()) or 1.0
     return {
         "runs": runs,
-        "run_ms": run_s * 1e3,
-        "kernels_share": sum(seconds.values()) / runs / run_s,
+        "run_ms": run_ms,
+        "kernels_ms": sum(seconds.values()) / runs * 1e3,
         "kernels": {
-            name: {"calls": calls[name] // runs, "ms": t / runs * 1e3, "share": t / runs / run_s}
+            name: {"calls": calls[name] // runs, "ms": t / runs * 1e3, "share": t / total}
             for name, t in sorted(seconds.items(), key=lambda kv: -kv[1])
         },
     }
 
 
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
-    """The inspect stage's kernels with each one's ms per run and share of the run, from the profile
+    """The inspect stage's kernels with each one's ms per run and share of the kernels' time, from the profile
     of the build the page shows, slowest first (a kernel the VM never calls, last, with None)."""
     shown = next((p for p in profiles if p.get("shown")), {})
     if "kernels" not in shown:  # the profile failed: the kernels stay as they were
