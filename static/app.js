@@ -251,25 +251,43 @@ async function setupGraphView(root) {
 
   // colours
   const colour = root.querySelector(".graph-colour");
+  const sqnrs = graph.nodes.map((n) => n.sqnr_db).filter((v) => v != null);
+  const [sqnrLo, sqnrHi] = [Math.min(...sqnrs), Math.max(...sqnrs)];
+  const heatOf = { // mode -> node -> 0..1 (red is 1), or null (grey)
+    share: (n) => (n.share != null ? n.share / Math.max(...graph.nodes.map((x) => x.share || 0), 1e-9) : null),
+    sqnr: (n) => (n.sqnr_db != null ? (sqnrHi - n.sqnr_db) / (sqnrHi - sqnrLo || 1) : null),
+  };
   const paint = () => {
-    const mode = colour.value, shares = graph.nodes.map((n) => n.share || 0), top = Math.max(...shares, 1e-9);
+    const mode = colour.value, of = heatOf[mode];
     svg.querySelectorAll("g.node").forEach((g) => {
       const n = nodes[g.id], shape = g.querySelector("path, polygon, ellipse");
       if (!n || !shape) return;
       if (!shape.dataset.fill) shape.dataset.fill = shape.getAttribute("fill") || "none";
-      const timed = mode === "share" && n.share != null;
-      shape.setAttribute("fill", mode === "share" ? (timed ? heat(n.share / top) : "#f4f4f4") : shape.dataset.fill);
+      const t = of ? of(n) : undefined;
+      shape.setAttribute("fill", !of ? shape.dataset.fill : t == null ? "#f4f4f4" : heat(t));
     });
-    legend.hidden = mode !== "share";
+    legend.hidden = !of;
+    if (!of) return;
+    legend.innerHTML = "";
+    const bar = document.createElement("span"); bar.className = "heat-bar";
+    bar.style.background = `linear-gradient(to right, ${[0, 0.33, 0.66, 1].map(heat).join(", ")})`;
     if (mode === "share") {
-      legend.innerHTML = "";
-      const bar = document.createElement("span"); bar.className = "heat-bar";
-      bar.style.background = `linear-gradient(to right, ${[0, 0.33, 0.66, 1].map(heat).join(", ")})`;
+      const top = Math.max(...graph.nodes.map((x) => x.share || 0));
       legend.append("Share of the kernels' time in a run, per kernel call: 0% ", bar, ` ${pct(top)}`,
         " (grey: no kernel time, e.g. inputs or ops folded away)");
+    } else {
+      legend.append(`SQNR against fp32: ${sqnrHi.toFixed(1)} dB `, bar, ` ${sqnrLo.toFixed(1)} dB`,
+        " (red: the largest error; grey: not a quantized layer)");
     }
   };
   colour.addEventListener("change", paint);
+  root.showWorst = () => {
+    const worst = graph.nodes.find((n) => n.worst) ||
+      graph.nodes.filter((n) => n.sqnr_db != null).sort((a, b) => a.sqnr_db - b.sqnr_db)[0];
+    colour.value = "sqnr"; paint();
+    if (worst) select(worst.id, true);
+  };
+  root.querySelector(".graph-worst")?.addEventListener("click", root.showWorst);
 
   // a node's details
   const page = root.dataset.page, key = root.dataset.key;
@@ -287,7 +305,8 @@ async function setupGraphView(root) {
       ["schedule", k && k.schedule], ["kernel calls", k && k.calls],
       ["GFLOP per call", k && k.flop ? (k.flop / 1e9).toPrecision(3) : null],
       ["time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
-      ["dtypes", k && k.dtypes]];
+      ["dtypes", k && k.dtypes],
+      ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null]];
     details.hidden = false;
     details.innerHTML = "";
     const h = document.createElement("h3"); h.textContent = n.label; details.appendChild(h);
@@ -335,12 +354,14 @@ function showCode(codeUrl, { view, kernel, node }, graphKey, href) {
   });
 }
 
-function goToNode(graphKey, nodeId, kernel) {
+function goToNode(graphKey, nodeId, kernel, worst) {
   const panel = document.getElementById("graph-" + graphKey);
   if (!panel) return;
   document.querySelector(`#graph button.tab[data-tab="graph-${graphKey}"]`)?.click();
   const root = panel.querySelector(".graph-view");
-  const go = () => { if (nodeId) root.select(nodeId); else if (kernel) root.selectKernel(kernel); };
+  const go = () => {
+    if (worst) root.showWorst(); else if (nodeId) root.select(nodeId); else if (kernel) root.selectKernel(kernel);
+  };
   document.getElementById("graph")?.scrollIntoView();
   if (root.select) go(); else root.addEventListener("graph-ready", go, { once: true });
 }
@@ -348,8 +369,17 @@ function goToNode(graphKey, nodeId, kernel) {
 // ?graph=fused&node=n12 (or &kernel=name) on the page's address: open that graph at that node
 function followAddress() {
   const q = new URLSearchParams(location.search);
-  if (location.hash === "#graph" && q.get("graph") && (q.get("node") || q.get("kernel"))) goToNode(q.get("graph"), q.get("node"), q.get("kernel"));
+  if (location.hash === "#graph" && q.get("graph") && (q.get("node") || q.get("kernel") || q.get("worst"))) {
+    goToNode(q.get("graph"), q.get("node"), q.get("kernel"), q.get("worst"));
+  }
 }
+document.addEventListener("click", (e) => {
+  const a = e.target.closest("a.to-worst");
+  if (!a) return;
+  e.preventDefault();
+  history.pushState(null, "", a.getAttribute("href"));
+  goToNode("imported", null, null, true);
+});
 document.addEventListener("click", (e) => {
   const a = e.target.closest("a.back-to-graph");
   if (!a) return;

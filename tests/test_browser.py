@@ -287,3 +287,42 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
     other.click("#code-back a.back-to-graph")
     expect(other.locator(f"{view} g.node.selected")).to_have_attribute("id", selected)
     other.close()
+
+
+def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page, live_server):
+    def run(options: dict) -> str:
+        job = page.request.post(
+            live_server + "/api/jobs", multipart={"example": "cnn-small", "target": "x86-host", **options}
+        ).json()
+        deadline = time.monotonic() + 300
+        while page.request.get(job["api_url"]).json()["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        return job["url"]
+
+    fp32, int8 = run({}), run({"quantize": "int8"})
+    page.goto(fp32)
+    page.fill("#compare-other", int8 + "#quantization")  # a pasted link, as copied from the address bar
+    page.click("#compare-with button")
+    a, b = fp32.rsplit("/", 1)[1], int8.rsplit("/", 1)[1]
+    expect(page).to_have_url(re.compile(rf"/compare/{a}/{b}$"))
+    comparison = page.request.get(f"{live_server}/compare/{a}/{b}.json").json()
+    assert comparison["a"]["headline"]["label"].startswith("TVM fp32")
+    assert comparison["b"]["headline"]["label"] == "TVM int8"
+    speedup = comparison["a"]["headline"]["ms"] / comparison["b"]["headline"]["ms"]
+    assert comparison["speedup"] == speedup
+    expect(page.locator("#compare-speedup")).to_contain_text(f"B is {speedup:.2f}×")
+    expect(page.locator("#compare-options tr.worst")).to_contain_text("int8")  # the option that differs
+    expect(page.locator("#compare-benchmarks")).to_contain_text("int8")
+    counts = {i["name"]: (i["a"], i["b"]) for i in comparison["instructions"]}
+    assert counts["vpdpbusd"][0] is None and counts["vpdpbusd"][1] > 0  # the int8 build's VNNI
+    assert any(k["a"] and k["b"] is None for k in comparison["kernels"])  # fp32-only kernels
+    assert any(k["b"] and k["a"] is None for k in comparison["kernels"])  # int8-only kernels
+    # by default the assembly of each one's slowest kernel, filtered as the code panel shows it
+    assert comparison["diff"]["view"] == "asm" and comparison["diff"]["text"].startswith("---")
+    assert ".cfi_startproc" not in comparison["diff"]["text"]
+    expect(page.locator("#compare-diff")).to_contain_text(comparison["diff"]["kernel_b"])
+    page.select_option("#compare-code select[name=view]", "relax-optimized")
+    page.click("#compare-code button")
+    expect(page.locator("#compare-diff")).to_contain_text(f"{a}: relax-optimized")
+    expect(page.locator("#compare-diff")).to_contain_text("R.vm.alloc_tensor")

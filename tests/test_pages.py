@@ -894,3 +894,18 @@ def test_chart_on_the_page_has_tick_labels_and_values_at_the_bar_ends(app, web):
         r'<rect x="150" y="\d+" width="([\d.]+)".*?<text x="([\d.]+)" y="\d+" class="value">', svg, re.S
     ):
         assert float(value_x) == pytest.approx(154 + float(width))
+
+
+def test_compare_takes_a_pasted_link_and_answers_for_two_results(app, web):
+    a, b = (write_job(app, with_facts(crafted_results())) for _ in range(2))
+    resp = web.get(f"/compare?a={a}&b=https://example.org/r/{b}?view=asm%23code")
+    assert resp.status_code == 302 and resp.headers["Location"].endswith(f"/compare/{a}/{b}")
+    assert web.get(f"/compare?a={a}&b={b}").headers["Location"].endswith(f"/compare/{a}/{b}")
+    bad = web.get(f"/compare?a={a}&b=not a result")
+    assert bad.status_code == 400 and "Paste the link of another result" in bad.get_data(as_text=True)
+    html = web.get(f"/compare/{a}/{b}").get_data(as_text=True)
+    assert "Two results side by side" in html and "compare-kernels" in html
+    comparison = web.get(f"/compare/{a}/{b}.json").get_json()
+    assert comparison["speedup"] == pytest.approx(1.0)  # the same results: as fast
+    assert all(o["same"] for o in comparison["options"])
+    assert web.get(f"/compare/{a}/nosuchjob0000000000000").status_code == 404

@@ -161,7 +161,8 @@ def build_job(
     shown = None
     for q in list(quantized.variants):
         try:
-            trace = FusionTrace(q.mod, layer_of or {})
+            layers = layer_of or {}  # the quantized layers' vars stand for the float ones they replace
+            trace = FusionTrace(q.mod, layers | {v: layers[o] for v, o in q.origin.items() if o in layers})
             qfused = fuse(q.mod, target, trace)
             lowered, labels = schedule(qfused, target)
             executable = build(lowered, target, library if shown is None else None)

@@ -254,30 +254,62 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
             )
 
 
+def overlay_graphs(job_dir: Path, annotate) -> None:
+    """views/graph-*.json rewritten with annotate(imported, fused) (either may be None)."""
+    paths = [job_dir / "views" / f"graph-{key}.json" for key in ("imported", "fused")]
+    graphs = [json.loads(p.read_text()) if p.is_file() else None for p in paths]
+    annotate(*graphs)
+    for path, graph in zip(paths, graphs, strict=True):
+        if graph is not None:
+            path.write_text(json.dumps(graph))
+
+
 def time_graphs(job_dir: Path, kernels: list[dict]) -> None:
-    """Each kernel call of the graphs gains its time (ms) and share of a run, once the benchmark has
-    timed the kernels: a kernel's figures over its calls (the calls of one kernel are alike); an
-    imported node has those of the call computing it."""
+    """Each kernel call of the graphs gains its time (ms) and share of the kernels' time, once the
+    benchmark has timed the kernels: a kernel's figures over its calls (the calls of one kernel are
+    alike); an imported node has those of the call computing it."""
     timed = {k["name"]: k for k in kernels if k.get("ms") is not None and k.get("calls")}
-    views = job_dir / "views"
-    fused_path, imported_path = views / "graph-fused.json", views / "graph-imported.json"
-    if not fused_path.is_file():
-        return
-    fused = json.loads(fused_path.read_text())
-    per_call = {}
-    for node in fused["nodes"]:
-        k = timed.get(node["label"]) if node["kind"] == "kernel" else None
-        if k is not None:
-            node.update(ms=k["ms"] / k["calls"], share=k["share"] / k["calls"])
-            per_call[node["id"]] = node
-    fused_path.write_text(json.dumps(fused))
-    if imported_path.is_file():
-        imported = json.loads(imported_path.read_text())
-        for node in imported["nodes"]:
+
+    def annotate(imported, fused):
+        per_call = {}
+        for node in fused["nodes"] if fused else []:
+            k = timed.get(node["label"]) if node["kind"] == "kernel" else None
+            if k is not None:
+                node.update(ms=k["ms"] / k["calls"], share=k["share"] / k["calls"])
+                per_call[node["id"]] = node
+        for node in imported["nodes"] if imported else []:
             call = per_call.get(node.get("call"))
             if call is not None:
                 node.update(ms=call["ms"], share=call["share"])
-        imported_path.write_text(json.dumps(imported))
+
+    overlay_graphs(job_dir, annotate)
+
+
+def error_graphs(
+    job_dir: Path, layer_errors: list[dict], worst: str | None, layer_of: dict[str, str]
+) -> None:
+    """Each node of a quantized layer gains the layer's SQNR against fp32 (sqnr_db, from the quantize
+    stage's layer_errors; a kernel call the lowest of its layers'), and the nodes of the layer where
+    the SQNR falls the most (the quantization summary's worst layer) are marked "worst"."""
+    sqnr: dict[str, float] = {}
+    worst_sources: set[str] = set()
+    for row in layer_errors:
+        sources = {layer_of[v] for v in row.get("vars", []) if v in layer_of}
+        if row.get("sqnr_db") is not None:
+            sqnr.update({s: min(sqnr.get(s, row["sqnr_db"]), row["sqnr_db"]) for s in sources})
+        if row["layer"] == worst:
+            worst_sources |= sources
+
+    def annotate(imported, fused):
+        for node in [*(imported or {}).get("nodes", []), *(fused or {}).get("nodes", [])]:
+            sources = [node["layer"]] if node.get("layer") else node.get("layers", [])
+            values = [sqnr[s] for s in sources if s in sqnr]
+            if values:
+                node["sqnr_db"] = min(values)
+            if worst_sources & set(sources):
+                node["worst"] = True
+
+    overlay_graphs(job_dir, annotate)
 
 
 def inspect_build(

@@ -105,7 +105,7 @@ def run(job_dir: Path) -> None:
         **built.to_json(job_dir / "files" / "model.so"), **(quantized.to_json() if quantized else {})
     )
 
-    from webapp.pipeline.inspect import inspect_build, time_graphs
+    from webapp.pipeline.inspect import error_graphs, inspect_build, time_graphs
 
     graphs = None if quantized else graphs  # the page then shows the quantized model's fused graph
     results.save(
@@ -125,6 +125,11 @@ def run(job_dir: Path) -> None:
             ),
         )
     )
+
+    if quantized:  # the graphs coloured by each quantized layer's error against fp32
+        summary = results.data.get("quantization_summary") or {}
+        worst = (summary.get("worst_layer") or {}).get("layer")
+        error_graphs(job_dir, results.data["quantization"].get("layer_errors", []), worst, model.layers)
 
     if target.board:  # timed on a board of the device pool: here only what the board is checked against
         from webapp.pipeline.remote import prepare_remote

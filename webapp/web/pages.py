@@ -36,7 +36,8 @@ from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
-from webapp.web.code import code_view, pygments_css, safe_job_file
+from webapp.web.code import code_view, highlighted, pygments_css, safe_job_file
+from webapp.web.compare import code_diff, compare
 
 bp = Blueprint("pages", __name__)
 
@@ -335,6 +336,57 @@ def cancel(job_id: str):
 def code(job_id: str):
     job = view_or_404(job_id)
     return render_template("_code.html", job=job, code=requested_code_view(job))
+
+
+# ---------------------------------------------------------------- two results side by side
+
+RESULT_ID = re.compile(r"(?:/r/|/compare/[^/]+/|^)([A-Za-z0-9_-]{8,64})(?:\.json)?/?(?:[?#].*)?$")
+
+
+@bp.get("/compare")
+def compare_form():
+    """The result page's "compare with..." field: another result's link (or id) -> /compare/<a>/<b>."""
+    match = RESULT_ID.search(request.args.get("b", "").strip())
+    if match is None:
+        abort(400, "Paste the link of another result (…/r/<id>) or its id.")
+    return redirect(url_for("pages.compare_page", a=request.args.get("a", ""), b=match.group(1)))
+
+
+def requested_comparison(a: str, b: str) -> tuple[dict, dict]:
+    job_a, job_b = view_or_404(a), view_or_404(b)
+    store = ctx()[1]
+    args = request.args
+    # by default each one's slowest kernel (the kernels are listed slowest first), or one name in both
+    names = [[k["name"] for k in job["results"].get("kernels", [])] for job in (job_a, job_b)]
+    kernel_a = args.get("kernel_a") or args.get("kernel") or next(iter(names[0]), "")
+    kernel_b = (
+        args.get("kernel_b")
+        or args.get("kernel")
+        or (kernel_a if kernel_a in names[1] else next(iter(names[1]), ""))
+    )
+    diff = code_diff(
+        store.job_dir(a),
+        store.job_dir(b),
+        job_a,
+        job_b,
+        args.get("view", "asm"),
+        kernel_a,
+        kernel_b,
+    )
+    return compare(job_a, job_b), diff
+
+
+@bp.get("/compare/<a>/<b>.json")
+def compare_json(a: str, b: str):
+    comparison, diff = requested_comparison(a, b)
+    return jsonify(comparison | {"diff": {k: diff[k] for k in ("view", "kernel_a", "kernel_b", "text")}})
+
+
+@bp.get("/compare/<a>/<b>")
+def compare_page(a: str, b: str):
+    comparison, diff = requested_comparison(a, b)
+    html = highlighted(diff["text"], "DiffLexer") if diff["text"] else None
+    return render_template("compare.html", c=comparison, diff=diff, diff_html=html)
 
 
 @bp.get("/r/<job_id>/graph-<key>.json")

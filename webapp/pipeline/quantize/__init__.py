@@ -36,6 +36,7 @@ class Quantized:
     float_bytes: int = 0  # the same weights in float32
 
     variant: str = ""  # its name in the job: "int8", or in a sweep e.g. "int8 kl"
+    origin: dict = field(default_factory=dict)  # a var of mod made for a layer -> the float var it replaced
 
     @property
     def mode(self) -> str:
@@ -215,6 +216,7 @@ def quantize(
         options,
         errors,
         variant=f"int{options.bits}",
+        origin=realizer.origin,
     )
 
 
@@ -229,7 +231,11 @@ def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]
     return [
-        {"layer": r.layer.name, **fidelity([q], [float_of[r.layer.out][0]], classifier=False)}
+        {
+            "layer": r.layer.name,
+            "vars": [v.name for v in (r.layer.head, *r.layer.absorbed)],  # its bindings in the float model
+            **fidelity([q], [float_of[r.layer.out][0]], classifier=False),
+        }
         for r, q in zip(exposed.report, ours, strict=True)
     ]
 

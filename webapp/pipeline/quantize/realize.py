@@ -82,9 +82,14 @@ class Realizer:
         self.floats: dict = {}  # original Var -> its float32 value in the new function
         self.quants: dict = {}  # original Var -> its 8-bit value (uint8, or int8 on Arm)
         self.report: list[LayerQuant] = []
+        self.origin: dict[str, str] = {}  # a var this emits for a quantized layer -> the layer's head var
+        self.current: str | None = None  # the head var of the layer being emitted
 
     def emit(self, expr, name: str = "q"):
-        return self.bb.emit(expr, name_hint=name)
+        var = self.bb.emit(expr, name_hint=name)
+        if self.current is not None:
+            self.origin[var.name] = self.current
+        return var
 
     def float_value(self, var):
         if var not in self.floats:  # only a requantized layer result: dequantize it
@@ -117,7 +122,9 @@ class Realizer:
                     self.floats[p] = p
                 for b in bindings(func):
                     if b.var in self.layers:
+                        self.current = b.var.name
                         self.layer(self.layers[b.var])
+                        self.current = None
                     elif b.var not in self.absorbed:
                         value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
                         self.floats[b.var] = self.emit(value, b.var.name)

@@ -1,0 +1,125 @@
+"""Two results side by side: /compare/<a>/<b> and its JSON. Everything here is read from the two
+result JSONs (and, for the code diff, the two jobs' code views): nothing is measured again."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from webapp.web.code import KERNEL_VIEWS, VIEWS, available_views, filter_asm, read_text, safe_job_file
+
+OPTION_ORDER = ("target", "quantize", "calibration", "weight_scale", "weight_granularity", "tune_trials")
+
+
+def headline(results: dict) -> dict | None:
+    """The job's own TVM time: its quantized build's in a quantized job, else its fastest fp32 build's."""
+    summary = results.get("quantization_summary") or {}
+    if summary.get("quant_ms"):
+        return {"label": f"TVM {summary['variant']}", "ms": summary["quant_ms"]}
+    rows = [b for b in results.get("benchmarks", []) if b["runtime"] == "tvm" and b.get("median_ms")]
+    rows = [b for b in rows if b["variant"] == "fp32"] or rows
+    if not rows:
+        return None
+    best = min(rows, key=lambda b: b["median_ms"])
+    return {"label": f"TVM {best['variant']}{' tuned' if best['tuned'] else ''}", "ms": best["median_ms"]}
+
+
+def side(job: dict) -> dict:
+    r = job["results"]
+    return {
+        "id": job["id"],
+        "status": job["status"],
+        "model": job["options"].get("example") or job["options"].get("filename") or "model",
+        "target": (r.get("target") or {}).get("preset") or job["options"].get("target"),
+        "device": ((r.get("benchmarks") or [{}])[0]).get("device"),
+        "headline": headline(r),
+    }
+
+
+def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
+    """(key, row of a or None, row of b or None) for every key of either, in a's order then b's."""
+    index_a, index_b = {key(x): x for x in a}, {key(x): x for x in b}
+    keys = list(index_a) + [k for k in index_b if k not in index_a]
+    return [(k, index_a.get(k), index_b.get(k)) for k in keys]
+
+
+def compare(job_a: dict, job_b: dict) -> dict:
+    """The comparison of two results, as /compare/<a>/<b>.json gives it."""
+    ra, rb = job_a["results"], job_b["results"]
+    a, b = side(job_a), side(job_b)
+    speedup = a["headline"]["ms"] / b["headline"]["ms"] if a["headline"] and b["headline"] else None
+    names = [n for n in OPTION_ORDER if n in job_a["options"] or n in job_b["options"]]
+    names += sorted((set(job_a["options"]) | set(job_b["options"])) - set(names))
+    options = [
+        {"option": n, "a": job_a["options"].get(n), "b": job_b["options"].get(n)}
+        | {"same": job_a["options"].get(n) == job_b["options"].get(n)}
+        for n in names
+    ]
+    bench_key = lambda x: (x["runtime"], x["variant"], x["tuned"])  # noqa: E731
+    benchmarks = [
+        {"runtime": k[0], "variant": k[1], "tuned": k[2]}
+        | {"a_ms": x and x.get("median_ms"), "b_ms": y and y.get("median_ms")}
+        for k, x, y in paired(ra.get("benchmarks", []), rb.get("benchmarks", []), bench_key)
+    ]
+    fidelity_key = lambda x: (x["reference"], x["variant"], x.get("tuned", False))  # noqa: E731
+    fidelity = [
+        {"reference": k[0], "variant": k[1], "tuned": k[2], "a": x, "b": y}
+        for k, x, y in paired(ra.get("fidelity", []), rb.get("fidelity", []), fidelity_key)
+    ]
+    kernels = []
+    for name, x, y in paired(ra.get("kernels", []), rb.get("kernels", []), lambda k: k["name"]):
+        row = {"name": name}
+        for tag, k in (("a", x), ("b", y)):
+            row[tag] = {f: k.get(f) for f in ("schedule", "calls", "ms", "share", "flop")} if k else None
+        ms = [row[t]["ms"] if row[t] else None for t in ("a", "b")]
+        row["ratio"] = ms[0] / ms[1] if all(ms) else None
+        kernels.append(row)
+    counted = list(ra.get("instructions") or {}) + [n for n in rb.get("instructions") or {}]
+    instructions = [
+        {"name": n, "a": (ra.get("instructions") or {}).get(n), "b": (rb.get("instructions") or {}).get(n)}
+        for n in dict.fromkeys(counted)
+    ]
+    return {
+        "a": a,
+        "b": b,
+        "speedup": speedup,  # a's time / b's: above 1, b is faster
+        "options": options,
+        "benchmarks": benchmarks,
+        "fidelity": fidelity,
+        "kernels": kernels,
+        "instructions": instructions,
+    }
+
+
+def code_diff(
+    dir_a: Path, dir_b: Path, job_a: dict, job_b: dict, view: str, kernel_a: str, kernel_b: str
+) -> dict:
+    """A unified diff of one code view between the two jobs (a kernel view: a kernel of each, by
+    default the same name)."""
+    views = available_views(job_a["results"]) | available_views(job_b["results"])
+    view = view if view in views and view != "passes" else "relax-optimized"
+    template = VIEWS[view][2]
+    texts = []
+    for job_dir, kernel in ((dir_a, kernel_a), (dir_b, kernel_b)):
+        rel = template.format(kernel=kernel) if view in KERNEL_VIEWS else template
+        text, _ = read_text(
+            safe_job_file(job_dir, rel) if rel and (kernel or view not in KERNEL_VIEWS) else None
+        )
+        texts.append(filter_asm(text) if view == "asm" and text else text)  # as the code panel shows it
+    diff = "".join(
+        difflib.unified_diff(
+            texts[0].splitlines(True),
+            texts[1].splitlines(True),
+            f"{job_a['id']}: {kernel_a if view in KERNEL_VIEWS else view}",
+            f"{job_b['id']}: {kernel_b if view in KERNEL_VIEWS else view}",
+        )
+    )
+    return {
+        "view": view,
+        "views": {k: v for k, v in views.items() if k != "passes"},
+        "kernels": [[k["name"] for k in job["results"].get("kernels", [])] for job in (job_a, job_b)],
+        "text": diff,
+        "kernel_a": kernel_a,
+        "kernel_b": kernel_b,
+        "missing": [not t for t in texts],
+    }
