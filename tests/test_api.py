@@ -98,6 +98,63 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     ir = zipfile.ZipFile(io.BytesIO(client.get(f"/r/{created['id']}/files/ir.zip").data))
     assert "imported.py" in ir.namelist() and "module.ll" in ir.namelist()
 
+    # the graphs for Google's Model Explorer, with the time overlay
+    graphs = client.get(f"/r/{created['id']}/files/model-explorer-graphs.json").get_json()
+    time_data = client.get(f"/r/{created['id']}/files/model-explorer-time.json").get_json()
+    assert_model_explorer_graphs(graphs)
+    assert_model_explorer_node_data(time_data, graphs)
+    ids = {g["id"]: len(g["nodes"]) for g in graphs["graphs"]}
+    assert ids == {k: results["graphs"][k]["nodes"] for k in ("imported", "fused")}
+    fused_kernels = [n for n in graphs["graphs"][1]["nodes"] if n["label"] in kernel_names]
+    assert len(time_data["fused"]["results"]) == len(
+        [n for n in fused_kernels if n["label"] in profile["kernels"]]
+    )
+    assert any(n["namespace"] for n in graphs["graphs"][0]["nodes"])  # grouped by module path
+
+
+# The shapes of Model Explorer's graph_builder (Graph, GraphNode, IncomingEdge, KeyValue, MetadataItem)
+# and node_data_builder (ModelNodeData, GraphNodeData, NodeDataResult, GradientItem) dataclasses.
+GRAPH_NODE_FIELDS = {"id", "label", "namespace", "subgraphIds", "attrs", "incomingEdges", "outputsMetadata"}
+GRAPH_NODE_FIELDS |= {"inputsMetadata", "style", "config"}
+
+
+def key_values(items) -> bool:
+    return all(
+        set(kv) == {"key", "value"} and isinstance(kv["key"], str) and isinstance(kv["value"], str)
+        for kv in items
+    )
+
+
+def assert_model_explorer_graphs(data: dict) -> None:
+    assert set(data) <= {"graphs", "graphCollections"} and data["graphs"]
+    for graph in data["graphs"]:
+        assert isinstance(graph["id"], str) and graph["nodes"]
+        ids = [n["id"] for n in graph["nodes"]]
+        assert len(set(ids)) == len(ids)
+        for node in graph["nodes"]:
+            assert set(node) <= GRAPH_NODE_FIELDS and {"id", "label"} <= set(node)
+            assert isinstance(node["label"], str) and isinstance(node.get("namespace", ""), str)
+            assert key_values(node.get("attrs", []))
+            for edge in node.get("incomingEdges", []):
+                assert set(edge) <= {"sourceNodeId", "sourceNodeOutputId", "targetNodeInputId"}
+                assert edge["sourceNodeId"] in ids
+                assert all(isinstance(v, str) for v in edge.values())
+            for item in node.get("outputsMetadata", []):
+                assert (
+                    set(item) <= {"id", "attrs"} and isinstance(item["id"], str) and key_values(item["attrs"])
+                )
+
+
+def assert_model_explorer_node_data(data: dict, graphs: dict) -> None:
+    ids = {g["id"]: {n["id"] for n in g["nodes"]} for g in graphs["graphs"]}
+    assert data and set(data) <= set(ids)
+    for graph_id, graph_data in data.items():
+        assert graph_data["results"] and set(graph_data["results"]) <= ids[graph_id]
+        assert all(set(r) <= {"value", "bgColor", "textColor"} for r in graph_data["results"].values())
+        assert all(isinstance(r["value"], (int, float)) for r in graph_data["results"].values())
+        stops = [g["stop"] for g in graph_data["gradient"]]
+        assert 0 in stops and 1 in stops and all(0 <= s <= 1 for s in stops)
+
 
 def test_uploaded_pt2_is_benchmarked_against_pytorch(client, example_files):
     pt2 = (example_files / "transformer-block.pt2").read_bytes()
@@ -262,6 +319,14 @@ def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, 
     assert vs_fp32["cosine"] > 0.99
     assert job["results"]["instructions"]["vpdpbusd"] > 0  # this CPU has AVX-512 VNNI
     assert "uint8 x int8" in " ".join(job["results"]["dtype_census"]["kernels"])
+    # the quantized layers' error on the graphs, also for Model Explorer
+    graphs = client.get(f"/r/{job['id']}/files/model-explorer-graphs.json").get_json()
+    sqnr = client.get(f"/r/{job['id']}/files/model-explorer-sqnr.json").get_json()
+    assert_model_explorer_node_data(sqnr, graphs)
+    imported = client.get(f"/r/{job['id']}/graph-imported.json").get_json()
+    convs = [n for n in imported["nodes"] if n["label"] == "nn.conv2d"]
+    assert len(convs) == 3 and all(n["sqnr_db"] > 10 and n["kernel"] for n in convs)
+    assert sum(1 for n in imported["nodes"] if n.get("worst")) >= 1
 
 
 @pytest.mark.parametrize(

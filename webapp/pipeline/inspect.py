@@ -246,12 +246,26 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
         if "var" in node:
             node["layers"] = fusion.site_layers(node["var"])
             call_of.update(dict.fromkeys(fusion.sites.get(node["var"], []), node["id"]))
-    for node in imported["nodes"]:
-        if "var" in node:
-            var = node["var"]
-            node.update(
-                layer=fusion.layer_of.get(var), kernel=fusion.kernel_of.get(var), call=call_of.get(var)
+    calls = {n["id"]: n for n in fused["nodes"]}
+    by_layer = {layer: n for n in fused["nodes"] for layer in n.get("layers", [])}
+    inputs = {}
+    for e in imported["edges"]:
+        inputs.setdefault(e["dst"], []).append(e["src"])
+    nodes = {n["id"]: n for n in imported["nodes"]}
+    for node in imported["nodes"]:  # in the order of the model
+        if "var" not in node:
+            continue
+        var = node["var"]
+        node.update(layer=fusion.layer_of.get(var), kernel=fusion.kernel_of.get(var), call=call_of.get(var))
+        # A binding the fusion does not name (a quantized layer's float ops, replaced by integer
+        # ones): the call computing its layer, else the one computing its input (a fused epilogue).
+        call = by_layer.get(node["layer"]) if node["call"] is None else None
+        if call is None and node["call"] is None:
+            call = next(
+                (calls[nodes[i]["call"]] for i in inputs.get(node["id"], []) if nodes[i].get("call")), None
             )
+        if call is not None:
+            node.update(kernel=call["label"], call=call["id"])
 
 
 def overlay_graphs(job_dir: Path, annotate) -> None:

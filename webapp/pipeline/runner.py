@@ -106,6 +106,7 @@ def run(job_dir: Path) -> None:
     )
 
     from webapp.pipeline.inspect import error_graphs, inspect_build, time_graphs
+    from webapp.pipeline.model_explorer import write_model_explorer
 
     graphs = None if quantized else graphs  # the page then shows the quantized model's fused graph
     results.save(
@@ -131,6 +132,8 @@ def run(job_dir: Path) -> None:
         worst = (summary.get("worst_layer") or {}).get("layer")
         error_graphs(job_dir, results.data["quantization"].get("layer_errors", []), worst, model.layers)
 
+    write_model_explorer(job_dir)  # written again with the times after the benchmark
+
     if target.board:  # timed on a board of the device pool: here only what the board is checked against
         from webapp.pipeline.remote import prepare_remote
 
@@ -151,6 +154,7 @@ def run(job_dir: Path) -> None:
     )
     kernels = timed_kernels(results.data.get("kernels", []), measured.get("profiles", []))
     time_graphs(job_dir, kernels)
+    write_model_explorer(job_dir)
     results.save(**measured, kernels=kernels)
     progress.skip("remote")
 
