@@ -172,16 +172,15 @@ def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path,
 
 
 def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files, tmp_path):
-    """The imported IR names each binding after its ONNX node; FuseOps' shared functions (one per
-    shape of block) are followed call by call: every kernel lists layers, every conv is in one kernel,
-    and each call of a shared kernel has the layers of its own place in the model."""
+    """Each binding of the imported IR knows its ONNX node; FuseOps' shared functions (one per shape
+    of block) are followed call by call: every kernel lists layers, every conv is in one kernel, and
+    each call of a shared kernel has the layers of its own place in the model."""
     from webapp.jobs.worker import ensure_example_files
 
     ensure_example_files(config, "resnet50")
     model = import_model(example_files / "resnet50.onnx")
     onnx_nodes = {n.name: n.op_type for n in onnx.load(str(example_files / "resnet50.onnx")).graph.node}
     assert set(model.layers.values()) <= set(onnx_nodes)
-    assert "stages_14_body_1_0_Conv" in model.mod.script()  # "/stages/stages.14/body/body.1/body.1.0/Conv"
     optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
     layers = optimized.fusion.layers()
     kernels = [
@@ -214,8 +213,9 @@ def test_pytorch_layers_are_module_paths_and_survive_batch_norm_folding(example_
 @pytest.mark.parametrize("name", SMALL)
 def test_kernel_profile_adds_up_to_a_run_timed_without_the_hook(example_files, tmp_path, name):
     """The shares are of the kernels' time (they add up to 1), and the kernels' time by the hook
-    agrees with a whole run timed by time_evaluator: measured here 1.02 (cnn-small), 1.07 (mlp) and
-    1.16 (transformer-block) of it, the hook's few microseconds a call included."""
+    agrees with a whole run timed by time_evaluator: measured here (three runs each) 1.04-1.05 of it
+    (cnn-small), 1.09-1.11 (mlp) and 0.99-1.01 (transformer-block), the hook's few microseconds a
+    call included."""
     model = import_model(example_files / f"{name}.onnx")
     target = make_target("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)

@@ -1,4 +1,5 @@
-"""`tvm-playground serve | worker | compile`: the same pipeline as the web, from the shell."""
+"""`tvm-playground serve | web | worker | pool | gc | compile | tune | run | submit`: the same pipeline as
+the web, from the shell; compile, tune and run stand in for TVM's removed `tvmc` verbs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from webapp.catalog import (
@@ -133,10 +136,13 @@ def cmd_pool(args) -> int:
     return run_pool(Config.from_env())
 
 
-def compile_locally(config: Config, model_arg: str, form: dict, out: Path) -> dict | None:
+def compile_locally(
+    config: Config, model_arg: str, form: dict, out: Path, tuning_records: Path | None = None
+) -> dict | None:
     """Run the pipeline on one model (a file or an example name) into the folder `out`, sandboxed
-    unless config.unsandboxed, with the options in `form` (the API's field names). Returns the error
-    ({"stage", "message"}) or None. Raises SubmitError for arguments refused before anything runs."""
+    unless config.unsandboxed, with the options in `form` (the API's field names), starting from the
+    tuning records in the folder `tuning_records` if given. Returns the error ({"stage", "message"})
+    or None. Raises SubmitError for arguments refused before anything runs."""
     from webapp.jobs.submit import sniff_model_format
     from webapp.jobs.worker import prepare_job_folder, run_prepared_job
 
@@ -155,23 +161,70 @@ def compile_locally(config: Config, model_arg: str, form: dict, out: Path) -> di
     else:
         raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
     out.mkdir(parents=True, exist_ok=True)
+    if tuning_records is not None:
+        missing = [n for n in TUNING_FILES if not (tuning_records / n).is_file()]
+        if missing:
+            raise SubmitError(
+                f"{tuning_records} has no {' or '.join(missing)} (a MetaSchedule JSON database)."
+            )
+        (out / "input" / "tuning").mkdir(parents=True, exist_ok=True)
+        for name in TUNING_FILES:
+            shutil.copyfile(tuning_records / name, out / "input" / "tuning" / name)
+        options["tuning_upload"] = True
     prepare_job_folder(config, out, options)
     return run_prepared_job(config, out, options["target"])
 
 
+TUNING_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
 def cmd_compile(args) -> int:
+    """Like `tvmc compile`: the pipeline on one model, its results in --out and, with -o, a package
+    of the compiled model (webapp.package) that runs with the TVM runtime alone."""
+    if not args.out and not args.output:
+        print("error: give --out DIR (the results) or -o model.tar (the package), or both", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tvm-playground-") as scratch:
+        out = Path(args.out or Path(scratch) / "job").resolve()
+        code = run_pipeline(
+            args, out, args.tune_trials, Path(args.tuning_records) if args.tuning_records else None
+        )
+        if code == 0 and args.output:
+            from webapp.package import make_package
+
+            meta = make_package(out, Path(args.output))
+            shapes = ", ".join(f"{s['name']} {s['shape']} {s['dtype']}" for s in meta["inputs"])
+            print(f"Package: {args.output} (model.so, metadata.json, run.py; inputs: {shapes})")
+    return code
+
+
+def cmd_tune(args) -> int:
+    """Like `tvmc tune`: MetaSchedule on the model's kernels, the records written to --output (a
+    JSON database that `compile --tuning-records` and a job's upload take)."""
+    with tempfile.TemporaryDirectory(prefix="tvm-playground-") as scratch:
+        code = run_pipeline(args, Path(scratch) / "job", args.trials, None)
+        if code == 0:
+            records = Path(args.output)
+            records.mkdir(parents=True, exist_ok=True)
+            for name in TUNING_FILES:
+                shutil.copyfile(Path(scratch) / "job" / "tuning" / name, records / name)
+            lines = (records / TUNING_FILES[1]).read_text().splitlines()
+            print(f"Tuning records: {records} ({len(lines)} records; use them with compile --tuning-records)")
+    return code
+
+
+def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> int:
+    """The sandboxed pipeline for compile and tune, its stages and benchmark table printed."""
     from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
 
-    config = Config.from_env()
-    if args.no_sandbox:
-        config = Config.from_env(unsandboxed=True)
-    out = Path(args.out).resolve()
+    config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
     print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
     try:
         if not config.unsandboxed:
             check_bubblewrap()
-        form = {f.name: getattr(args, f.name) for f in fields(JobOptions)}  # each option is a flag
-        error = compile_locally(config, args.model, form, out)
+        form = {f.name: getattr(args, f.name, None) for f in fields(JobOptions)}  # each option is a flag
+        form["tune_trials"] = trials
+        error = compile_locally(config, args.model, form, out, tuning_records)
     except (SubmitError, SandboxUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -185,8 +238,98 @@ def cmd_compile(args) -> int:
         return 1
     result = json.loads((out / "result.json").read_text())
     print(benchmark_table(result))
-    print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
+    if getattr(args, "out", None):  # else a scratch folder, removed
+        print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
     return 0
+
+
+def cmd_run(args) -> int:
+    """Like `tvmc run`: a package's model on --inputs (an .npz), in the sandbox unless --no-sandbox:
+    the library is code compiled from a model."""
+    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
+    from webapp.package import unpack
+
+    config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
+    with tempfile.TemporaryDirectory(prefix="tvm-playground-run-") as scratch:
+        folder = Path(scratch)
+        try:
+            if not config.unsandboxed:
+                check_bubblewrap()
+            unpack(Path(args.package), folder)
+        except (SandboxUnavailable, OSError, KeyError, ValueError, tarfile.TarError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        command = [sys.executable, "run.py", "--package", str(folder), "--output", str(folder / "out.npz")]
+        if args.inputs:
+            shutil.copyfile(args.inputs, folder / "in.npz")
+            command += ["--inputs", str(folder / "in.npz")]
+        command += ["--print-time", "--repeat", str(args.repeat)] if args.print_time else []
+        command += ["--profile"] if args.profile else []
+        outcome = run_sandboxed(folder, replace(config, wall_limit_s=max(config.wall_limit_s, 600)), command)
+        log = (folder / "log.txt").read_text(errors="replace")
+        print(log.replace(str(folder / "out.npz"), args.output or "(not kept)").rstrip())
+        if outcome.returncode != 0:
+            print(f"error: {outcome.limit or 'the run failed'}", file=sys.stderr)
+            return 1
+        if args.output:
+            shutil.copyfile(folder / "out.npz", args.output)
+    return 0
+
+
+def cmd_submit(args) -> int:
+    """A job for a running playground (its JSON API); prints the result's link, and with --wait the
+    result's state when it ends."""
+    import urllib.error
+    import urllib.request
+
+    form = {f.name: getattr(args, f.name, None) for f in fields(JobOptions)}
+    fields_ = {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in form.items()
+        if v not in (None, False)
+    }
+    files = {}
+    model = Path(args.model)
+    if model.is_file():
+        files["model"] = (model.name, model.read_bytes())
+    else:
+        fields_["example"] = args.model
+    body, content_type = multipart(fields_, files)
+    server = args.server.rstrip("/")
+    request = urllib.request.Request(f"{server}/api/jobs", body, {"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            job = json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        print(f"error: {e.code}: {json.loads(e.read() or b'{}').get('error', e.reason)}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError) as e:
+        print(f"error: cannot reach {server}: {e}", file=sys.stderr)
+        return 2
+    print(job["url"] + ("   (an identical job's result)" if job.get("reused") else ""))
+    if job.get("delete_url"):
+        print(f"delete link: {job['delete_url']}")
+    while args.wait:
+        with urllib.request.urlopen(job["api_url"], timeout=60) as resp:
+            state = json.loads(resp.read())
+        if state["status"] in ("done", "failed", "cancelled"):
+            print(f"{state['status']}" + (f": {state['error']['message']}" if state.get("error") else ""))
+            return 0 if state["status"] == "done" else 1
+        time.sleep(2)
+    return 0
+
+
+def multipart(fields_: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[bytes, str]:
+    boundary = f"tvm-playground-{os.urandom(8).hex()}"
+    parts = []
+    for name, value in fields_.items():
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        )
+    for name, (filename, data) in files.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+        parts.append(head.encode() + b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 def benchmark_table(result: dict) -> str:
@@ -239,6 +382,23 @@ def benchmark_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def job_arguments(p, sandbox: bool = True) -> None:
+    """The model and the job's options, as compile, tune and submit take them."""
+    d = JobOptions()
+    p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
+    p.add_argument("--target", default=d.target, choices=list(TARGETS))
+    p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
+    p.add_argument("--quantize", default=d.quantize, choices=QUANTIZE_MODES)
+    p.add_argument("--calibration", default=d.calibration, choices=CALIBRATION_MODES)
+    p.add_argument("--weight-scale", default=d.weight_scale, choices=WEIGHT_SCALE_MODES)
+    p.add_argument("--weight-granularity", default=d.weight_granularity, choices=WEIGHT_GRANULARITY)
+    p.add_argument("--global-scale", type=float, default=d.global_scale, help="for --calibration global")
+    p.add_argument("--skip-first", action="store_true", help="keep the first quantizable layer in float")
+    p.add_argument("--skip-last", action="store_true", help="keep the last quantizable layer in float")
+    if sandbox:
+        p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tvm-playground", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -263,22 +423,33 @@ def main(argv: list[str] | None = None) -> int:
         "pool", help="the device pool: TVM RPC tracker and emulated boards (PLAYGROUND_TRACKER)"
     )
     p.set_defaults(func=cmd_pool)
-    p = sub.add_parser("compile", help="compile one model and print the benchmark table")
-    p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
-    d = JobOptions()
-    p.add_argument("--target", default=d.target, choices=list(TARGETS))
-    p.add_argument("--out", required=True, help="a new folder for the result JSON and artifacts")
-    p.add_argument("--tune-trials", type=int, default=d.tune_trials, help="MetaSchedule trials (0: none)")
-    p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
-    p.add_argument("--quantize", default=d.quantize, choices=QUANTIZE_MODES)
-    p.add_argument("--calibration", default=d.calibration, choices=CALIBRATION_MODES)
-    p.add_argument("--weight-scale", default=d.weight_scale, choices=WEIGHT_SCALE_MODES)
-    p.add_argument("--weight-granularity", default=d.weight_granularity, choices=WEIGHT_GRANULARITY)
-    p.add_argument("--global-scale", type=float, default=d.global_scale, help="for --calibration global")
-    p.add_argument("--skip-first", action="store_true", help="keep the first quantizable layer in float")
-    p.add_argument("--skip-last", action="store_true", help="keep the last quantizable layer in float")
-    p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
+    p = sub.add_parser("compile", help="compile one model, print its benchmark; -o: a package (tvmc compile)")
+    job_arguments(p)
+    p.add_argument("--out", help="a new folder for the result JSON and artifacts")
+    p.add_argument("-o", "--output", help="write the compiled model as a package (.tar) for the TVM runtime")
+    p.add_argument("--tune-trials", type=int, default=JobOptions().tune_trials, help="MetaSchedule trials")
+    p.add_argument("--tuning-records", help="a folder with tuning records (tune --output) to start from")
     p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("tune", help="tune the model's kernels, write the records (tvmc tune)")
+    job_arguments(p)
+    p.add_argument("--trials", type=int, required=True, help="MetaSchedule trials")
+    p.add_argument("--output", required=True, help="a folder for the records (a MetaSchedule JSON database)")
+    p.set_defaults(func=cmd_tune)
+    p = sub.add_parser("run", help="run a package from compile -o on inputs (tvmc run)")
+    p.add_argument("package", help="a .tar written by compile -o")
+    p.add_argument("--inputs", help=".npz of the inputs by name (missing ones: seeded random)")
+    p.add_argument("--output", help=".npz to write the outputs to")
+    p.add_argument("--print-time", action="store_true", help="time --repeat whole runs")
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--profile", action="store_true", help="each kernel's time per run")
+    p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("submit", help="send a job to a running playground and print its link")
+    job_arguments(p, sandbox=False)
+    p.add_argument("--server", required=True, help="the playground's address, e.g. http://localhost:8000")
+    p.add_argument("--tune-trials", type=int, default=None, help="MetaSchedule trials")
+    p.add_argument("--wait", action="store_true", help="wait until the job ends")
+    p.set_defaults(func=cmd_submit)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -99,8 +99,8 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
 
 def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5) -> dict:
     """Where one whole-model run's time goes: the VM's instrument hook times every call of a
-    compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run, and
-    share of the kernels' time in a run (the shares add up to 1). `run_ms` is a whole run timed by
+    compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run (the
+    median over `runs` runs), and share of the kernels' time in a run (the shares add up to 1). `run_ms` is a whole run timed by
     time_evaluator without the hook, `kernels_ms` the kernels' total by the hook: their ratio says
     how much of a run the kernels are (below 1: the VM's own work, allocations and calls; above 1:
     the hook's own cost, a few microseconds a call, which shows on a small model)."""
@@ -136,16 +136,22 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
 
     vm["main"](*args)  # warm-up, untimed
     vm.set_instrument(hook)
+    per_run: dict[str, list[float]] = {}
     for _ in range(runs):
+        seconds.clear()
         vm["main"](*args)
-    total = sum(seconds.values()) or 1.0
+        for name, t in seconds.items():
+            per_run.setdefault(name, []).append(t)
+    # each kernel's median over the runs: a run another process interrupted does not count
+    ms = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
+    total = sum(ms.values()) or 1.0
     return {
         "runs": runs,
         "run_ms": run_ms,
-        "kernels_ms": sum(seconds.values()) / runs * 1e3,
+        "kernels_ms": sum(ms.values()),
         "kernels": {
-            name: {"calls": calls[name] // runs, "ms": t / runs * 1e3, "share": t / total}
-            for name, t in sorted(seconds.items(), key=lambda kv: -kv[1])
+            name: {"calls": calls[name] // runs, "ms": t, "share": t / total}
+            for name, t in sorted(ms.items(), key=lambda kv: -kv[1])
         },
     }
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import pickle
-import re
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -172,20 +170,9 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
             dtype_dict={s.name: s.dtype for s in inputs},
             keep_params_in_input=False,
         )
-    mod, layer_of = layers.named(mod)
+    layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     return ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
-
-
-def var_name(layer: str) -> str:
-    """A layer's name as a Relax var: torch.onnx's "/layer1/layer1.0/conv1/Conv" as "layer1_0_conv1_Conv"."""
-    path: list[str] = []
-    for part in (p for p in layer.split("/") if p):  # "stages", "stages.14": the second is a child
-        if path and part.startswith(path[-1] + "."):
-            path.pop()
-        path.append(part)
-    name = re.sub(r"\W+", "_", "_".join(path)).strip("_") or "layer"
-    return name if name[0].isalpha() else "l" + name
 
 
 class SourceLayers:
@@ -193,10 +180,8 @@ class SourceLayers:
     Relax function came from. The importer converts one layer at a time, so the bindings after one
     layer's output and up to the next one's are that next layer's: an ONNX layer's output is emitted
     as soon as it is converted to mark that place (unless `emit` is False: a model with branches is
-    converted into the same block builder). `named` then names every binding after its layer, the
-    output as the layer and the bindings before it "<layer>_1", "<layer>_2"...: the IR reads like the
-    model, and the names survive the passes up to fusion (webapp.pipeline.optimize.fusion_map), where
-    a pass's own new names ("lv3") cannot be mistaken for them."""
+    converted into the same block builder). The vars keep the importer's names ("lv12"): the names
+    of the kernels' blocks, which tuning records name, come from them."""
 
     def __init__(self, emit: bool = True):
         self.emit = emit
@@ -251,46 +236,17 @@ class SourceLayers:
         finally:
             ExportedProgramImporter.create_convert_map = create
 
-    def named(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, str]]:
-        """The module with main's bindings named after their layers, and {var name: layer}."""
-        body = mod["main"].body
-        names, layers, taken, pending = {}, {}, set(), []
+    def of_vars(self, mod: tvm.IRModule) -> dict[str, str]:
+        """{var name of main: its layer}."""
+        body, out, pending = mod["main"].body, {}, []
         for block in body.blocks if isinstance(body, relax.SeqExpr) else []:
             for binding in block.bindings:
                 pending.append(binding.var.name)
                 layer = self.outputs.get(binding.var.name)
-                if layer is None:
-                    continue
-                base = var_name(layer)
-                for k, old in enumerate(pending, start=1):
-                    name = base if old == binding.var.name else f"{base}_{k}"
-                    name = next(n for n in unique(name) if n not in taken)
-                    taken.add(name)
-                    names[old], layers[name] = name, layer
-                pending = []
-        mod = mod.clone()
-        mod["main"] = VarRenamer(names).visit_expr(mod["main"])
-        return mod, layers
-
-
-def unique(name: str):
-    yield name
-    yield from (f"{name}{n}" for n in itertools.count(1))
-
-
-@relax.expr_functor.mutator
-class VarRenamer(relax.PyExprMutator):
-    def __init__(self, names: dict[str, str]):
-        super().__init__()
-        self.names = names
-
-    def visit_var_def_(self, var):
-        name = self.names.get(var.name)
-        return relax.Var(name, var.ty) if name else var
-
-    def visit_dataflow_var_def_(self, var):
-        name = self.names.get(var.name)
-        return relax.DataflowVar(name, var.ty) if name else var
+                if layer is not None:
+                    out.update(dict.fromkeys(pending, layer))
+                    pending = []
+        return out
 
 
 def check_onnx_ops_supported(op_types: list[str]) -> None:
@@ -360,7 +316,8 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
     layers = SourceLayers(emit=False)  # the converters emit their results themselves
     with layers.pytorch():
         mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
-    mod, layer_of = layers.named(bind_symbolic_dims(mod, fixed))
+    mod = bind_symbolic_dims(mod, fixed)
+    layer_of = layers.of_vars(mod)
     for spec in inputs:
         spec.shape = fixed[spec.name]
     param_count = sum(int(t.numel()) for t in ep.state_dict.values()) + sum(

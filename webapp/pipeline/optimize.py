@@ -169,84 +169,92 @@ class FusionTrace:
         # A binding a pass before fusion folded into another (a convolution into the batch norm
         # after it, a bias reshape into its constant) goes with the first reader that has a kernel.
         bindings = main_bindings(self.imported)
-        readers: dict[str, list[str]] = {}
+        readers: dict = {}
         for b in bindings:
             for var in relax.analysis.free_vars(b.value):
-                readers.setdefault(var.name, []).append(b.var.name)
-        root: dict[str, str] = {}  # a folded var -> the unfolded one it went with
+                readers.setdefault(var, []).append(b.var)
+        root: dict = {}  # a folded var -> the unfolded one it went with
         for b in reversed(bindings):
-            name = b.var.name
-            reader = next((r for r in readers.get(name, []) if r in kernel_of), None)
-            if name not in kernel_of and reader is not None:
-                kernel_of[name], root[name] = kernel_of[reader], root.get(reader, reader)
+            reader = next((r for r in readers.get(b.var, []) if r in kernel_of), None)
+            if b.var not in kernel_of and reader is not None:
+                kernel_of[b.var], root[b.var] = kernel_of[reader], root.get(reader, reader)
         for group in sites.values():
             group += [v for v, r in root.items() if r in group]
-        return Fusion(kernel_of, sites, self.layer_of)
+        # By name from here, the imported function's vars only: their names are unique (the
+        # importer's block builder), and a var a pass made may have taken one of them.
+        imported = {b.var for b in bindings}
+        return Fusion(
+            {v.name: k for v, k in kernel_of.items() if v in imported},
+            {v.name: [g.name for g in group if g in imported] for v, group in sites.items()},
+            self.layer_of,
+        )
 
 
-def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict[str, str], dict[str, list[str]]]:
+def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
     """Each var of `before`'s main -> the kernel computing it, and each call of `after`'s main -> the
     vars of `before` it computes, from the modules before and after FuseOps.
 
     A binding FuseOps leaves in main keeps its var and names its kernel in its call_tir. A fused group
     becomes a call of a function of its own (FuseTIR then makes it the kernel of that name), and
     groups of the same structure share one function: each call's group is found in `before` by
-    matching the function's body backwards from its output, from the call's own arguments.
+    matching the function's body backwards from its output, from the call's own arguments. Vars are
+    told apart as objects, not by name: a pass names the vars it makes as it likes ("lv3" may be
+    taken), and keeps the var of every binding it leaves in place.
     """
-    defs = {b.var.name: b.value for b in main_bindings(before)}
-    kernel_of: dict[str, str] = {}
-    sites: dict[str, list[str]] = {}
-    origin: dict[str, str] = {}  # a var of after's main -> the var of before's main it stands for
+    defs = {b.var: b.value for b in main_bindings(before)}
+    kernel_of: dict = {}
+    sites: dict = {}
+    origin: dict = {}  # a var of after's main -> the var of before's main it stands for
     for binding in main_bindings(after):
-        value, name = binding.value, binding.var.name
+        value, var = binding.value, binding.var
         if not isinstance(value, relax.Call):
             continue
         if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir":
-            kernel_of[name], origin[name], sites[name] = value.args[0].name_hint, name, [name]
+            kernel_of[var], origin[var], sites[var] = value.args[0].name_hint, var, [var]
         elif isinstance(value.op, tvm.ir.GlobalVar) and isinstance(after[value.op], relax.Function):
             func, kernel = after[value.op], value.op.name_hint
             out = func.body.body
-            args = [origin.get(a.name, a.name) if isinstance(a, relax.Var) else a for a in value.args]
+            args = [origin.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
             match = GroupMatch(
-                {b.var.name: b.value for b in main_bindings(after, kernel)},
+                {b.var: b.value for b in main_bindings(after, kernel)},
                 defs,
-                {p.name: a for p, a in zip(func.params, args, strict=True)},
+                dict(zip(func.params, args, strict=True)),
                 kernel_of,
             )
             for candidate in defs:
                 match.group = {}
                 if candidate not in kernel_of and isinstance(out, relax.Var) and match.var(out, candidate):
                     kernel_of.update(dict.fromkeys(match.group.values(), kernel))
-                    origin[name], sites[name] = candidate, list(match.group.values())
+                    origin[var], sites[var] = candidate, list(match.group.values())
                     break
     return kernel_of, sites
 
 
 class GroupMatch:
     """Whether a fused function's body computes what bindings of the unfused main do, given what the
-    function's parameters stand for (a var name of main, or a constant); `group` collects the
-    function's vars -> main's vars of the match being tried."""
+    function's parameters stand for (a var of main, or a constant); `group` collects the function's
+    vars -> main's vars of the match being tried."""
 
     def __init__(self, inner: dict, defs: dict, params: dict, taken: dict):
         self.inner, self.defs, self.params, self.taken = inner, defs, params, taken
-        self.group: dict[str, str] = {}
+        self.group: dict = {}
 
-    def var(self, a: relax.Var, b: str) -> bool:
-        """Whether the function's var `a` (not a parameter) computes main's var named `b`."""
-        if a.name not in self.inner or b not in self.defs or b in self.taken:
+    def var(self, a: relax.Var, b: relax.Var) -> bool:
+        """Whether the function's var `a` (not a parameter) computes main's var `b`."""
+        if a not in self.inner or b not in self.defs or b in self.taken:
             return False
-        if self.group.setdefault(a.name, b) != b:
+        if not self.group.setdefault(a, b).same_as(b):
             return False
-        return self.same(self.inner[a.name], self.defs[b])
+        return self.same(self.inner[a], self.defs[b])
 
     def same(self, a, b) -> bool:
-        if isinstance(a, relax.Var) and a.name in self.params:  # a var of main's, or a constant
-            bound = self.params[a.name]
-            return isinstance(b, relax.Var) == isinstance(bound, str) and (
-                not isinstance(b, relax.Var) or b.name == bound
-            )
+        if isinstance(a, relax.Var) and a in self.params:  # a var of main's, or a constant
+            bound = self.params[a]
+            if isinstance(bound, relax.Var):
+                return isinstance(b, relax.Var) and b.same_as(bound)
+            return not isinstance(b, relax.Var)
         if isinstance(a, relax.Var):
-            return isinstance(b, relax.Var) and self.var(a, b.name)
+            return isinstance(b, relax.Var) and self.var(a, b)
         if type(a) is not type(b):
             return False
         if isinstance(a, relax.Call):
