@@ -100,10 +100,11 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
 def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5) -> dict:
     """Where one whole-model run's time goes: the VM's instrument hook times every call of a
     compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run (the
-    median over `runs` runs), and share of the kernels' time in a run (the shares add up to 1). `run_ms` is a whole run timed by
-    time_evaluator without the hook, `kernels_ms` the kernels' total by the hook: their ratio says
-    how much of a run the kernels are (below 1: the VM's own work, allocations and calls; above 1:
-    the hook's own cost, a few microseconds a call, which shows on a small model)."""
+    median over `runs` runs), and share of the kernels' time in a run (the shares add up to 1).
+    `run_ms` is a whole run timed by time_evaluator without the hook, `kernels_ms` the kernels'
+    total by the hook: their ratio says how much of a run the kernels are (below 1: the VM's own
+    work, allocations and calls; above 1: the hook's own cost, a few microseconds a call, which
+    shows on a small model)."""
     import tvm
     from tvm import relax
 
