@@ -109,6 +109,28 @@ def test_a_job_warm_starts_from_uploaded_records(client, config, tmp_path):
     assert job["results"]["tuning"]["pretuned"] > 0
     assert JobStore(fresh.data_dir).get(job["id"])["options"]["tuning_upload"] is True
 
+    # A record whose trace names a block its workload lacks makes TVM's JSONDatabase refuse the whole
+    # database: the job drops it from its copy and goes on, and what it merges back into the shared
+    # database lacks it: the next job starts from a clean database.
+    good = files["tuning_records"].decode().splitlines()[0]
+    block = re.search(r'\["GetSBlock",\[\],\["([^"]+)"', good).group(1)
+    poisoned = good.replace(f'["GetSBlock",[],["{block}"', '["GetSBlock",[],["no_such_block"', 1)
+    files["tuning_records"] += (poisoned + "\n").encode()
+    data = {
+        "example": "mlp",
+        "target": "x86-generic",
+        "rerun": "1",
+        **{f: (io.BytesIO(content), f"{f}.json") for f, content in files.items()},
+    }
+    for upload in (True, False):
+        resp = other.post("/api/jobs", data=data if upload else {"example": "mlp", "target": "x86-generic"})
+        run_job(fresh, resp.get_json()["id"])
+        job = other.get(f"/api/jobs/{resp.get_json()['id']}").get_json()
+        assert job["status"] == "done", job["error"]
+        assert job["results"]["tuning"]["unreadable_records"] == (1 if upload else 0)
+        assert job["results"]["tuning"]["pretuned"] > 0
+    assert "no_such_block" not in (shared_dir(fresh, "x86-generic") / RECORDS).read_text()
+
 
 def test_refuses_half_a_tuning_database(client):
     import io

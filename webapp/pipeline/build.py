@@ -13,11 +13,11 @@ from pathlib import Path
 
 import tvm
 from tvm import relax
-from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline import schedules
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.optimize import FusionTrace
+from webapp.pipeline.tune import open_database
 from webapp.targets import kind_of
 
 
@@ -33,7 +33,7 @@ def schedule(
     with target, tvm.transform.PassContext(opt_level=3):
         mod = fused
         if tuning_dir is not None:
-            with ms.database.JSONDatabase(work_dir=str(tuning_dir)):
+            with open_database(tuning_dir)[0]:
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
             mod = mod.clone()
             for gv, f in mod.functions_items():

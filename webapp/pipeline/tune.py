@@ -7,6 +7,7 @@ were tuned before starts tuned. The build stage (webapp.pipeline.build.schedule)
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -56,9 +57,54 @@ class Tuned:
     seconds: float
     tasks: list[dict] = field(default_factory=list)
     curve: list[dict] = field(default_factory=list)  # best estimated total latency after n trials
+    unreadable_records: int = 0  # records dropped from the job's copy of the database (open_database)
 
     def to_json(self) -> dict:
         return vars(self)
+
+
+WORKLOADS, RECORDS = "database_workload.json", "database_tuning_record.json"
+
+
+def open_database(work_dir: Path) -> tuple[ms.database.JSONDatabase, int]:
+    """MetaSchedule's JSON database in `work_dir`, and how many records were dropped to open it.
+
+    One record TVM cannot replay on its workload (a trace that names a block the workload does not
+    have: an upload's, say) makes JSONDatabase fail as a whole. Then each record is tried alone with
+    its workload and the failing ones are dropped from this copy; if the whole still fails (a
+    workload that equals another one but for its names), the copy starts empty: the job goes on
+    untuned rather than fail."""
+    try:
+        return ms.database.JSONDatabase(work_dir=str(work_dir)), 0
+    except Exception:  # a bare RuntimeError through TVM's FFI ("parallel_for_dynamic error")
+        pass
+    workloads = (work_dir / WORKLOADS).read_text().splitlines()
+    records = [line for line in (work_dir / RECORDS).read_text().splitlines() if line.strip()]
+    kept = [line for line in records if readable(line, workloads, work_dir / "record-check")]
+    (work_dir / RECORDS).write_text("".join(line + "\n" for line in kept))
+    try:
+        return ms.database.JSONDatabase(work_dir=str(work_dir)), len(records) - len(kept)
+    except Exception:
+        for name in (WORKLOADS, RECORDS):
+            (work_dir / name).write_text("")
+        return ms.database.JSONDatabase(work_dir=str(work_dir)), len(records)
+
+
+def readable(record: str, workloads: list[str], scratch: Path) -> bool:
+    """Whether JSONDatabase opens `record` alone with its workload."""
+    try:
+        data = json.loads(record)
+        workload = workloads[int(data[0])]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return False
+    scratch.mkdir(exist_ok=True)
+    (scratch / WORKLOADS).write_text(workload + "\n")
+    (scratch / RECORDS).write_text(json.dumps([0, *data[1:]]) + "\n")
+    try:
+        ms.database.JSONDatabase(work_dir=str(scratch))
+        return True
+    except Exception:
+        return False
 
 
 @derived_object
@@ -133,7 +179,7 @@ def tune(
     tasks = list(ms.relax_integration.extract_tasks(fused, target))
     if not tasks:
         raise StageError("This model has no kernels that MetaSchedule can tune.")
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    db, unreadable = open_database(work_dir)
     before = {t.task_name: best_seconds(db, t.dispatched[0]) for t in tasks}
     pretuned = sum(1 for v in before.values() if v is not None)
     weights = {t.task_name: int(t.weight) for t in tasks}
@@ -207,7 +253,7 @@ def tune(
         finally:
             watcher.set()
 
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))  # re-read: what is on disk is what counts
+    db, _ = open_database(work_dir)  # re-read: what is on disk is what counts
     table = []
     for t in tasks:
         secs = best_seconds(db, t.dispatched[0])
@@ -231,6 +277,7 @@ def tune(
         seconds=time.monotonic() - started,
         tasks=table,
         curve=curve,
+        unreadable_records=unreadable,
     )
 
 
