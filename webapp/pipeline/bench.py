@@ -262,12 +262,14 @@ def benchmark(
     budget_s: float = 3.0,
     report=lambda f: None,
     dev=None,
+    reference_variant: str = "fp32",
 ) -> dict:
     """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
     ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
-    references run the float model; a quantized variant is also compared with TVM's fp32. With a CUDA
-    `dev` the references run on the GPU where their runtime can (PyTorch with CUDA, ONNX Runtime's
-    CUDA provider), and every build is also checked against ONNX Runtime (or PyTorch) on the CPU."""
+    references run the uploaded model (`reference_variant`: "int8" for a pre-quantized one); a
+    quantized variant is also compared with TVM's fp32. With a CUDA `dev` the references run on the
+    GPU where their runtime can (PyTorch with CUDA, ONNX Runtime's CUDA provider), and every build
+    is also checked against ONNX Runtime (or PyTorch) on the CPU."""
     threads = bench_threads()
     classifier = is_classifier(outputs)
     on_cuda = reference_cuda(dev)
@@ -281,7 +283,7 @@ def benchmark(
             references["pytorch"], inputs, threads, on_cuda["pytorch"]
         )
     if "onnxruntime" in references:
-        makers[("onnxruntime", "fp32", False)] = lambda: onnxruntime_runner(
+        makers[("onnxruntime", reference_variant, False)] = lambda: onnxruntime_runner(
             references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
         )
 
@@ -426,7 +428,10 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report, sho
     device = target.device_name(tvm_target)
     budget = job.bench_budget_s
     dev = target.device()
-    results = benchmark(executables, inputs, model.outputs, job.references, device, budget, report, dev)
+    reference = "int8" if model.prequantized else "fp32"  # ONNX Runtime runs the quantized file itself
+    results = benchmark(
+        executables, inputs, model.outputs, job.references, device, budget, report, dev, reference
+    )
     results["profiles"] = [  # `shown`: the build whose kernels the page lists (model.so)
         {
             "variant": variant,

@@ -15,6 +15,7 @@ from tvm import relax
 
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.prequantized import dequantized, is_prequantized
 
 
 @dataclass
@@ -36,15 +37,18 @@ class ImportedModel:
     param_count: int
     framework_ops: dict[str, int] = field(default_factory=dict)
     layers: dict[str, str] = field(default_factory=dict)  # Relax var name -> the source layer it came from
+    # a model quantized by another tool: its form, its scales by Relax var name, what runs in float
+    prequantized: dict | None = None
 
     def to_json(self) -> dict:
+        pre = self.prequantized
         return {
             "framework": self.framework,
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [s.to_json() for s in self.outputs],
             "param_count": self.param_count,
             "framework_ops": self.framework_ops,
-        }
+        } | ({"prequantized": {k: pre[k] for k in ("form", "layers", "in_float")}} if pre else {})
 
 
 def import_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ImportedModel:
@@ -157,12 +161,15 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     ops: dict[str, int] = {}
     for node in model.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
-    check_onnx_ops_supported(sorted(ops))
+    pre = None
+    if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
+        model, pre = dequantized(model)
+    check_onnx_ops_supported(sorted({node.op_type for node in model.graph.node}))
 
     from tvm.relax.frontend.onnx import from_onnx
 
     # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
-    layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & set(ops))
+    layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & set(ops), clip_op=pre is not None)
     with layers.onnx():
         mod = from_onnx(
             model,
@@ -172,7 +179,23 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
         )
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-    return ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
+    imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
+    if pre is not None:
+        imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
+    return imported
+
+
+def prequantized_by_var(pre, tensors: dict[str, str], layer_of: dict[str, str]) -> dict:
+    """A PreQuantized's scales by Relax var name: each quantized tensor's var, and for the weights
+    every var of the layer (a convolution, a matmul) whose weight input has scales."""
+    weights = {}
+    for var, layer in layer_of.items():
+        scales = next((pre.weights[t] for t in pre.inputs.get(layer, []) if t in pre.weights), None)
+        if scales is not None:
+            weights[var] = scales.tolist()
+    acts = {tensors[t]: p for t, p in pre.acts.items() if t in tensors}
+    layers = len({layer_of[v] for v in weights})
+    return {"form": pre.form, "acts": acts, "weights": weights, "layers": layers, "in_float": pre.in_float}
 
 
 class SourceLayers:
@@ -183,8 +206,8 @@ class SourceLayers:
     converted into the same block builder). The vars keep the importer's names ("lv12"): the names
     of the kernels' blocks, which tuning records name, come from them."""
 
-    def __init__(self, emit: bool = True):
-        self.emit = emit
+    def __init__(self, emit: bool = True, clip_op: bool = False):
+        self.emit, self.clip_op = emit, clip_op
         self.outputs: dict[str, str] = {}  # the var holding a layer's output -> the layer
 
     def mark(self, bb, expr, layer: str):
@@ -202,7 +225,18 @@ class SourceLayers:
         convert = ONNXGraphImporter._convert_operator
 
         def converted(importer, op_name, inputs, attrs, opset):
-            sym = convert(importer, op_name, inputs, attrs, opset)
+            self.importer = importer
+            if (
+                op_name == "Clip"
+                and self.clip_op
+                and all(isinstance(b, tvm.ir.Constant) for b in inputs[1:3])
+            ):
+                # relax.clip, not TVM's two TE kernels: one op, which the quantizer takes as a layer's
+                # activation (a pre-quantized model's clip to its 8-bit range)
+                lo, hi = (float(b.value.numpy()) for b in inputs[1:3])
+                sym = importer.bb.normalize(relax.op.clip(inputs[0], lo, hi))
+            else:
+                sym = convert(importer, op_name, inputs, attrs, opset)
             return self.mark(importer.bb, sym, attrs.get("tvm_custom", {}).get("name") or op_name)
 
         ONNXGraphImporter._convert_operator = converted
@@ -235,6 +269,11 @@ class SourceLayers:
             yield
         finally:
             ExportedProgramImporter.create_convert_map = create
+
+    def tensors(self) -> dict[str, str]:
+        """ONNX tensor name -> the name of the Relax var holding it (after an ONNX import)."""
+        nodes = getattr(getattr(self, "importer", None), "_nodes", {})
+        return {name: expr.name for name, expr in nodes.items() if isinstance(expr, relax.Var)}
 
     def of_vars(self, mod: tvm.IRModule) -> dict[str, str]:
         """{var name of main: its layer}."""

@@ -147,11 +147,19 @@ class Observed:
     layers: list[Layer]
     tensors: list  # the inputs and results of the quantized layers
     float_of: dict  # tensor -> its value on each calibration input
+    given: dict = field(default_factory=dict)  # tensor -> ActQuant: a pre-quantized model's own
 
 
 def observe(
-    mod: tvm.IRModule, options: JobOptions, samples: list[dict[str, np.ndarray]], report=lambda f: None
+    mod: tvm.IRModule,
+    options: JobOptions,
+    samples: list[dict[str, np.ndarray]],
+    report=lambda f: None,
+    prequantized: dict | None = None,
+    dtype: str = "uint8",
 ) -> Observed:
+    """With `prequantized` (ImportedModel.prequantized), the layers the model quantized keep its
+    scales (for activations of `dtype`), and the others stay in float."""
     from webapp.pipeline.build import compile_relax
     from webapp.pipeline.optimize import canonical
 
@@ -161,6 +169,14 @@ def observe(
     if not layers:
         raise ValueError("The model has no conv2d or matmul with constant weights: nothing to quantize.")
     skip_layers(layers, options.skip_first, options.skip_last)
+    given = {}
+    if prequantized is not None:
+        acts = {v.name: v for layer in layers for v in (layer.data, layer.out)}
+        given = {acts[name]: given_act(*p, dtype) for name, p in prequantized["acts"].items() if name in acts}
+        for layer in layers:
+            scales = prequantized["weights"].get(layer.head.name)
+            layer.given_scale = None if scales is None else np.asarray(scales, np.float64)
+            layer.quantized = layer.quantized and scales is not None and layer.data in given
     quantized = [layer for layer in layers if layer.quantized]
     if not quantized:
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
@@ -171,8 +187,16 @@ def observe(
     runs = run_all(executable, samples)
     n_out = len(runs[0]) - len(tensors)
     return Observed(
-        func, layers, tensors, {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
+        func, layers, tensors, {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}, given
     )
+
+
+def given_act(scale: float, zero_point: int, dtype: str, target_dtype: str) -> ActQuant:
+    """A pre-quantized model's 8-bit activation as the target's kernels take it (uint8 on x86, int8
+    on Arm): the same values, the zero point shifted by 128 where the signedness differs."""
+    shift = 0 if dtype == target_dtype else (128 if target_dtype == "uint8" else -128)
+    qmin, qmax = (0, 255) if target_dtype == "uint8" else (-128, 127)
+    return ActQuant(float(scale), int(zero_point) + shift, qmin, qmax, target_dtype)
 
 
 def quantize(
@@ -194,6 +218,9 @@ def quantize(
     dtype = activation_dtype(target)
     acts = {}
     for t in tensors:
+        if t in observed.given:  # the pre-quantized model's own scale
+            acts[t] = observed.given[t]
+            continue
         nonnegative = (
             t in stats
             and stats[t].nonnegative

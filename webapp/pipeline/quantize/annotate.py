@@ -28,6 +28,7 @@ class Layer:
     out: relax.Var | None = None  # the layer's float result: head, or the last absorbed binding
     absorbed: list[relax.Var] = field(default_factory=list)
     quantized: bool = True
+    given_scale: np.ndarray | None = None  # a pre-quantized model's weight scales (per output channel)
 
     @property
     def name(self) -> str:
@@ -114,7 +115,7 @@ def find_layers(func: relax.Function) -> list[Layer]:
             layer.activation, layer.out = ("relu",), nxt.var
             layer.absorbed.append(nxt.var)
         elif nxt is not None and op_name(nxt.value) == "relax.clip":
-            lo, hi = (float(a.value.value) for a in nxt.value.args[1:3])
+            lo, hi = (float(getattr(a.value, "value", a.value)) for a in nxt.value.args[1:3])
             if lo == 0.0:
                 layer.activation, layer.out = ("clip", lo, hi), nxt.var
                 layer.absorbed.append(nxt.var)

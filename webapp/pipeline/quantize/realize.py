@@ -226,6 +226,12 @@ class Realizer:
         return self.emit(R.minimum(R.maximum(x, scalar(lo, dtype, x)), scalar(hi, dtype, x)))
 
     def weight_scale(self, layer: Layer) -> np.ndarray:
+        if layer.given_scale is not None:
+            shape = [1] * layer.weight.ndim
+            shape[layer.channel_axis] = -1
+            return np.broadcast_to(layer.given_scale, (layer.weight.shape[layer.channel_axis],)).reshape(
+                shape
+            )
         return weight_scales(layer.weight, self.bits, self.weight_mode, self.per_channel, layer.channel_axis)
 
     def requantize(self, acc, multiplier: np.ndarray):

@@ -13,7 +13,7 @@ import numpy as np
 from webapp.catalog import CALIBRATION_MODES
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
-from webapp.pipeline.quantize import Quantized, observe, quantize
+from webapp.pipeline.quantize import Quantized, activation_dtype, observe, quantize
 from webapp.pipeline.quantize.scales import pack_bits
 
 
@@ -81,13 +81,21 @@ def quantize_job(
     dataset: str | None,
     report,
 ) -> QuantizedJob:
-    variants = variant_options(options)
+    pre = model.prequantized  # quantized by another tool: one int8 variant on the model's own scales
+    variants = [("int8", replace(options, quantize="int8"))] if pre else variant_options(options)
     samples, source = calibration_samples(model, calibration_data, dataset)
+    if pre:
+        source = f"none: the model's own scales (pre-quantized, {pre['form']}); error measured on {source}"
     # The float run, once for all the variants (only its first input when nothing calibrates).
     calibrating = any(o.calibration != "global" for _, o in variants)
     share = 1 / (len(variants) + 1)
     observed = observe(
-        model.mod, variants[0][1], samples if calibrating else samples[:1], lambda f: report(f * share)
+        model.mod,
+        variants[0][1],
+        samples if calibrating else samples[:1],
+        lambda f: report(f * share),
+        pre,
+        activation_dtype(target),
     )
     job = QuantizedJob([], options.quantize == "sweep")
     for i, (name, opts) in enumerate(variants):

@@ -1,0 +1,166 @@
+"""Models quantized by another tool (ONNX Runtime's quantize_static, ...): their QDQ form, and the
+QLinearConv / QLinearMatMul form rewritten to it, become a float model plus the model's own scales,
+which the project's quantizer (webapp.pipeline.quantize) then realizes on its integer kernels.
+
+TVM's ONNX importer reads QuantizeLinear / DequantizeLinear as float arithmetic around float
+convolutions. Here, before the import: a DequantizeLinear of a constant (a weight, a bias) becomes
+that constant in float; a QuantizeLinear -> DequantizeLinear pair becomes the clip to the range its
+8 bits can hold (what it does to the values but for rounding: after a convolution with zero point 0,
+a ReLU), and the pair's scale and zero point are kept for the tensor. ConvInteger / MatMulInteger
+(dynamic quantization: scales computed at run time) run in float, listed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+QDQ = {"QuantizeLinear", "DequantizeLinear"}
+QOPERATORS = {"QLinearConv", "QLinearMatMul"}
+INTEGER_OPS = {"ConvInteger", "MatMulInteger"}
+
+
+@dataclass
+class PreQuantized:
+    """The model's own quantization, by ONNX tensor name of the float model."""
+
+    form: str  # "QDQ" or "QLinearConv/QLinearMatMul", as the page names it
+    acts: dict[str, tuple[float, int, str]] = field(
+        default_factory=dict
+    )  # tensor -> scale, zero point, dtype
+    weights: dict[str, np.ndarray] = field(default_factory=dict)  # float weight -> its scales (per channel)
+    inputs: dict[str, list[str]] = field(default_factory=dict)  # node name -> its input tensors
+    in_float: list[str] = field(default_factory=list)  # what runs in float: ops and why
+
+    def to_json(self) -> dict:
+        return {
+            "form": self.form,
+            "tensors": len(self.acts),
+            "weights": len(self.weights),
+            "in_float": self.in_float,
+        }
+
+
+def is_prequantized(op_types: set[str]) -> bool:
+    return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS))
+
+
+def dequantized(model):
+    """(float model, PreQuantized) of a pre-quantized ONNX model (modified in place)."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    ops = {n.op_type for n in graph.node}
+    form = "QLinearConv/QLinearMatMul" if ops & QOPERATORS else "QDQ"
+    pre = PreQuantized(form)
+    to_qdq(model)
+    for i, node in enumerate(graph.node):  # every node named: the layers are told apart by name
+        node.name = node.name or f"{node.op_type}_{i}"
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+
+    def constant(name: str):
+        if name in inits:
+            return inits[name]
+        node = producers.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    keep, added = [], []
+    quantizers = {n.output[0]: n for n in graph.node if n.op_type == "QuantizeLinear"}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            q, scale = constant(node.input[0]), constant(node.input[1])
+            zp = constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            if q is not None and scale is not None:  # a weight or a bias: the constant in float
+                added.append(numpy_helper.from_array(dequantize(q, scale, zp, axis), node.output[0]))
+                if q.dtype == np.int8 and (zp is None or not np.any(zp)):
+                    pre.weights[node.output[0]] = np.atleast_1d(scale).astype(np.float64)
+                continue
+            source = quantizers.get(node.input[0])
+            if source is not None and scale is not None and np.size(scale) == 1:
+                x = source.input[0]
+                zp_value = int(zp) if zp is not None else 0
+                dtype = str(zp.dtype) if zp is not None else "uint8"
+                lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+                bounds = [
+                    numpy_helper.from_array(
+                        np.array((b - zp_value) * float(scale), np.float32), f"{node.output[0]}_{k}"
+                    )
+                    for k, b in (("min", lo), ("max", hi))
+                ]
+                added += bounds
+                keep.append(
+                    helper.make_node("Clip", [x, *(b.name for b in bounds)], [node.output[0]], name=node.name)
+                )
+                pre.acts[node.output[0]] = (float(scale), zp_value, dtype)
+                continue
+        keep.append(node)
+    used = {i for n in keep for i in n.input} | {o.name for o in graph.output}
+    keep = [n for n in keep if n.op_type != "QuantizeLinear" or n.output[0] in used]
+    pre.in_float += [
+        f"{n.op_type} {n.name}: dynamic quantization, run in float" for n in keep if n.op_type in INTEGER_OPS
+    ]
+    del graph.node[:]
+    graph.node.extend(keep)
+    graph.initializer.extend(added)
+    pre.inputs = {n.name: list(n.input) for n in graph.node}
+    return model, pre
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, zp, axis: int) -> np.ndarray:
+    q = q.astype(np.float64)
+    scale = np.asarray(scale, np.float64)
+    zp = np.zeros_like(scale) if zp is None else np.asarray(zp, np.float64)
+    if scale.ndim == 1 and scale.size > 1:  # per channel, along `axis`
+        shape = [1] * q.ndim
+        shape[axis] = scale.size
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    return ((q - zp) * scale).astype(np.float32)
+
+
+def to_qdq(model) -> None:
+    """QLinearConv / QLinearMatMul nodes as DequantizeLinear -> Conv / MatMul -> QuantizeLinear."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    out = []
+    for node in graph.node:
+        if node.op_type not in QOPERATORS:
+            out.append(node)
+            continue
+        name = node.name or f"{node.op_type}_{len(out)}"
+        x, xs, xz, w, ws, wz, ys, yz = node.input[:8]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        axis = {"axis": 0} if node.op_type == "QLinearConv" else {"axis": 1}
+        out += [
+            helper.make_node("DequantizeLinear", [x, xs, xz], [f"{name}_x"], name=f"{name}_dq_x"),
+            helper.make_node("DequantizeLinear", [w, ws, wz], [f"{name}_w"], name=f"{name}_dq_w", **axis),
+        ]
+        inputs = [f"{name}_x", f"{name}_w"]
+        if node.op_type == "QLinearConv" and len(node.input) > 8 and node.input[8]:
+            # the int32 bias's scale is the input's times the weights'
+            bias_scale = numpy_helper.to_array(inits[xs]) * numpy_helper.to_array(inits[ws])
+            graph.initializer.append(
+                numpy_helper.from_array(bias_scale.astype(np.float32), f"{name}_b_scale")
+            )
+            out.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    [node.input[8], f"{name}_b_scale"],
+                    [f"{name}_b"],
+                    name=f"{name}_dq_b",
+                    axis=0,
+                )
+            )
+            inputs.append(f"{name}_b")
+        op = "Conv" if node.op_type == "QLinearConv" else "MatMul"
+        out.append(helper.make_node(op, inputs, [f"{name}_y"], name=name, **attrs))
+        out.append(
+            helper.make_node("QuantizeLinear", [f"{name}_y", ys, yz], [node.output[0]], name=f"{name}_q")
+        )
+    del graph.node[:]
+    graph.node.extend(out)
