@@ -91,3 +91,37 @@ def test_a_qlinearconv_model_from_onnxruntime_runs_on_vnni(client, tmp_path):
     assert {n.op_type for n in onnx.load_from_string(qop).graph.node} >= {"QLinearConv"}
     job = wait_for_job(client, submit(client, {}, (qop, "convs-qlinear.onnx")).get_json()["id"])
     assert_on_integer_kernels_like_onnxruntime(job, "QLinearConv/QLinearMatMul", 2, 25.0)
+
+
+def test_a_dynamically_quantized_model_runs_in_float_and_says_so(client, tmp_path):
+    """quantize_dynamic's ConvInteger (scales computed at run time; TVM's importer lacks it) runs as
+    the same arithmetic in float, listed on the page."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b": rng.standard_normal(8) * 0.1}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "conv.onnx"))
+    quantize_dynamic(
+        str(tmp_path / "conv.onnx"),
+        str(tmp_path / "dyn.onnx"),
+        weight_type=QuantType.QUInt8,
+        op_types_to_quantize=["Conv"],
+    )
+    dyn = (tmp_path / "dyn.onnx").read_bytes()
+    job = wait_for_job(client, submit(client, {}, (dyn, "conv-dynamic.onnx")).get_json()["id"])
+    assert job["status"] == "done", job["error"]
+    pre = job["results"]["model"]["prequantized"]
+    assert pre["form"] == "dynamic (ConvInteger/MatMulInteger)" and pre["layers"] == 0
+    assert len(pre["in_float"]) == 1 and "run as a float Conv" in pre["in_float"][0]
+    vs_ort = next(f for f in job["results"]["fidelity"] if f["reference"] == "onnxruntime")
+    assert vs_ort["max_abs_err"] < 1e-5  # the same integer arithmetic, exact in float here
+    assert "run as a float Conv" in client.get(f"/r/{job['id']}").get_data(as_text=True)

@@ -51,9 +51,17 @@ def dequantized(model):
 
     graph = model.graph
     ops = {n.op_type for n in graph.node}
-    form = "QLinearConv/QLinearMatMul" if ops & QOPERATORS else "QDQ"
+    form = (
+        "QLinearConv/QLinearMatMul"
+        if ops & QOPERATORS
+        else "QDQ"
+        if ops & QDQ - {"DynamicQuantizeLinear"}
+        else ""
+    )
+    form = form or "dynamic (ConvInteger/MatMulInteger)"
     pre = PreQuantized(form)
     to_qdq(model)
+    pre.in_float += conv_integer_in_float(model)
     for i, node in enumerate(graph.node):  # every node named: the layers are told apart by name
         node.name = node.name or f"{node.op_type}_{i}"
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -100,8 +108,10 @@ def dequantized(model):
         keep.append(node)
     used = {i for n in keep for i in n.input} | {o.name for o in graph.output}
     keep = [n for n in keep if n.op_type != "QuantizeLinear" or n.output[0] in used]
+    dynamic = [n for n in keep if n.op_type in INTEGER_OPS]
     pre.in_float += [
-        f"{n.op_type} {n.name}: dynamic quantization, run in float" for n in keep if n.op_type in INTEGER_OPS
+        f"{n.op_type} {n.name}: dynamic quantization (scales computed at run time), TVM's own integer op"
+        for n in dynamic
     ]
     del graph.node[:]
     graph.node.extend(keep)
@@ -164,3 +174,35 @@ def to_qdq(model) -> None:
         )
     del graph.node[:]
     graph.node.extend(out)
+
+
+def conv_integer_in_float(model) -> list[str]:
+    """ConvInteger (dynamic quantization, which TVM's importer does not read) as the same arithmetic
+    in float: Conv(x - x_zero_point, w - w_zero_point), cast back to the int32 it returns."""
+    from onnx import TensorProto, helper
+
+    graph, out, listed = model.graph, [], []
+    for i, node in enumerate(graph.node):
+        if node.op_type != "ConvInteger":
+            out.append(node)
+            continue
+        name = node.name or f"ConvInteger_{i}"
+        centred = []
+        for k, tensor in enumerate(node.input[:2]):
+            out.append(helper.make_node("Cast", [tensor], [f"{name}_{k}_f"], to=TensorProto.FLOAT))
+            value = f"{name}_{k}_f"
+            if len(node.input) > k + 2 and node.input[k + 2]:
+                zp = node.input[k + 2]
+                out.append(helper.make_node("Cast", [zp], [f"{name}_{k}_zp"], to=TensorProto.FLOAT))
+                out.append(helper.make_node("Sub", [value, f"{name}_{k}_zp"], [f"{name}_{k}_c"]))
+                value = f"{name}_{k}_c"
+            centred.append(value)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        out.append(helper.make_node("Conv", centred, [f"{name}_y"], name=name, **attrs))
+        out.append(helper.make_node("Cast", [f"{name}_y"], [node.output[0]], to=TensorProto.INT32))
+        listed.append(
+            f"ConvInteger {name}: dynamic quantization (scales computed at run time), run as a float Conv"
+        )
+    del graph.node[:]
+    graph.node.extend(out)
+    return listed

@@ -65,7 +65,7 @@ def run(job_dir: Path) -> None:
     results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
 
     quantized = None
-    if job.options.quantize != "none" or model.prequantized:  # a pre-quantized model: with its scales
+    if job.options.quantize != "none" or (model.prequantized or {}).get("layers"):  # the model's own scales
         from webapp.pipeline.quantize.variants import quantize_job
 
         quantized = stage(

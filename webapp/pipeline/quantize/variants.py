@@ -81,7 +81,7 @@ def quantize_job(
     dataset: str | None,
     report,
 ) -> QuantizedJob:
-    pre = model.prequantized  # quantized by another tool: one int8 variant on the model's own scales
+    pre = (model.prequantized or {}).get("layers") and model.prequantized  # one int8 variant on its scales
     variants = [("int8", replace(options, quantize="int8"))] if pre else variant_options(options)
     samples, source = calibration_samples(model, calibration_data, dataset)
     if pre:
