@@ -209,6 +209,7 @@ class SourceLayers:
     def __init__(self, emit: bool = True, clip_op: bool = False):
         self.emit, self.clip_op = emit, clip_op
         self.outputs: dict[str, str] = {}  # the var holding a layer's output -> the layer
+        self.importer = None  # TVM's ONNX importer, once it converts a node (its tensor -> expr map)
 
     def mark(self, bb, expr, layer: str):
         if self.emit and isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
@@ -272,7 +273,7 @@ class SourceLayers:
 
     def tensors(self) -> dict[str, str]:
         """ONNX tensor name -> the name of the Relax var holding it (after an ONNX import)."""
-        nodes = getattr(getattr(self, "importer", None), "_nodes", {})
+        nodes = getattr(self.importer, "_nodes", {})
         return {name: expr.name for name, expr in nodes.items() if isinstance(expr, relax.Var)}
 
     def of_vars(self, mod: tvm.IRModule) -> dict[str, str]:
