@@ -210,12 +210,16 @@ def test_pytorch_layers_are_module_paths_and_survive_batch_norm_folding(example_
     assert [layer.split(" ")[0] for layer in first] == ["features.0.0", "features.0.1", "features.0.2"]
 
 
-@pytest.mark.parametrize("name", SMALL)
-def test_kernel_profile_adds_up_to_a_run_timed_without_the_hook(example_files, tmp_path, name):
+@pytest.mark.parametrize("name", ["cnn-small", "transformer-block", "resnet18"])
+def test_kernel_profile_adds_up_to_a_run_timed_without_the_hook(config, example_files, tmp_path, name):
     """The shares are of the kernels' time (they add up to 1), and the kernels' time by the hook
     agrees with a whole run timed by time_evaluator: measured here (three runs each) 1.04-1.05 of it
-    (cnn-small), 1.09-1.11 (mlp) and 0.99-1.01 (transformer-block), the hook's few microseconds a
-    call included."""
+    (cnn-small), 0.99-1.01 (transformer-block) and 0.99-1.01 (resnet18), the hook's few microseconds a
+    call included. (Not on mlp: a 35 µs run of three kernels, where the hook's own cost is 10-55 % of
+    the run.)"""
+    from webapp.jobs.worker import ensure_example_files
+
+    ensure_example_files(config, name)
     model = import_model(example_files / f"{name}.onnx")
     target = make_target("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
