@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -190,8 +192,9 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
     convs = [name for name, op in onnx_nodes.items() if op == "Conv"]
     assert len(convs) == 53
     for conv in convs:
-        vars_ = [v for v, layer in model.layers.items() if layer == conv]
-        assert len({optimized.fusion.kernel_of[v] for v in vars_}) == 1, conv
+        # (its bias reshape, computed from constants alone, is a weight of the kernel, not a binding)
+        vars_ = [v for v, layer in model.layers.items() if layer == conv and v in optimized.fusion.kernel_of]
+        assert vars_ and len({optimized.fusion.kernel_of[v] for v in vars_}) == 1, conv
     # a kernel shared by several blocks: each call site has its own block's layers
     graph = relax_graph(optimized.fused)
     calls = [n for n in graph["nodes"] if n["label"].startswith("fused_conv2d") and n["kind"] == "kernel"]
@@ -226,3 +229,19 @@ def test_kernel_profile_adds_up_to_a_run_timed_without_the_hook(config, example_
     profile = bench.profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=20)
     assert sum(k["share"] for k in profile["kernels"].values()) == pytest.approx(1.0, abs=0.1)
     assert 0.75 < profile["kernels_ms"] / profile["run_ms"] < 1.35, profile
+
+
+def test_densenet121_convolutions_each_land_in_one_kernel_that_lists_them(tmp_path):
+    """DenseNet-121's graph from the onnx package's test data (weights made by ConstantOfShape): its
+    batch norms come as tuples taken apart again, which the fusion is followed through; each of the
+    121 Conv nodes is in exactly one kernel, and that kernel lists it."""
+    path = Path(onnx.__file__).parent / "backend/test/data/light/light_densenet121.onnx"
+    model = import_model(path)
+    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    layers, kernel_of = optimized.fusion.layers(), optimized.fusion.kernel_of
+    convs = [n.name or n.output[0] for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
+    assert len(convs) == 121
+    for conv in convs:
+        kernels = {kernel_of[v] for v, layer in model.layers.items() if layer == conv and v in kernel_of}
+        assert len(kernels) == 1, (conv, kernels)
+        assert conv in layers[kernels.pop()]

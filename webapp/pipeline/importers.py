@@ -164,6 +164,8 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     pre = None
     if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
         model, pre = dequantized(model)
+    for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
+        node.name = node.name or node.output[0]
     check_onnx_ops_supported(sorted({node.op_type for node in model.graph.node}))
 
     from tvm.relax.frontend.onnx import from_onnx

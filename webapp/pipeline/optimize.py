@@ -168,15 +168,20 @@ class FusionTrace:
         kernel_of, sites = fusion_map(self.before, self.after)
         # A binding a pass before fusion folded into another (a convolution into the batch norm
         # after it, a bias reshape into its constant) goes with the first reader that has a kernel.
+        # Bindings computed from constants alone (weights made by ops, a bias reshape) are weights,
+        # not a layer of the kernel that reads them.
         bindings = main_bindings(self.imported)
         readers: dict = {}
+        computed = set(self.imported["main"].params)  # what depends on the model's inputs
         for b in bindings:
             for var in relax.analysis.free_vars(b.value):
                 readers.setdefault(var, []).append(b.var)
+            if any(v in computed for v in relax.analysis.free_vars(b.value)):
+                computed.add(b.var)
         root: dict = {}  # a folded var -> the unfolded one it went with
         for b in reversed(bindings):
             reader = next((r for r in readers.get(b.var, []) if r in kernel_of), None)
-            if b.var not in kernel_of and reader is not None:
+            if b.var not in kernel_of and reader is not None and b.var in computed:
                 kernel_of[b.var], root[b.var] = kernel_of[reader], root.get(reader, reader)
         for group in sites.values():
             group += [v for v, r in root.items() if r in group]
@@ -207,13 +212,20 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
     origin: dict = {}  # a var of after's main -> the var of before's main it stands for
     for binding in main_bindings(after):
         value, var = binding.value, binding.var
+        if isinstance(value, relax.Tuple):  # a tuple of vars: its fields, each as before's var
+            origin[var] = [origin.get(f, f) if isinstance(f, relax.Var) else f for f in value.fields]
+            continue
+        if isinstance(value, relax.TupleGetItem) and isinstance(origin.get(value.tuple_value), list):
+            origin[var] = origin[value.tuple_value][value.index]  # a field of a tuple (a group's outputs)
+            continue
+        if var in defs:  # a binding FuseOps left as it was
+            origin.setdefault(var, var)
         if not isinstance(value, relax.Call):
             continue
         if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir":
             kernel_of[var], origin[var], sites[var] = value.args[0].name_hint, var, [var]
         elif isinstance(value.op, tvm.ir.GlobalVar) and isinstance(after[value.op], relax.Function):
             func, kernel = after[value.op], value.op.name_hint
-            out = func.body.body
             args = [origin.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
             match = GroupMatch(
                 {b.var: b.value for b in main_bindings(after, kernel)},
@@ -221,12 +233,20 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
                 dict(zip(func.params, args, strict=True)),
                 kernel_of,
             )
-            for candidate in defs:
-                match.group = {}
-                if candidate not in kernel_of and isinstance(out, relax.Var) and match.var(out, candidate):
-                    kernel_of.update(dict.fromkeys(match.group.values(), kernel))
-                    origin[var], sites[var] = candidate, list(match.group.values())
-                    break
+            out = func.body.body  # its output, or a tuple of them
+            found, group = [], {}
+            for field in out.fields if isinstance(out, relax.Tuple) else [out]:
+                found.append(None)
+                for candidate in defs if isinstance(field, relax.Var) else []:
+                    match.group = {}
+                    if candidate not in kernel_of and match.var(field, candidate):
+                        found[-1] = candidate
+                        group.update(match.group)
+                        kernel_of.update(dict.fromkeys(match.group.values(), kernel))
+                        break
+            if group:
+                sites[var] = list(dict.fromkeys(group.values()))
+                origin[var] = found if isinstance(out, relax.Tuple) else found[0]
     return kernel_of, sites
 
 
@@ -247,11 +267,22 @@ class GroupMatch:
             return False
         return self.same(self.inner[a], self.defs[b])
 
+    def resolve(self, v):
+        """A var of main through tuples made and taken apart again (x = (y, ...); z = x[0]: y)."""
+        value = self.defs.get(v) if isinstance(v, relax.Var) else None
+        if isinstance(value, relax.Var):
+            return self.resolve(value)
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+            made = self.defs.get(value.tuple_value)
+            if isinstance(made, relax.Tuple):
+                return self.resolve(made.fields[value.index])
+        return v
+
     def same(self, a, b) -> bool:
         if isinstance(a, relax.Var) and a in self.params:  # a var of main's, or a constant
             bound = self.params[a]
             if isinstance(bound, relax.Var):
-                return isinstance(b, relax.Var) and b.same_as(bound)
+                return isinstance(b, relax.Var) and self.resolve(b).same_as(self.resolve(bound))
             return not isinstance(b, relax.Var)
         if isinstance(a, relax.Var):
             return isinstance(b, relax.Var) and self.var(a, b)
