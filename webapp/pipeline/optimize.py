@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,9 +164,28 @@ class FusionTrace:
             self.after = mod.clone()
 
     def fusion(self) -> Fusion:
-        if self.after is None:
+        """The fusion as traced; an empty one if it cannot be followed (the insight views then show
+        less, the job goes on)."""
+        try:
+            return self.follow() if self.after is not None else Fusion({}, {}, self.layer_of)
+        except Exception:  # noqa: BLE001 - never a job's failure
+            traceback.print_exc()
             return Fusion({}, {}, self.layer_of)
+
+    def follow(self) -> Fusion:
         kernel_of, sites = fusion_map(self.before, self.after)
+        # A tuple made of a kernel's result (a batch norm's, decomposed: (y, mean, var)), and a field
+        # taken from it, go with that kernel.
+        root: dict = {}  # a var with no kernel of its own -> the one it went with
+        for b in main_bindings(self.before):
+            value, fields = b.value, []
+            if isinstance(value, relax.Tuple):
+                fields = [f for f in value.fields if isinstance(f, relax.Var)]
+            elif isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+                fields = [value.tuple_value]
+            source = next((f for f in fields if f in kernel_of), None)
+            if b.var not in kernel_of and source is not None:
+                kernel_of[b.var], root[b.var] = kernel_of[source], root.get(source, source)
         # A binding a pass before fusion folded into another (a convolution into the batch norm
         # after it, a bias reshape into its constant) goes with the first reader that has a kernel.
         # Bindings computed from constants alone (weights made by ops, a bias reshape) are weights,
@@ -178,7 +198,6 @@ class FusionTrace:
                 readers.setdefault(var, []).append(b.var)
             if any(v in computed for v in relax.analysis.free_vars(b.value)):
                 computed.add(b.var)
-        root: dict = {}  # a folded var -> the unfolded one it went with
         for b in reversed(bindings):
             reader = next((r for r in readers.get(b.var, []) if r in kernel_of), None)
             if b.var not in kernel_of and reader is not None and b.var in computed:
