@@ -378,11 +378,11 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict) -> list[np.ndarray
 
 
 RULE_CASES = {
-    "conv2d": "default rule: conv2d",
+    "conv2d": "default rule: conv2d NHWC",  # float convolutions are built channels last
     "grouped conv2d": "default rule: grouped conv2d",
     "depthwise conv2d": "default rule: depthwise conv2d",
-    "conv2d + bias + residual + relu": "default rule: conv2d",
-    "conv2d + batch norm + relu": "default rule: conv2d",
+    "conv2d + bias + residual + relu": "default rule: conv2d NHWC",
+    "conv2d + batch norm + relu": "default rule: conv2d NHWC",
     "dense with bias (Gemm)": "default rule: matmul",
     "dense with bias (MatMul + Add)": "default rule: matmul",
     "batch matmul": "default rule: batch matmul",
@@ -406,11 +406,11 @@ def test_main_rule_schedules_its_pattern_and_matches_onnxruntime(tmp_path, kind)
 
 
 def test_a_rule_that_fails_leaves_the_kernel_to_the_next_rule_and_says_so(tmp_path, monkeypatch):
-    def conv2d(sch, target):
+    def conv2d_nhwc(sch, target):
         raise KeyError("broken")
 
     monkeypatch.setattr(
-        schedules, "RULES", tuple(conv2d if r is schedules.conv2d else r for r in schedules.RULES)
+        schedules, "RULES", tuple(conv2d_nhwc if r is schedules.conv2d_nhwc else r for r in schedules.RULES)
     )
     model, shapes = rule_case("conv2d + bias + residual + relu")
     onnx.save(model, str(tmp_path / "model.onnx"))
@@ -421,7 +421,7 @@ def test_a_rule_that_fails_leaves_the_kernel_to_the_next_rule_and_says_so(tmp_pa
     ours = run(build(lowered, target, None), inputs)
     np.testing.assert_allclose(ours[0], onnxruntime_outputs(model, inputs)[0], rtol=1e-4, atol=1e-4)
     (label,) = [label for name, label in labels.items() if "conv2d" in name]
-    assert label.endswith(" (conv2d rule failed: KeyError: 'broken')"), label
+    assert label == "default rule: conv2d (conv2d_nhwc rule failed: KeyError: 'broken')", label
 
 
 def int8_case(kind: str) -> tuple[onnx.ModelProto, tuple]:

@@ -53,7 +53,7 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
     target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
     model = import_model(example_files / "cnn-small.onnx")
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
-    assert any(v == "default rule: conv2d" for v in labels.values())
+    assert any(v == "default rule: conv2d NHWC" for v in labels.values())
     executable = build(lowered, target, None)
     asm = executable.mod.imports[0].inspect_source("s")
     assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA in the conv kernels

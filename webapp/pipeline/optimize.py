@@ -10,6 +10,9 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from webapp.pipeline.layout import LAYOUT_PASS, align, main_bindings
+from webapp.targets import kind_of
+
 # Passes whose module we keep for the graph views.
 FUSION_PASS = "FuseTIR"
 FUSE_OPS_PASS = "FuseOps"  # the pass that groups the bindings into kernels
@@ -106,7 +109,9 @@ def optimize(
     pass_dir.mkdir(parents=True, exist_ok=True)
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
     with target, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
-        lowered = relax.get_default_pipeline(target)(canonical(mod))
+        kind = kind_of(target)
+        passes = kind.legalize_passes(target) + kind.lower_passes(target)
+        lowered = tvm.transform.Sequential(passes, name="_pipeline")(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None
     for i, (name, seconds, snapshot) in enumerate(capture.snapshots):
@@ -154,14 +159,19 @@ class FusionTrace:
 
     def __init__(self, imported: tvm.IRModule, layer_of: dict[str, str]):
         self.imported, self.layer_of, self.before, self.after = imported, layer_of, None, None
+        self.unconverted, self.origin = None, {}  # the layout pass's input; its vars -> the input's
 
     def run_before_pass(self, mod, info):
         if info.name == FUSE_OPS_PASS:
             self.before = mod.clone()
+        elif info.name == LAYOUT_PASS:
+            self.unconverted = mod
 
     def run_after_pass(self, mod, info):
         if info.name == FUSE_OPS_PASS:
             self.after = mod.clone()
+        elif info.name == LAYOUT_PASS and not mod.same_as(self.unconverted):
+            self.origin = align(self.unconverted, mod)
 
     def fusion(self) -> Fusion:
         """The fusion as traced; an empty one if it cannot be followed (the insight views then show
@@ -186,6 +196,11 @@ class FusionTrace:
             source = next((f for f in fields if f in kernel_of), None)
             if b.var not in kernel_of and source is not None:
                 kernel_of[b.var], root[b.var] = kernel_of[source], root.get(source, source)
+        if self.origin:  # the layout pass's vars as the ones they stand for
+            back = self.origin.get
+            kernel_of = {back(v, v): k for v, k in kernel_of.items()}
+            root = {back(v, v): back(r, r) for v, r in root.items()}
+            sites = {v: [back(g, g) for g in group] for v, group in sites.items()}
         # A binding a pass before fusion folded into another (a convolution into the batch norm
         # after it, a bias reshape into its constant) goes with the first reader that has a kernel.
         # Bindings computed from constants alone (weights made by ops, a bias reshape) are weights,
@@ -323,8 +338,3 @@ class GroupMatch:
 
     def all_same(self, xs, ys) -> bool:
         return len(xs) == len(ys) and all(self.same(x, y) for x, y in zip(xs, ys, strict=True))
-
-
-def main_bindings(mod: tvm.IRModule, name: str = "main") -> list:
-    body = mod[name].body
-    return [b for block in body.blocks for b in block.bindings] if isinstance(body, relax.SeqExpr) else []

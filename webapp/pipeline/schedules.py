@@ -161,6 +161,68 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
+def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
+    """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
+    webapp.pipeline.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
+    innermost, so each step broadcasts one input value where it lies and loads one vector of repacked
+    weights (O/v, KH, KW, I, v); a 1x1 convolution is a blocked GEMM of (pixels x input channels) by
+    (input channels x output channels). A register tile of output columns x channel vectors in half
+    the vector registers, the epilogue written as whole vectors of output channels; parallel over
+    rows x column tiles x channel blocks."""
+    conv = conv_block(sch, "conv2d_nhwc")
+    if conv is None:
+        return None
+    stmt = sch.get(conv)
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    if len(weight.shape) != 4 or any(str(r.source.dtype) != "float32" for r in (*stmt.reads, *stmt.writes)):
+        return None
+    ic, oc = int(weight.shape[2]), int(weight.shape[3])
+    if int(data.shape[3]) != ic:  # grouped: left to the windowed / naive rules
+        return None
+    lanes, registers = simd(target)
+    lanes = vector_width(oc, lanes, minimum=4)
+    if not lanes:
+        return None
+    n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
+    vectors = 2 if oc % (2 * lanes) == 0 else 1
+    cols = largest_divisor(extent(sch, w_loop), registers // 2 // vectors)
+    if vectors > 1 and cols < 4:
+        vectors, cols = 1, largest_divisor(extent(sch, w_loop), registers // 2)
+    block_oc = lanes * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i, o % block_oc))
+    sch.annotate(pack, PREPROC, True)
+    for pad in sch.get_producers(conv):  # legalization's padding of the input, or its plain copy
+        copied, padded = sch.get(pad).reads[0].source, sch.get(pad).writes[0].source
+        if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
+            sch.compute_inline(pad)  # a copy: the conv reads the input where it is
+        else:
+            sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    w_o, w_i = sch.split(w_loop, [None, cols])
+    # Channel blocks outermost: a block's repacked weights stay in the cache while its thread
+    # sweeps the rows (measured on ResNet-50 here: 41 ms against 45 with rows outermost).
+    sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_loop, w_i, oc_v, oc_i)
+    tile = sch.fuse(*sch.get_loops(conv)[:4])
+    sch.parallel(tile)
+    sch.reverse_compute_at(epilogue, tile)
+    sch.unroll(w_i)
+    sch.unroll(oc_v)
+    sch.vectorize(oc_i)
+    init = sch.decompose_reduction(conv, kh_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    tail = loops_below(sch, epilogue, tile)
+    width = vector_width(extent(sch, tail[-1]), lanes) if tail else 0
+    if width:
+        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return "default rule: conv2d NHWC"
+
+
 # Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
 # instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
 # products of 8-bit values.
@@ -581,11 +643,20 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
             return scheduled, "default rule: row reduction"
     if len(main) != 1:
         return None
-    kind = "pooling" if pooling else "depthwise conv2d" if "conv2d" in name else "reduction"
+    kind = "pooling" if pooling else conv_kind(sch.get(main[0])) if "conv2d" in name else "reduction"
     return windowed(sch, target, main[0], kind)
 
 
-RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d, matmul, reduction, elementwise)
+def conv_kind(stmt) -> str:
+    """ "conv2d", "grouped conv2d" or "depthwise conv2d", from a conv block's input and weights
+    (NCHW with OIHW weights, or NHWC with HWIO)."""
+    data, weight = (r.source.shape for r in stmt.reads[:2])
+    nhwc = "nhwc" in stmt.name_hint
+    channels, per_group = int(data[3 if nhwc else 1]), int(weight[2 if nhwc else 1])
+    return "conv2d" if per_group == channels else "depthwise conv2d" if per_group == 1 else "grouped conv2d"
+
+
+RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d_nhwc, conv2d, matmul, reduction, elementwise)
 
 
 def failure(rule, error: Exception) -> str:

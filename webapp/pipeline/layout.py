@@ -1,0 +1,100 @@
+"""Channels-last layout for float convolutions on CPUs.
+
+A CPU kind's pipeline (webapp/targets/base.py, LLVMCPU.legalize_passes) converts float conv2d from
+NCHW / OIHW to NHWC / HWIO before legalization, with TVM's ConvertLayout: the ops between two
+convolutions (bias, batch norm, ReLU, residual adds, pooling) follow the layout, so the data is
+transposed once at the edges of each region of convolutions, not at every one. In NHWC the input
+channels are innermost: a convolution is a GEMM over the channel axis
+(webapp.pipeline.schedules.conv2d_nhwc; a 1x1 convolution is exactly one), and a depthwise
+convolution or a pooling vectorizes over channels (schedules.windowed).
+
+ConvertLayout makes new vars for the bindings it rewrites, and inserts transposes; `align` maps the
+new vars back to the ones they stand for, so the fusion map (webapp.pipeline.optimize.FusionTrace)
+still names every kernel's source layers.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import tvm
+from tvm import relax
+
+LAYOUT_PASS = "PlaygroundChannelsLast"
+DESIRED = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+LOOKAHEAD = 8  # bindings ConvertLayout may insert before the one it rewrites (transposes of its args)
+
+
+def float_nchw_convs(mod: tvm.IRModule) -> bool:
+    """Whether main has a float32 conv2d in NCHW (what the conversion is for)."""
+    conv2d, found = tvm.ir.Op.get("relax.nn.conv2d"), []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(conv2d):
+            if expr.attrs.data_layout == "NCHW" and str(expr.args[0].ty.dtype) == "float32":
+                found.append(expr)
+
+    if "main" in [gv.name_hint for gv in mod.get_global_vars()]:
+        relax.analysis.post_order_visit(mod["main"], visit)
+    return bool(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)
+def channels_last(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Float convolutions in NHWC / HWIO, their neighbours following. A model the conversion cannot
+    take stays as it was: the NCHW rules schedule it (never a job's failure)."""
+    if not float_nchw_convs(mod):
+        return mod
+    try:
+        return relax.transform.ConvertLayout(DESIRED)(mod)
+    except Exception:  # noqa: BLE001 - the model builds in NCHW instead
+        traceback.print_exc()
+        return mod
+
+
+def main_bindings(mod: tvm.IRModule, name: str = "main") -> list:
+    body = mod[name].body
+    return [b for block in body.blocks for b in block.bindings] if isinstance(body, relax.SeqExpr) else []
+
+
+def same_kind(a, b) -> bool:
+    """Whether two binding values are the same operation (an op, a function, or a tuple / field)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, relax.Call):
+        if isinstance(a.op, tvm.ir.Op) or isinstance(b.op, tvm.ir.Op):
+            return isinstance(a.op, tvm.ir.Op) and a.op.same_as(b.op)
+        return getattr(a.op, "name_hint", None) == getattr(b.op, "name_hint", None)
+    return True
+
+
+def align(before: tvm.IRModule, after: tvm.IRModule) -> dict:
+    """Each var of `after`'s main (ConvertLayout's output) -> the var of `before`'s main it stands
+    for. ConvertLayout rewrites the bindings in order, each after the transposes it inserts for its
+    arguments: each binding of `before` is found among the next few of `after`, the same operation
+    reading what its arguments stand for (or, failing that, the first of the same operation)."""
+    later = main_bindings(after)
+    defs = {b.var: b.value for b in later}
+    origin: dict = dict(zip(after["main"].params, before["main"].params, strict=False))
+
+    def source(v):  # through the transposes ConvertLayout inserted (vars of no binding of before)
+        while v not in origin and isinstance(defs.get(v), relax.Call) and defs[v].args:
+            v = defs[v].args[0]
+        return origin.get(v, v)
+
+    def reads_the_same(a, b) -> bool:
+        args_a = [source(x) for x in a.args if isinstance(x, relax.Var)]
+        args_b = [x for x in b.args if isinstance(x, relax.Var)]
+        return len(args_a) == len(args_b) and all(x.same_as(y) for x, y in zip(args_a, args_b, strict=True))
+
+    at = 0
+    for binding in main_bindings(before):
+        window = [c for c in later[at : at + LOOKAHEAD] if same_kind(c.value, binding.value)]
+        exact = [
+            c for c in window if not isinstance(c.value, relax.Call) or reads_the_same(c.value, binding.value)
+        ]
+        match = (exact or window or [None])[0]
+        if match is not None:
+            origin[match.var] = binding.var
+            at = later.index(match) + 1
+    return origin
