@@ -5,9 +5,10 @@ benchmarks its fp32 build (default schedule rules) and its int8 build side by si
 the peer: the same .onnx in fp32, and quantized by ONNX Runtime's own static quantizer
 (`quantize_static`, QDQ format, uint8 activations x int8 weights per channel, calibrated on the same
 8 random inputs TVM calibrates on). Same harness (webapp/pipeline/bench.py), same thread count, same
-input. Prints medians and the ratios.
+input. Prints medians, the ratios, and each TVM build's rate (the model's multiply-adds as 2 ops each,
+per second) as a share of this machine's sgemm rate measured in the same run (cpu_models.py).
 
-    .venv/bin/python benchmarks/quantized.py [--models resnet50,mobilenet-v2,transformer-block]
+    .venv/bin/python benchmarks/quantized.py [--models resnet18,resnet50,mobilenet-v2,transformer-block]
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+from cpu_models import sgemm_peak_gflops
 
 from webapp.config import Config
 
@@ -85,6 +88,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
         "tvm_int8_sqnr_db": fid["sqnr_db"],
         "ort_int8_sqnr_db": ort_fid["sqnr_db"],
         "vpdpbusd": result.get("instructions", {}).get("vpdpbusd", 0),
+        "gflop": result.get("model_flop", 0) / 1e9,
     }
 
 
@@ -92,31 +96,40 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="resnet50,mobilenet-v2,transformer-block")
+    parser.add_argument("--models", default="resnet18,resnet50,mobilenet-v2,transformer-block")
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Config.from_env(bench_budget_s=args.budget, data_dir=Path(tmp) / "data")
-        print(f"{config.bench_threads} threads; medians in ms; SQNR of int8 against the same runtime's fp32")
+        peak = sgemm_peak_gflops(config.bench_threads)
+        print(
+            f"{config.bench_threads} threads; medians in ms; SQNR of int8 against the same runtime's fp32; "
+            f"% peak: of the sgemm reference, {peak:.1f} GFLOP/s measured now"
+        )
         print(
             f"{'model':<18} {'TVM fp32':>9} {'TVM int8':>9} {'speedup':>8} {'ORT fp32':>9} {'ORT int8':>9} "
-            f"{'speedup':>8} {'TVM/ORT int8':>12} {'SQNR TVM':>9} {'SQNR ORT':>9}"
+            f"{'speedup':>8} {'TVM/ORT fp32':>12} {'TVM/ORT int8':>12} {'SQNR TVM':>9} {'SQNR ORT':>9} "
+            f"{'fp32 %peak':>10} {'int8 %peak':>10}"
         )
         for name in args.models.split(","):
             r = measure_model(config, name, Path(tmp))
+            for key in ("tvm_fp32", "tvm_int8"):
+                r[f"{key}_peak_pct"] = 100 * r["gflop"] / (r[f"{key}_ms"] / 1e3) / peak
             rows.append(r)
             print(
                 f"{name:<18} {r['tvm_fp32_ms']:9.3f} {r['tvm_int8_ms']:9.3f} "
                 f"{r['tvm_fp32_ms'] / r['tvm_int8_ms']:7.2f}x "
                 f"{r['ort_fp32_ms']:9.3f} {r['ort_int8_ms']:9.3f} "
-                f"{r['ort_fp32_ms'] / r['ort_int8_ms']:7.2f}x {r['tvm_int8_ms'] / r['ort_int8_ms']:11.2f}x "
-                f"{r['tvm_int8_sqnr_db']:8.1f} {r['ort_int8_sqnr_db']:8.1f}",
+                f"{r['ort_fp32_ms'] / r['ort_int8_ms']:7.2f}x {r['tvm_fp32_ms'] / r['ort_fp32_ms']:11.2f}x "
+                f"{r['tvm_int8_ms'] / r['ort_int8_ms']:11.2f}x "
+                f"{r['tvm_int8_sqnr_db']:8.1f} {r['ort_int8_sqnr_db']:8.1f} "
+                f"{r['tvm_fp32_peak_pct']:9.1f}% {r['tvm_int8_peak_pct']:9.1f}%",
                 flush=True,
             )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
     return 0
 
 

@@ -188,7 +188,7 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
     kernels = [
         gv.name_hint for gv, f in optimized.fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
     ]
-    # Every kernel but the transpose of the input to channels last (webapp.pipeline.layout), which
+    # Every kernel but the transpose of the input to channels last (webapp.pipeline.rewrites), which
     # is no layer of the model's, lists its layers.
     unlisted = [k for k in kernels if not layers.get(k)]
     assert kernels and unlisted == ["transpose"], unlisted

@@ -181,27 +181,40 @@ def op_counts(graph: dict) -> dict[str, int]:
 # ---------------------------------------------------------------- generated code
 
 
-def llvm_function(ll: str, name: str) -> str:
-    m = re.search(rf"^define[^\n]*@{re.escape(name)}\((?:.|\n)*?^}}", ll, re.M)
-    return m.group(0) if m else ""
+class CodeIndex:
+    """Where each function of a module's LLVM IR and assembly starts, found in one pass over each
+    text (a search per kernel over the whole text took most of the inspect stage on DenseNet-121)."""
 
+    def __init__(self, ll: str, asm: str):
+        self.ll, self.asm = ll, asm
+        self.ll_starts = {m.group(1): m.start() for m in re.finditer(r"^define[^\n]*?@([^\s(]+)\(", ll, re.M)}
+        self.asm_starts = {m.group(1): m.start() for m in re.finditer(r"^([^\s:#]+):\n", asm, re.M)}
 
-def asm_function(asm: str, name: str) -> str:
-    m = re.search(rf"^{re.escape(name)}:\n(?:.|\n)*?^\.Lfunc_end\d+:", asm, re.M)
-    return m.group(0) if m else ""
+    def llvm_function(self, name: str) -> str:
+        start = self.ll_starts.get(name)
+        if start is None:
+            return ""
+        end = self.ll.find("\n}", start)
+        return self.ll[start : end + 2 if end >= 0 else len(self.ll)]
 
+    def asm_function(self, name: str) -> str:
+        start = self.asm_starts.get(name)
+        if start is None:
+            return ""
+        end = re.compile(r"^\.Lfunc_end\d+:", re.M).search(self.asm, start)
+        return self.asm[start : end.end() if end else len(self.asm)]
 
-def kernel_code(ll: str, asm: str, kernel: str) -> tuple[str, str]:
-    """A kernel's LLVM IR and assembly: its compute body, the parallel loop bodies it hands to the
-    thread pool (where the hot loops are), and its packed-call wrapper."""
-    names = [f"{kernel}_compute_", f"__tvm_ffi_{kernel}", kernel]
-    ll_parts = [t for t in (llvm_function(ll, n) for n in names) if t]
-    asm_parts = [t for t in (asm_function(asm, n) for n in names) if t]
-    lambdas = sorted(set(re.findall(r"@(__tvm_parallel_lambda[.\d]*)\b", "\n".join(ll_parts))))
-    ll_parts += [llvm_function(ll, n) for n in lambdas]
-    asm_lambdas = sorted(set(re.findall(r"(\.L__tvm_parallel_lambda[.\d]*)\b", "\n".join(asm_parts))))
-    asm_parts += [asm_function(asm, n) for n in asm_lambdas]
-    return "\n\n".join(t for t in ll_parts if t), "\n\n".join(t for t in asm_parts if t)
+    def kernel_code(self, kernel: str) -> tuple[str, str]:
+        """A kernel's LLVM IR and assembly: its compute body, the parallel loop bodies it hands to
+        the thread pool (where the hot loops are), and its packed-call wrapper."""
+        names = [f"{kernel}_compute_", f"__tvm_ffi_{kernel}", kernel]
+        ll_parts = [t for t in (self.llvm_function(n) for n in names) if t]
+        asm_parts = [t for t in (self.asm_function(n) for n in names) if t]
+        lambdas = sorted(set(re.findall(r"@(__tvm_parallel_lambda[.\d]*)\b", "\n".join(ll_parts))))
+        ll_parts += [self.llvm_function(n) for n in lambdas]
+        asm_lambdas = sorted(set(re.findall(r"(\.L__tvm_parallel_lambda[.\d]*)\b", "\n".join(asm_parts))))
+        asm_parts += [self.asm_function(n) for n in asm_lambdas]
+        return "\n\n".join(t for t in ll_parts if t), "\n\n".join(t for t in asm_parts if t)
 
 
 def host_code_module(executable) -> tvm.runtime.Module | None:
@@ -357,12 +370,13 @@ def inspect_build(
     report(0.6)
 
     kernels = []
+    code = CodeIndex(ll, asm)
     names = {gv.name_hint for gv in fused.get_global_vars()}
     for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         name = gv.name_hint
-        kernel_ll, kernel_asm = kernel_code(ll, asm, name)
+        kernel_ll, kernel_asm = code.kernel_code(name)
         (views / "kernels" / f"{name}.tir.py").write_text(func.script())
         (views / "kernels" / f"{name}.ll").write_text(kernel_ll)
         (views / "kernels" / f"{name}.s").write_text(kernel_asm)

@@ -10,7 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.layout import LAYOUT_PASS, align, main_bindings
+from webapp.pipeline.rewrites import LAYOUT_PASS, align, main_bindings
 from webapp.targets import kind_of
 
 # Passes whose module we keep for the graph views.

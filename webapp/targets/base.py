@@ -95,18 +95,14 @@ class LLVMCPU(Target):
 
     @classmethod
     def legalize_passes(cls, tvm_target) -> list:
-        """Relax before legalization -> fused TIR kernels (before scheduling). `erf`, `exp`, `tanh`
-        and softmax first become TVM's fast approximations (topi.fast_erf, ...: clamped polynomials
-        that vectorize; LLVM would call libm once per element): GELU's erf was half the transformer
-        block's time. The fidelity figures of every job include the approximation. Float
-        convolutions then take the channels-last layout (webapp.pipeline.layout)."""
-        from tvm import relax
+        """Relax before legalization -> fused TIR kernels (before scheduling), after the CPU
+        rewrites (webapp.pipeline.rewrites: fast math, float convolutions channels last)."""
         from tvm.relax.backend import cpu_generic
 
-        from webapp.pipeline.layout import channels_last
+        from webapp.pipeline.rewrites import channels_last, fast_math
 
         return (
-            [relax.transform.FastMathTransform(), channels_last]
+            [fast_math, channels_last]
             + cpu_generic.library_dispatch_passes(tvm_target)
             + cpu_generic.legalize_passes(tvm_target)
         )

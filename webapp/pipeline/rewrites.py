@@ -1,10 +1,14 @@
-"""Channels-last layout for float convolutions on CPUs.
+"""Rewrites a CPU kind's pipeline makes before legalization (webapp/targets/base.py,
+LLVMCPU.legalize_passes). Each leaves a model it cannot take as it was: never a job's failure.
 
-A CPU kind's pipeline (webapp/targets/base.py, LLVMCPU.legalize_passes) converts float conv2d from
-NCHW / OIHW to NHWC / HWIO before legalization, with TVM's ConvertLayout: the ops between two
-convolutions (bias, batch norm, ReLU, residual adds, pooling) follow the layout, so the data is
-transposed once at the edges of each region of convolutions, not at every one. In NHWC the input
-channels are innermost: a convolution is a GEMM over the channel axis
+Fast math: `erf`, `exp`, `tanh` and softmax become TVM's fast approximations (topi.fast_erf, ...:
+clamped polynomials that vectorize, where LLVM calls libm once per element; GELU's erf was half the
+transformer block's time). Every job's fidelity figures include the approximation.
+
+Channels last: float conv2d goes from NCHW / OIHW to NHWC / HWIO, with TVM's ConvertLayout: the ops
+between two convolutions (bias, batch norm, ReLU, residual adds, pooling) follow the layout, so the
+data is transposed once at the edges of each region of convolutions, not at every one. In NHWC the
+input channels are innermost: a convolution is a GEMM over the channel axis
 (webapp.pipeline.schedules.conv2d_nhwc; a 1x1 convolution is exactly one), and a depthwise
 convolution or a pooling vectorizes over channels (schedules.windowed).
 
@@ -23,6 +27,16 @@ from tvm import relax
 LAYOUT_PASS = "PlaygroundChannelsLast"
 DESIRED = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
 LOOKAHEAD = 8  # bindings ConvertLayout may insert before the one it rewrites (transposes of its args)
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundFastMath")
+def fast_math(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """TVM's FastMathTransform, on a model it can take (it fails on a call of an extern function)."""
+    try:
+        return relax.transform.FastMathTransform()(mod)
+    except Exception:  # noqa: BLE001 - the exact functions instead
+        traceback.print_exc()
+        return mod
 
 
 def float_nchw_convs(mod: tvm.IRModule) -> bool:

@@ -1,0 +1,70 @@
+"""Time to result: each stage's seconds for a list of models, run as a job runs them (the sandboxed
+pipeline, webapp.cli.compile_locally, the same call as `tvm-playground compile`), and the whole
+job's wall time. Models are built-in example names or model files.
+
+    .venv/bin/python benchmarks/job_time.py [--models resnet50,model.onnx] [--runs 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+from webapp.cli import compile_locally
+from webapp.config import Config
+
+
+def time_job(config: Config, model: str, target: str, out: Path) -> dict:
+    started = time.monotonic()
+    error = compile_locally(config, model, {"target": target}, out)
+    wall = time.monotonic() - started
+    stages = json.loads((out / "progress.json").read_text())["stages"]
+    return {
+        "model": model,
+        "wall_s": wall,
+        "error": error,
+        "stages": {s["name"]: s["seconds"] for s in stages if s["seconds"] is not None},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="resnet50")
+    parser.add_argument("--target", default="x86-host")
+    parser.add_argument("--runs", type=int, default=1, help="jobs per model; medians are printed")
+    parser.add_argument("--json", type=Path, help="also write every run as JSON here")
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config.from_env(data_dir=Path(tmp) / "data")
+        for model in args.models.split(","):
+            mine = [
+                time_job(config, model, args.target, Path(tmp) / f"{Path(model).stem}-{i}")
+                for i in range(args.runs)
+            ]
+            runs += mine
+            failed = next((r["error"] for r in mine if r["error"]), None)
+            if failed:
+                print(f"{model}: failed at {failed['stage']}: {failed['message']}", file=sys.stderr)
+                continue
+            names = list(mine[0]["stages"])
+            stages = ", ".join(f"{n} {median(r['stages'].get(n, 0) for r in mine):.1f}" for n in names)
+            print(
+                f"{model:<20} {median(r['wall_s'] for r in mine):6.1f} s in all "
+                f"(median of {len(mine)}); stages, s: {stages}",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
