@@ -40,13 +40,15 @@ def main() -> int:
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--runs", type=int, default=1, help="jobs per model; medians are printed")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
+    parser.add_argument("--keep", type=Path, help="keep the job folders here (a new or empty folder)")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Config.from_env(data_dir=Path(tmp) / "data")
+        jobs = args.keep or Path(tmp)
         for model in args.models.split(","):
             mine = [
-                time_job(config, model, args.target, Path(tmp) / f"{Path(model).stem}-{i}")
+                time_job(config, model, args.target, jobs / f"{Path(model).stem}-{i}")
                 for i in range(args.runs)
             ]
             runs += mine

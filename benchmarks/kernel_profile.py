@@ -34,7 +34,8 @@ def profile(name: str, preset: str, records: Path | None) -> list[dict]:
         fused = optimize(model.mod, target, Path(tmp)).fused
     lowered, labels = schedule(fused, target, records)
     executable = build(lowered, target, None)
-    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), number=10, repeat=5)
+    every = set(labels)
+    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), every, number=10, repeat=5)
     main_text = lowered["main"].script()
     rows = []
     for gv, func in lowered.functions_items():

@@ -38,7 +38,7 @@ class Config:
     process_limit: int = 512  # processes and threads
     output_limit_mb: int = 4096  # largest file the job may write
     bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
-    bench_budget_s: float = 3.0  # timing budget per runtime
+    bench_budget_s: float = 2.0  # timing budget per runtime (ResNet-50: ~50 runs, a steady median)
     unsandboxed: bool = False  # only for development where bubblewrap cannot run
     shipped_tuning_records: bool = True  # a new data folder starts from webapp/tuning_records
     # The device pool (webapp/devices): TVM's RPC tracker, and boards registered under a target's key.

@@ -10,7 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.rewrites import LAYOUT_PASS, align, main_bindings
+from webapp.pipeline.rewrites import LAYOUT_PASS, align, fold_with_numpy, main_bindings
 from webapp.targets import kind_of
 
 # Passes whose module we keep for the graph views.
@@ -75,6 +75,7 @@ def canonical(mod: tvm.IRModule) -> tvm.IRModule:
     if not batch_norm_in_training_mode(mod):  # both passes compute any batch norm as in inference
         mod = relax.transform.FoldBatchnormToConv2D()(mod)
         mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = fold_with_numpy(mod)  # the batch norms' arithmetic on constants, fast
     # FoldConstant tries each op by legalizing it; a dynamic_strided_slice's legalization emits a
     # shape function that FoldConstant (a function pass) never adds to the module, leaving a call to
     # an undefined function. Legalized first, there is nothing of it left for FoldConstant to try.

@@ -96,13 +96,14 @@ class LLVMCPU(Target):
     @classmethod
     def legalize_passes(cls, tvm_target) -> list:
         """Relax before legalization -> fused TIR kernels (before scheduling), after the CPU
-        rewrites (webapp.pipeline.rewrites: fast math, float convolutions channels last)."""
+        rewrites (webapp.pipeline.rewrites: fast math, float convolutions channels last, and the
+        transposed weights computed with numpy)."""
         from tvm.relax.backend import cpu_generic
 
-        from webapp.pipeline.rewrites import channels_last, fast_math
+        from webapp.pipeline.rewrites import channels_last, fast_math, fold_with_numpy
 
         return (
-            [fast_math, channels_last]
+            [fast_math, channels_last, fold_with_numpy]
             + cpu_generic.library_dispatch_passes(tvm_target)
             + cpu_generic.legalize_passes(tvm_target)
         )
