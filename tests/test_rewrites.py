@@ -1,0 +1,130 @@
+"""The CPU rewrites before legalization (webapp/pipeline/rewrites.py): fast math, channels last, and
+constants folded with numpy, each checked against what it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from webapp.pipeline.build import build, schedule
+from webapp.pipeline.importers import import_model
+from webapp.pipeline.optimize import optimize
+from webapp.pipeline.rewrites import channels_last, fold_with_numpy, main_bindings
+from webapp.targets import make_target
+
+RNG = np.random.default_rng(7)
+
+
+def save(nodes, inputs: dict, weights: dict, path, out: tuple) -> None:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+        [numpy_helper.from_array(v.astype(np.float32), n) for n, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+
+
+def run_both(path, inputs: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    target = make_target("x86-host")
+    optimized = optimize(import_model(path).mod, target, path.parent)
+    lowered, labels = schedule(optimized.fused, target)
+    vm = relax.VirtualMachine(build(lowered, target, None), tvm.cpu())
+    ours = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ours, session.run(None, inputs)[0], labels
+
+
+def test_gelu_softmax_and_tanh_take_the_fast_approximations_within_1e5(tmp_path):
+    """GELU's erf, softmax's exp and a tanh become TVM's fast approximations (kernels named after
+    them), and the result stays within 1e-5 of ONNX Runtime's exact functions."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Div", ["h", "sqrt2"], ["s"]),
+        helper.make_node("Erf", ["s"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["h", "e1"], ["g0"]),
+        helper.make_node("Mul", ["g0", "half"], ["g"]),
+        helper.make_node("Tanh", ["g"], ["t"]),
+        helper.make_node("Softmax", ["t"], ["y"], axis=-1),
+    ]
+    weights = {
+        "w": RNG.normal(0, 0.05, (32, 64)),  # no tanh saturated at 1: no ties for the argmax
+        "sqrt2": np.array(np.sqrt(2.0)),
+        "one": np.array(1.0),
+        "half": np.array(0.5),
+    }
+    save(nodes, {"x": (4, 32)}, weights, tmp_path / "m.onnx", (4, 64))
+    inputs = {"x": RNG.normal(0, 2, (4, 32)).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    assert any("fast_erf" in k for k in labels) and any("fast_tanh" in k for k in labels), labels
+    assert any("fast_softmax" in k for k in labels), labels
+    assert np.abs(ours - reference).max() < 1e-5
+    assert np.argmax(ours, axis=-1).tolist() == np.argmax(reference, axis=-1).tolist()
+
+
+def test_convolutions_go_channels_last_with_transposes_only_at_the_edges(tmp_path):
+    """conv -> relu -> depthwise conv -> max pool -> 1x1 conv: every convolution in NHWC, one
+    transpose in and one out, and the same result as ONNX Runtime."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Conv", ["r", "dw"], ["d"], pads=[1, 1, 1, 1], group=16),
+        helper.make_node("MaxPool", ["d"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "w2"], ["y"]),
+    ]
+    weights = {
+        "w1": RNG.normal(0, 0.3, (16, 3, 3, 3)),
+        "dw": RNG.normal(0, 0.3, (16, 1, 3, 3)),
+        "w2": RNG.normal(0, 0.3, (32, 16, 1, 1)),
+    }
+    save(nodes, {"x": (1, 3, 16, 16)}, weights, tmp_path / "m.onnx", (1, 32, 8, 8))
+    mod = import_model(tmp_path / "m.onnx").mod
+    with tvm.transform.PassContext(opt_level=3):
+        converted = channels_last(mod)
+    calls = [b.value for b in main_bindings(converted) if isinstance(b.value, relax.Call)]
+    convs = [c for c in calls if c.op.name == "relax.nn.conv2d"]
+    assert len(convs) == 3 and all(c.attrs.data_layout == "NHWC" for c in convs)
+    transposes = [c for c in calls if c.op.name == "relax.permute_dims"]
+    # the input's and the output's; the others transpose weights (constants, folded at build time)
+    assert sum(not isinstance(t.args[0], tvm.ir.Constant) for t in transposes) == 2
+    inputs = {"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    assert "default rule: conv2d NHWC" in labels.values()
+    assert "default rule: depthwise conv2d" in labels.values()
+
+
+def test_numpy_folding_computes_what_fold_constant_does(tmp_path):
+    """A batch norm that follows no convolution (decomposed into arithmetic on its constants) and
+    transposed weights: folded with numpy, then FoldConstant, the module is the one FoldConstant
+    alone makes, constants and all."""
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n"]),
+        helper.make_node("Relu", ["n"], ["r"]),
+        helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    weights = {
+        "g": RNG.uniform(0.5, 2, 8),
+        "b": RNG.normal(0, 1, 8),
+        "m": RNG.normal(0, 1, 8),
+        "v": RNG.uniform(0.1, 3, 8),
+        "w": RNG.normal(0, 0.3, (16, 8, 3, 3)),
+    }
+    save(nodes, {"x": (1, 8, 8, 8)}, weights, tmp_path / "m.onnx", (1, 16, 8, 8))
+    mod = relax.transform.DecomposeOpsForInference()(import_model(tmp_path / "m.onnx").mod)
+    with tvm.transform.PassContext(opt_level=3):
+        mod = channels_last(mod)
+    folded = fold_with_numpy(mod)
+    assert not folded.same_as(mod)
+    kept = {b.var for b in main_bindings(mod)}
+    assert all(b.var in kept for b in main_bindings(folded))  # every var kept: the fusion map needs them
+    tvm.ir.assert_structural_equal(
+        relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(mod)
+    )
