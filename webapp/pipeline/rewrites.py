@@ -100,7 +100,8 @@ class NumpyFold(relax.PyExprMutator):
                 value = numpy_value(call, known, binding.var.ty)
                 if value is not None:
                     self.values[binding.var] = value
-                    self.builder_.emit_normalized(relax.VarBinding(binding.var, relax.const(value)))
+                    constant = relax.const(value, str(value.dtype))  # relax.const alone narrows int64
+                    self.builder_.emit_normalized(relax.VarBinding(binding.var, constant))
                     return
         super().visit_var_binding_(binding)
 
