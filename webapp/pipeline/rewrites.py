@@ -163,12 +163,24 @@ def same_kind(a, b) -> bool:
     return True
 
 
+def computed(mod: tvm.IRModule) -> set:
+    """The vars of main that depend on its inputs (the others are weights computed from constants)."""
+    out = set(mod["main"].params)
+    for b in main_bindings(mod):
+        if any(v in out for v in relax.analysis.free_vars(b.value)):
+            out.add(b.var)
+    return out
+
+
 def align(before: tvm.IRModule, after: tvm.IRModule) -> dict:
     """Each var of `after`'s main (ConvertLayout's output) -> the var of `before`'s main it stands
     for. ConvertLayout rewrites the bindings in order, each after the transposes it inserts for its
-    arguments: each binding of `before` is found among the next few of `after`, the same operation
-    reading what its arguments stand for (or, failing that, the first of the same operation)."""
-    later = main_bindings(after)
+    arguments: each binding of `before` that depends on the inputs is found among the next few of
+    `after`, the same operation reading what its arguments stand for (or, failing that, the first
+    of the same operation). Weights computed from constants (a bias reshaped, now transposed) are
+    not layers, and are left out on both sides."""
+    later_computed, before_computed = computed(after), computed(before)
+    later = [b for b in main_bindings(after) if b.var in later_computed]
     defs = {b.var: b.value for b in later}
     origin: dict = dict(zip(after["main"].params, before["main"].params, strict=False))
 
@@ -178,12 +190,14 @@ def align(before: tvm.IRModule, after: tvm.IRModule) -> dict:
         return origin.get(v, v)
 
     def reads_the_same(a, b) -> bool:
-        args_a = [source(x) for x in a.args if isinstance(x, relax.Var)]
-        args_b = [x for x in b.args if isinstance(x, relax.Var)]
+        args_a = [source(x) for x in a.args if isinstance(x, relax.Var) and x in later_computed]
+        args_b = [x for x in b.args if isinstance(x, relax.Var) and x in before_computed]
         return len(args_a) == len(args_b) and all(x.same_as(y) for x, y in zip(args_a, args_b, strict=True))
 
     at = 0
     for binding in main_bindings(before):
+        if binding.var not in before_computed:
+            continue
         window = [c for c in later[at : at + LOOKAHEAD] if same_kind(c.value, binding.value)]
         exact = [
             c for c in window if not isinstance(c.value, relax.Call) or reads_the_same(c.value, binding.value)
