@@ -111,8 +111,8 @@ def optimize(
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
     with target, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
         kind = kind_of(target)
-        passes = kind.legalize_passes(target) + kind.lower_passes(target)
-        lowered = tvm.transform.Sequential(passes, name="_pipeline")(canonical(mod))
+        pipeline = kind.legalize_passes(target) + kind.lower_passes(target)
+        lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None
     for i, (name, seconds, snapshot) in enumerate(capture.snapshots):

@@ -161,6 +161,22 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
+def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
+    """An NHWC conv's input and accumulator, for both NHWC rules: legalization's copy of the input
+    inlined (the conv reads it where it lies) or its padding run in parallel, and the sums kept in
+    registers. Returns the block that writes the output (`epilogue`, or a copy-out made here)."""
+    for pad in sch.get_producers(conv):  # legalization's padding of the input, or its plain copy
+        copied, padded = sch.get(pad).reads[0].source, sch.get(pad).writes[0].source
+        if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
+            sch.compute_inline(pad)  # a copy: the conv reads the input where it is
+        else:
+            sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    return epilogue
+
+
 def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
     webapp.pipeline.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
@@ -194,15 +210,7 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i, o % block_oc))
     sch.annotate(pack, PREPROC, True)
-    for pad in sch.get_producers(conv):  # legalization's padding of the input, or its plain copy
-        copied, padded = sch.get(pad).reads[0].source, sch.get(pad).writes[0].source
-        if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
-            sch.compute_inline(pad)  # a copy: the conv reads the input where it is
-        else:
-            sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
-    if epilogue is None:
-        epilogue = sch.cache_write(conv, 0, "global")
-    sch.set_scope(conv, 0, "local")
+    epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
     oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
     w_o, w_i = sch.split(w_loop, [None, cols])
     # Channel blocks outermost: a block's repacked weights stay in the cache while its thread
@@ -333,15 +341,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
         conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 4, o % block_oc, i % 4)
     )
     sch.annotate(pack, PREPROC, True)
-    for pad in sch.get_producers(conv):  # legalization's padding of the input, or its plain copy
-        copied, padded = sch.get(pad).reads[0].source, sch.get(pad).writes[0].source
-        if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
-            sch.compute_inline(pad)  # a copy: the conv reads the input where it is
-        else:
-            sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
-    if epilogue is None:
-        epilogue = sch.cache_write(conv, 0, "global")
-    sch.set_scope(conv, 0, "local")
+    epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
     oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
     w_o, w_i = sch.split(w_loop, [None, cols])
     ic_o, ic_i = sch.split(ic_loop, [None, 4])
