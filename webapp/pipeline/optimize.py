@@ -10,7 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.rewrites import LAYOUT_PASS, align, fold_with_numpy, main_bindings
+from webapp.pipeline.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.targets import kind_of
 
 # Passes whose module we keep for the graph views.
@@ -208,15 +208,13 @@ class FusionTrace:
         # not a layer of the kernel that reads them.
         bindings = main_bindings(self.imported)
         readers: dict = {}
-        computed = set(self.imported["main"].params)  # what depends on the model's inputs
         for b in bindings:
             for var in relax.analysis.free_vars(b.value):
                 readers.setdefault(var, []).append(b.var)
-            if any(v in computed for v in relax.analysis.free_vars(b.value)):
-                computed.add(b.var)
+        inputs_computed = computed(self.imported)  # what depends on the model's inputs
         for b in reversed(bindings):
             reader = next((r for r in readers.get(b.var, []) if r in kernel_of), None)
-            if b.var not in kernel_of and reader is not None and b.var in computed:
+            if b.var not in kernel_of and reader is not None and b.var in inputs_computed:
                 kernel_of[b.var], root[b.var] = kernel_of[reader], root.get(reader, reader)
         for group in sites.values():
             group += [v for v, r in root.items() if r in group]
