@@ -59,6 +59,59 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
     assert re.search(r"\bfmla\s+v\d+\.4s", asm)  # NEON 4-lane float FMA in the conv kernels
 
 
+def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_files, tmp_path):
+    """Kernels under SERIAL_WORK operations get no parallel loop (waking threads costs more than they
+    save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
+    from webapp.pipeline import schedules
+
+    target = make_target("x86-host")
+    for name, parallel_kernels in (("mlp", set()), ("cnn-small", {"conv2d", "conv2d1", "conv2d2"})):
+        model = import_model(example_files / f"{name}.onnx")
+        lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+        found = set()
+        for gv, func in lowered.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint in labels:
+                assert labels[gv.name_hint].startswith("default rule"), (gv.name_hint, labels[gv.name_hint])
+                if "T.parallel" in func.script():
+                    found.add(re.match(r"fused_(conv2d\d*)", gv.name_hint)[1])
+                else:
+                    assert schedules.small(func) or "conv2d" not in gv.name_hint
+        assert found == parallel_kernels, name
+
+
+def test_nhwc_depthwise_conv_pads_in_vectors_and_matches_onnxruntime(tmp_path):
+    """A 3x3 depthwise conv in NHWC (MobileNet's): the windowed rule pads the rows each thread reads
+    in whole vectors of channels, and tiles output columns, and computes what ONNX Runtime does."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    channels, size = 64, 14
+    weight = np.random.default_rng(0).standard_normal((channels, 1, 3, 3)).astype("float32")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["y"], group=channels, pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["y"], ["z"]),
+        ],
+        "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor("w", TensorProto.FLOAT, weight.shape, weight.flatten())],
+    )
+    path = tmp_path / "dw.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+    target = make_target("x86-host")
+    model = import_model(path)
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    conv = next(name for name in labels if "conv2d" in name)
+    assert labels[conv] == "default rule: depthwise conv2d"
+    code = lowered[conv].script()
+    assert re.search(r"for \w+ in T.vectorized\(T.int64\(16\)\):\s+with T.sblock\(\"pad_temp\"\)", code)
+    inputs = bench.make_inputs(model.inputs)
+    ours = bench.flatten_outputs(bench.tvm_runner(build(lowered, target, None), inputs)())[0]
+    reference = bench.onnxruntime_runner(path, inputs, 1)()[0]
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["rpi4", "rpi5"])
 @pytest.mark.parametrize("name", list(EXAMPLES))

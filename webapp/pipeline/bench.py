@@ -51,6 +51,35 @@ def measure(fn: Callable[[], object], budget_s: float = 3.0, min_runs: int = 3, 
     return summarize(times)
 
 
+SETTLE_S = 0.05
+
+
+def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, report=lambda f: None) -> dict:
+    """Time each of `runs` ({key: fn}, each already called once) in `rounds` rounds that take every
+    fn in turn, a slice of budget_s / rounds each (at least one call), `budget_s` in all per fn. A
+    slow spell of a shared machine (another tenant on the other core) then falls on every runtime
+    alike, not on whichever ran during it, and the ratios between runtimes hold. Each slice starts
+    after a pause in which the other runtimes' thread pools stop spinning, and lasts a fraction of a
+    second, not a count of calls (measured here on cnn-small, TVM / ONNX Runtime in one process:
+    slices of 40 calls 88 / 38 us; 0.5 s slices without the pause 77 / 53; with it 45 / 38, the
+    figures each gives alone). Returns {key: summarize(...)}."""
+    times: dict = {key: [] for key in runs}
+    for done in range(rounds):
+        for key, fn in runs.items():
+            time.sleep(SETTLE_S)  # the other runtimes' idle threads stop spinning and go to sleep
+            fn()  # the warm-up of this slice
+            end = time.perf_counter() + budget_s / rounds
+            while True:
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                times[key].append((t1 - t0) * 1e3)
+                if t1 >= end:
+                    break
+        report((done + 1) / rounds)
+    return {key: summarize(ts) for key, ts in times.items()}
+
+
 def summarize(times_ms: list[float]) -> dict:
     """median / p90 / min of timed runs, in ms, as every benchmark row states them."""
     times = sorted(times_ms)
@@ -287,29 +316,33 @@ def benchmark(
             references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
         )
 
-    rows, outs, unavailable = [], {}, []
-    for i, ((runtime, variant, tuned), make) in enumerate(makers.items()):
+    runs, outs, unavailable = {}, {}, []
+    for i, (key, make) in enumerate(makers.items()):
+        runtime = key[0]
         try:
-            run = make()
-            out = run()
+            runs[key] = make()
+            out = runs[key]()
         except Exception as exc:
             if runtime == "tvm":
                 raise
             # A reference runtime that cannot run the model is reported, not fatal.
             unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            runs.pop(key, None)
             continue
-        outs[(runtime, variant, tuned)] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
-        rows.append(
-            {
-                "runtime": runtime,
-                "variant": variant,
-                "tuned": tuned,
-                "device": device if runtime == "tvm" or on_cuda[runtime] else host_name,
-                "threads": threads,
-                **measure(run, budget_s),
-            }
-        )
-        report((i + 1) / len(makers))
+        outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+        report(0.2 * (i + 1) / len(makers))
+    timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.2 + 0.8 * f))
+    rows = [
+        {
+            "runtime": runtime,
+            "variant": variant,
+            "tuned": tuned,
+            "device": device if runtime == "tvm" or on_cuda[runtime] else host_name,
+            "threads": threads,
+            **timings[(runtime, variant, tuned)],
+        }
+        for runtime, variant, tuned in runs
+    ]
 
     references_out = {
         f"{ref} (CUDA)" if on_cuda[ref] else ref: out for (ref, _, _), out in outs.items() if ref != "tvm"

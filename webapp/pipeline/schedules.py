@@ -22,6 +22,8 @@ that failed on it: "naive (reduction rule failed: ScheduleError: ...)".
 
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
@@ -91,9 +93,36 @@ def loops_below(sch: s_tir.Schedule, block, loop) -> list:
     return loops[at[0] + 1 :] if at else []
 
 
+SERIAL_WORK = 1 << 19  # a kernel of fewer operations (or buffer elements) runs on one thread
+# Waking the other threads and joining them costs a few microseconds a parallel loop, and more when
+# the thread pool's workers have gone to sleep: the mlp example's three kernels (0.4 MFLOP in all)
+# took 13 us on one thread, and 9 to 24 us on two from one process to the next, measured here.
+_serial = contextvars.ContextVar("serial", default=False)
+
+
+def parallel(sch: s_tir.Schedule, loop) -> None:
+    """sch.parallel(loop), unless the kernel being scheduled is too small to pay for its threads."""
+    if not _serial.get():
+        sch.parallel(loop)
+
+
+def small(func: tirx.PrimFunc) -> bool:
+    """Fewer than SERIAL_WORK arithmetic operations and elements in its buffers; False when that is
+    not known (a symbolic shape)."""
+    shapes = [getattr(p, "shape", ()) for p in func.params]
+    if not all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape):
+        return False
+    elements = sum(int(np.prod([int(d) for d in shape])) for shape in shapes)
+    try:
+        flops = s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func}))
+    except Exception:  # TVM's estimate refuses some kernels (opaque loops): then not known small
+        return False
+    return max(flops, elements) < SERIAL_WORK
+
+
 def parallel_outer(sch: s_tir.Schedule, block, count: int):
     outer = fuse(sch, sch.get_loops(block)[:count])
-    sch.parallel(outer)
+    parallel(sch, outer)
     return outer
 
 
@@ -134,7 +163,7 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     block_oc = vectors * lanes
 
     for pad in sch.get_producers(conv):  # the padded input: its own parallel loop nest
-        sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+        parallel(sch, sch.fuse(*sch.get_loops(pad)[:2]))
     epilogue = inline_epilogue(sch, conv)
     # Weights repacked to (O / block_oc, I, KH, KW, block_oc), once, at build time.
     pack = sch.cache_read(conv, 1, "global")
@@ -170,7 +199,7 @@ def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
         if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
             sch.compute_inline(pad)  # a copy: the conv reads the input where it is
         else:
-            sch.parallel(sch.fuse(*sch.get_loops(pad)[:2]))
+            parallel(sch, sch.fuse(*sch.get_loops(pad)[:2]))
     if epilogue is None:
         epilogue = sch.cache_write(conv, 0, "global")
     sch.set_scope(conv, 0, "local")
@@ -217,7 +246,7 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     # sweeps the rows (measured on ResNet-50 here: 41 ms against 45 with rows outermost).
     sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_loop, w_i, oc_v, oc_i)
     tile = sch.fuse(*sch.get_loops(conv)[:4])
-    sch.parallel(tile)
+    parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
     sch.unroll(w_i)
     sch.unroll(oc_v)
@@ -347,7 +376,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     ic_o, ic_i = sch.split(ic_loop, [None, 4])
     sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
     tile = sch.fuse(n_loop, h_loop, w_o, oc_o)
-    sch.parallel(tile)
+    parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
     init = sch.decompose_reduction(conv, kh_loop)
     sch.vectorize(sch.get_loops(init)[-1])
@@ -397,7 +426,7 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     producers = sch.get_producers(conv)
     copy = producers[0] if producers else sch.cache_read(conv, 0, "global")
     sch.transform_layout(conv, ("read", 0), lambda n, c, h, w: (n, c // 4, h, w, c % 4))
-    sch.parallel(sch.fuse(*sch.get_loops(copy)[:2]))
+    parallel(sch, sch.fuse(*sch.get_loops(copy)[:2]))
     if epilogue is None:
         epilogue = sch.cache_write(conv, 0, "global")
     sch.set_scope(conv, 0, "local")
@@ -458,7 +487,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     k_o, k_i = sch.split(k_loop, [None, 4])
     sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
     tile = sch.fuse(*batch_loops, i_o, j_o)
-    sch.parallel(tile)
+    parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
     init = sch.decompose_reduction(block, k_o)
     sch.vectorize(sch.get_loops(init)[-1])
@@ -472,6 +501,9 @@ def vector_split(sch: s_tir.Schedule, loop, lanes: int):
     """Splits off an inner loop of vector_width iterations; None when there is no such width."""
     width = vector_width(extent(sch, loop), lanes)
     return sch.split(loop, [None, width]) if width else None
+
+
+WINDOW_TILE = 8  # output vectors a windowed reduction accumulates at once
 
 
 def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
@@ -495,9 +527,12 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     # Parallel over the leading output axes (batch, channels), rows and columns inside.
     lead = max(1, min(2, spatial - 1))
     outer = fuse(sch, loops[:lead])
-    sch.parallel(outer)
-    for producer in producers:  # pad one channel at a time, by the thread that reads it
+    parallel(sch, outer)
+    for producer in producers:  # pad the rows or channels a thread reads, by that thread
         sch.compute_at(producer, outer)
+        split = vector_split(sch, sch.get_loops(producer)[-1], lanes)
+        if split:  # whole vectors where channels are innermost (NHWC)
+            sch.vectorize(split[1])
     rows = loops[lead : spatial - 1]
     split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
     reductions = loops[spatial:]
@@ -505,12 +540,25 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
         sch.reverse_compute_at(epilogue, outer)
         return f"default rule: {kind}"
     col_o, col_v = split
-    sch.reorder(*rows, col_o, *reductions, col_v)
+    # `tile` vectors of neighbouring outputs along the next axis out (columns in NHWC, rows in NCHW)
+    # accumulate at once: one accumulator waits on each FMA of its window in turn (measured here on a
+    # padded 3x3 depthwise conv, 14x14x384 NHWC: 24 us with one accumulator, 21 with 7).
+    tile = largest_divisor(extent(sch, rows[-1]), WINDOW_TILE) if rows and reductions else 1
+    tiled = []
+    if tile > 1:
+        *rows[-1:], row_i = sch.split(rows[-1], [None, tile])
+        tiled = [row_i]
+    sch.reorder(*rows, col_o, *reductions, *tiled, col_v)
     sch.reverse_compute_at(epilogue, col_o)
     sch.vectorize(col_v)
     init = sch.decompose_reduction(block, reductions[0])
-    sch.vectorize(sch.get_loops(init)[-1])
+    init_loops = sch.get_loops(init)
+    sch.vectorize(init_loops[-1])
     tail = loops_below(sch, epilogue, col_o)
+    if tiled:  # the tile's vectors unrolled: each its own register
+        for loop in (row_i, init_loops[-2], tail[0]):
+            sch.unroll(loop)
+        tail = tail[1:]
     if tail:
         sch.vectorize(fuse(sch, tail))
     return f"default rule: {kind}"
@@ -576,7 +624,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     i_o, i_i = sch.split(i_loop, [None, rows])
     j_o, j_v, j_l = sch.split(j_loop, [None, vectors, width])
     sch.reorder(*batch_loops, i_o, j_o, k_loop, i_i, j_v, j_l)
-    sch.parallel(sch.fuse(*batch_loops, i_o, j_o))
+    parallel(sch, sch.fuse(*batch_loops, i_o, j_o))
     tile = sch.get_loops(block)[0]
     sch.reverse_compute_at(epilogue, tile)
     sch.unroll(i_i)
@@ -623,7 +671,7 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
                 outer, inner = sch.split(outer, [None, lanes])
                 sch.vectorize(inner)
         if total >= 4096:
-            sch.parallel(outer)
+            parallel(sch, outer)
     return "default rule: elementwise"
 
 
@@ -636,8 +684,9 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     main = [b for b in sch.get_child_blocks(root) if "R" in iter_kinds(sch.get(b))]
     name = sch.get(main[0]).name_hint if len(main) == 1 else ""
     pooling = "pool" in name
-    if not pooling and "conv2d" not in name:  # a window per output, not a row: dlight would serialize
-        # NHWC pooling and depthwise convolutions
+    # Pooling and depthwise convolutions have a window per output, not a row: dlight would serialize
+    # them in NHWC. dlight's loops are parallel: a small kernel's one reduction goes to windowed too.
+    if not pooling and "conv2d" not in name and not (_serial.get() and len(main) == 1):
         scheduled = Reduction().apply(sch.mod["main"], target, False)
         if scheduled is not None:
             return scheduled, "default rule: row reduction"
@@ -683,6 +732,14 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
     failures = []
+    serial = _serial.set(not kind_of(target).gpu and small(func))
+    try:
+        return first_rule(func, target, rules, failures)
+    finally:
+        _serial.reset(serial)
+
+
+def first_rule(func: tirx.PrimFunc, target, rules, failures: list[str]) -> tirx.PrimFunc:
     for rule in rules:
         try:
             sch = s_tir.Schedule(func)
