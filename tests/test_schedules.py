@@ -60,8 +60,8 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
 
 
 def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_files, tmp_path):
-    """Kernels under SERIAL_WORK operations get no parallel loop (waking threads costs more than they
-    save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
+    """Kernels under SERIAL_FLOPS operations and SERIAL_ELEMENTS outputs get no parallel loop (waking
+    threads costs more than they save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
     from webapp.pipeline import schedules
 
     target = make_target("x86-host")

@@ -93,7 +93,7 @@ def loops_below(sch: s_tir.Schedule, block, loop) -> list:
     return loops[at[0] + 1 :] if at else []
 
 
-SERIAL_WORK = 1 << 19  # a kernel of fewer operations (or buffer elements) runs on one thread
+SERIAL_FLOPS, SERIAL_ELEMENTS = 1 << 19, 1 << 13  # a kernel under both runs on one thread
 # Waking the other threads and joining them costs a few microseconds a parallel loop, and more when
 # the thread pool's workers have gone to sleep: the mlp example's three kernels (0.4 MFLOP in all)
 # took 13 us on one thread, and 9 to 24 us on two from one process to the next, measured here.
@@ -107,17 +107,18 @@ def parallel(sch: s_tir.Schedule, loop) -> None:
 
 
 def small(func: tirx.PrimFunc) -> bool:
-    """Fewer than SERIAL_WORK arithmetic operations and elements in its buffers; False when that is
-    not known (a symbolic shape)."""
-    shapes = [getattr(p, "shape", ()) for p in func.params]
+    """Fewer than SERIAL_FLOPS arithmetic operations and SERIAL_ELEMENTS elements written; False
+    when that is not known (a symbolic shape, an opaque kernel)."""
+    try:
+        sch = s_tir.Schedule(func)
+        shapes = [sch.get(b).writes[0].source.shape for b in sch.get_child_blocks(sch.get_sblock("root"))]
+        flops = s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func}))
+    except Exception:  # no root block's children to read, or TVM's estimate refuses the kernel
+        return False
     if not all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape):
         return False
     elements = sum(int(np.prod([int(d) for d in shape])) for shape in shapes)
-    try:
-        flops = s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func}))
-    except Exception:  # TVM's estimate refuses some kernels (opaque loops): then not known small
-        return False
-    return max(flops, elements) < SERIAL_WORK
+    return flops < SERIAL_FLOPS and elements < SERIAL_ELEMENTS
 
 
 def parallel_outer(sch: s_tir.Schedule, block, count: int):
@@ -206,6 +207,15 @@ def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
     return epilogue
 
 
+def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:
+    """(vectors, columns) of an NHWC conv's register tile: columns dividing the output width, vectors
+    dividing the output channels' `blocks` of one vector, at most `accumulators` of them, with the
+    most FMAs per load (each step loads one input value per column and one weight vector per vector:
+    MobileNetV2's 144 channels take 3 vectors x 4 columns, 1.7 FMAs a load, not 1 x 14, 0.9)."""
+    options = [(v, largest_divisor(width, accumulators // v)) for v in range(1, 5) if blocks % v == 0]
+    return max(options, key=lambda o: (o[0] * o[1] / (o[0] + o[1]), o[0]))
+
+
 def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
     webapp.pipeline.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
@@ -229,10 +239,7 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     if not lanes:
         return None
     n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
-    vectors = 2 if oc % (2 * lanes) == 0 else 1
-    cols = largest_divisor(extent(sch, w_loop), registers // 2 // vectors)
-    if vectors > 1 and cols < 4:
-        vectors, cols = 1, largest_divisor(extent(sch, w_loop), registers // 2)
+    vectors, cols = register_tile(extent(sch, w_loop), oc // lanes, registers // 2)
     block_oc = lanes * vectors
 
     epilogue = inline_epilogue(sch, conv)
