@@ -35,7 +35,7 @@ def profile(name: str, preset: str, records: Path | None) -> list[dict]:
     lowered, labels = schedule(fused, target, records)
     executable = build(lowered, target, None)
     every = set(labels)
-    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), every, number=10, repeat=5)
+    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), every)
     main_text = lowered["main"].script()
     rows = []
     for gv, func in lowered.functions_items():
