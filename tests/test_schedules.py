@@ -75,7 +75,7 @@ def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_file
                 if "T.parallel" in func.script():
                     found.add(re.match(r"fused_(conv2d\d*)", gv.name_hint)[1])
                 else:
-                    assert schedules.small(func) or "conv2d" not in gv.name_hint
+                    assert schedules.small(tvm.s_tir.Schedule(func)) or "conv2d" not in gv.name_hint
         assert found == parallel_kernels, name
 
 

@@ -1,8 +1,9 @@
 """Benchmark stage: TVM vs PyTorch eager vs ONNX Runtime on the same inputs and thread count,
 and the fidelity of TVM's outputs against the framework's fp32 reference.
 
-Every runtime is timed by the same harness (`measure`): one warm-up call, then repeated calls
-timed one by one with perf_counter, reported as min / median / p90.
+Every runtime is timed by the same harness (`measure_interleaved`): the runtimes in turn, each slice
+after a pause and a warm-up call, then calls timed one by one with perf_counter, reported as min /
+median / p90.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,20 +35,6 @@ def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]
         else:
             inputs[spec.name] = rng.integers(0, 10, spec.shape).astype(dtype)
     return inputs
-
-
-def measure(fn: Callable[[], object], budget_s: float = 3.0, min_runs: int = 3, max_runs: int = 200) -> dict:
-    """Time fn: a warm-up call, then as many runs as fit in budget_s (within [min_runs, max_runs])."""
-    t0 = time.perf_counter()
-    fn()
-    warmup = time.perf_counter() - t0
-    runs = max(min_runs, min(max_runs, int(budget_s / max(warmup, 1e-6))))
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return summarize(times)
 
 
 SETTLE_S = 0.05

@@ -106,14 +106,13 @@ def parallel(sch: s_tir.Schedule, loop) -> None:
         sch.parallel(loop)
 
 
-def small(func: tirx.PrimFunc) -> bool:
-    """Fewer than SERIAL_FLOPS arithmetic operations and SERIAL_ELEMENTS elements written; False
-    when that is not known (a symbolic shape, an opaque kernel)."""
+def small(sch: s_tir.Schedule) -> bool:
+    """Whether the kernel of `sch` has fewer than SERIAL_FLOPS arithmetic operations and writes fewer
+    than SERIAL_ELEMENTS elements; False when that is not known (a symbolic shape, no estimate)."""
+    shapes = [sch.get(b).writes[0].source.shape for b in sch.get_child_blocks(sch.get_sblock("root"))]
     try:
-        sch = s_tir.Schedule(func)
-        shapes = [sch.get(b).writes[0].source.shape for b in sch.get_child_blocks(sch.get_sblock("root"))]
-        flops = s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func}))
-    except Exception:  # no root block's children to read, or TVM's estimate refuses the kernel
+        flops = s_tir.analysis.estimate_tir_flops(sch.mod)
+    except Exception:  # TVM's estimate refuses some kernels
         return False
     if not all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape):
         return False
@@ -561,7 +560,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     tile = largest_divisor(extent(sch, rows[-1]), WINDOW_TILE) if rows and reductions else 1
     tiled = []
     if tile > 1:
-        *rows[-1:], row_i = sch.split(rows[-1], [None, tile])
+        rows[-1], row_i = sch.split(rows[-1], [None, tile])
         tiled = [row_i]
     sch.reorder(*rows, col_o, *reductions, *tiled, col_v)
     sch.reverse_compute_at(epilogue, col_o)
@@ -743,18 +742,19 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
             return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
         rules = gpu_schedules.RULES
     try:
-        s_tir.Schedule(func).get_sblock("root")
+        probe = s_tir.Schedule(func)
+        probe.get_sblock("root")
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
-    failures = []
-    serial = _serial.set(not kind_of(target).gpu and small(func))
+    serial = _serial.set(not kind_of(target).gpu and small(probe))
     try:
-        return first_rule(func, target, rules, failures)
+        return first_rule(func, target, rules)
     finally:
         _serial.reset(serial)
 
 
-def first_rule(func: tirx.PrimFunc, target, rules, failures: list[str]) -> tirx.PrimFunc:
+def first_rule(func: tirx.PrimFunc, target, rules) -> tirx.PrimFunc:
+    failures = []
     for rule in rules:
         try:
             sch = s_tir.Schedule(func)
