@@ -1,5 +1,6 @@
 """Where a built-in example's time goes, kernel by kernel, on the default schedule rules (or with the
-tuning records of a database folder): each compiled kernel timed on its own with random inputs, with
+tuning records of a database folder): each compiled kernel timed on its own with random inputs and cold
+caches (webapp.pipeline.build.kernel_seconds, as the build compares records), with
 its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it.
 
     .venv/bin/python benchmarks/kernel_profile.py resnet50 [--target x86-host] [--records DIR] [--top 15]
