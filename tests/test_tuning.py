@@ -18,10 +18,12 @@ def assert_records_used_where_faster(results: dict) -> None:
     choice = results["record_choice"]
     assert choice and all(c["tuned_us"] > 0 and c["default_us"] > 0 for c in choice)
     assert all(c["used"] == (c["tuned_us"] < c["default_us"]) for c in choice)
-    used = {c["kernel"] for c in choice if c["used"]}
+    shown = next(p["variant"] for p in results["profiles"] if p["shown"])  # the build the kernels are of
+    used = {c["kernel"] for c in choice if c["used"] and c["variant"] == shown}
     assert {k["name"] for k in results["kernels"] if k["schedule"] == "tuned"} == used
-    rows = {(b["runtime"], b["tuned"]) for b in results["benchmarks"]}
-    assert ("tvm", False) in rows and (("tvm", True) in rows) == bool(used)
+    for variant in {c["variant"] for c in choice}:
+        rows = {b["tuned"] for b in results["benchmarks"] if (b["runtime"], b["variant"]) == ("tvm", variant)}
+        assert False in rows and (True in rows) == any(c["used"] for c in choice if c["variant"] == variant)
 
 
 def test_tuning_writes_records_and_the_next_job_starts_tuned(client, config):
@@ -145,3 +147,43 @@ def test_refuses_half_a_tuning_database(client):
         content_type="multipart/form-data",
     )
     assert resp.status_code == 400 and "two files" in resp.get_json()["error"]
+
+
+def test_tuning_covers_int8_kernels_on_the_dot_product_rules(config, tmp_path):
+    """An int8 job's budget goes to its int8 kernels too, searched in the design spaces of the
+    project's own VNNI rules (schedules.SPACES); the build uses an int8 record only where it beats its
+    default rule, and the tuned int8 build computes exactly what the untuned one does. x86-host (this
+    CPU has AVX-512 VNNI), in a data folder of its own: the session's x86-host jobs stay untuned."""
+    from dataclasses import replace
+
+    from webapp import create_app
+    from webapp.jobs.worker import run_job
+
+    fresh = replace(config, data_dir=tmp_path / "int8")
+    client = create_app(fresh).test_client()
+    data = {"example": "cnn-small", "target": "x86-host", "quantize": "int8", "tune_trials": "24"}
+    resp = client.post("/api/jobs", data=data)
+    assert resp.status_code == 202, resp.get_json()
+    run_job(fresh, resp.get_json()["id"])
+    job = client.get(f"/api/jobs/{resp.get_json()['id']}").get_json()
+    assert job["status"] == "done", job["error"]
+    results = job["results"]
+    tasks = results["tuning"]["tasks"]
+    int8 = [t for t in tasks if t["variant"] == "int8" and t["latency_us"] is not None]
+    # the three int8 convolutions were measured, each as the VNNI rule's design space writes it
+    assert len([t for t in int8 if "conv2d" in t["name"]]) == 3
+    records = client.get(f"/r/{job['id']}/files/database_tuning_record.json").get_data(as_text=True)
+    assert records.count('"playground_dot_16x4_VNNI"') >= 3
+    assert any(c["variant"] == "int8" for c in results["record_choice"])
+    assert_records_used_where_faster(results)
+    # tuned or not, the int8 build's output is the same integers
+    outputs = {
+        f["tuned"]: (f["max_abs_err"], f["cosine"])
+        for f in results["fidelity"]
+        if f["variant"] == "int8" and f["reference"] == "tvm fp32"
+    }
+    if True in outputs:
+        assert outputs[True] == outputs[False]
+    page = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    table = re.search(r'id="tuning-table">.*?</table>', page, re.S).group(0)
+    assert '<th rowspan="2">build</th>' in table and "<td>int8</td>" in table

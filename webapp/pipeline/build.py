@@ -158,68 +158,84 @@ def build_job(
     fused, quantized, target, tuning_dir: Path | None, job_dir: Path, report, layer_of: dict | None = None
 ) -> Built:
     """The float build (tuned where records win, with its default-rule twin for the benchmark); with
-    quantization also each quantized variant, the first of which becomes model.so and the code the
-    page shows (the float library is kept beside it as model-fp32.so)."""
+    quantization also each quantized variant, the same way, the first of which becomes model.so and
+    the code the page shows (the float library is kept beside it as model-fp32.so)."""
     library = job_dir / "files" / "model.so"
-    built = build_float(fused, target, tuning_dir, job_dir, report)
+    built = build_variant("fp32", fused, target, tuning_dir, job_dir, library)
     if quantized is None:
         return built
+    report(1 / (1 + len(quantized.variants)))
     library.rename(job_dir / "files" / "model-fp32.so")
     built.libraries = {key: job_dir / "files" / "model-fp32.so" for key in built.libraries}
     shown = None
-    for q in list(quantized.variants):
+    for i, q in enumerate(list(quantized.variants)):
+        report((1 + i) / (1 + len(quantized.variants)))
         try:
             layers = layer_of or {}  # the quantized layers' vars stand for the float ones they replace
             trace = FusionTrace(q.mod, layers | {v: layers[o] for v, o in q.origin.items() if o in layers})
             qfused = fuse(q.mod, target, trace)
-            lowered, labels = schedule(qfused, target)
-            executable = build(lowered, target, library if shown is None else None)
+            variant = build_variant(
+                q.variant, qfused, target, tuning_dir, job_dir, library if shown is None else None
+            )
         except Exception as exc:  # in a sweep the other variants go on
             quantized.fail(q.variant, "build", exc)
             continue
-        built.executables[(q.variant, False)] = executable
+        built.executables.update(variant.executables)
+        built.libraries.update(variant.libraries)
+        built.record_choice += variant.record_choice
         if shown is None:
-            built.libraries[(q.variant, False)] = library
-        shown = shown or (qfused, lowered, labels, executable, trace.fusion())
+            shown = variant
+            built.fused, built.fusion = qfused, trace.fusion()
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")
-    built.fused, built.lowered, built.labels, built.executable, built.fusion = shown
+    built.lowered, built.labels, built.executable = shown.lowered, shown.labels, shown.executable
     return built
 
 
-def build_float(fused, target, tuning_dir: Path | None, job_dir: Path, report) -> Built:
-    """model.so on the default rules, or with the tuning records where they beat them: with records,
-    each tuned kernel is timed against its default-rule twin and only the faster records are used."""
-    library = job_dir / "files" / "model.so"
+def build_variant(
+    variant: str, fused, target, tuning_dir: Path | None, job_dir: Path, library: Path | None
+) -> Built:
+    """One build of the job (the float model, or a quantized variant) on the default rules, or with
+    the tuning records where they beat them: with records, each tuned kernel is timed against its
+    default-rule twin and only the faster records are used. Writes `library` unless it is None."""
     default, default_labels = schedule(fused, target)
     tuned, tuned_labels = schedule(fused, target, tuning_dir) if tuning_dir else (None, {})
     if "tuned" not in tuned_labels.values():  # no tuning, or no record for any kernel of this model
         executable = build(default, target, library)
-        exported = {("fp32", False): library}
-        return Built({("fp32", False): executable}, fused, default, default_labels, executable, [], exported)
-    (job_dir / "files").mkdir(exist_ok=True)
-    for name in ("database_workload.json", "database_tuning_record.json"):
-        shutil.copyfile(tuning_dir / name, job_dir / "files" / name)
-    report(0.3)
+        return Built(
+            {(variant, False): executable},
+            fused,
+            default,
+            default_labels,
+            executable,
+            [],
+            {(variant, False): library} if library else {},
+        )
+    if library is not None:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copyfile(tuning_dir / name, library.parent / name)
     default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
     dev = kind_of(target).device()
     # Only the kernels with a record are compared (timing all 257 of DenseNet-121 took 13 s).
     with_record = {name for name, label in tuned_labels.items() if label == "tuned"}
     tuned_s = kernel_seconds(tuned_exe, tuned, dev, with_record)
     default_s = kernel_seconds(default_exe, default, dev, with_record)
-    choice = record_choice(tuned_s, default_s, tuned_labels)
+    choice = [{"variant": variant} | c for c in record_choice(tuned_s, default_s, tuned_labels)]
     keep = {c["kernel"] for c in choice if c["used"]}
-    report(0.7)
     if not keep:  # every default rule beat its record: the records are not used
-        kind_of(target).export_library(default_exe, str(library))
-        exported = {("fp32", False): library}
+        if library is not None:
+            kind_of(target).export_library(default_exe, str(library))
+        exported = {(variant, False): library} if library else {}
         return Built(
-            {("fp32", False): default_exe}, fused, default, default_labels, default_exe, choice, exported
+            {(variant, False): default_exe}, fused, default, default_labels, default_exe, choice, exported
         )
     if len(keep) < len(choice):
         tuned, tuned_labels = schedule(fused, target, tuning_dir, keep_tuned=keep)
         tuned_exe = build(tuned, target, None)
-    kind_of(target).export_library(tuned_exe, str(library))
-    executables = {("fp32", True): tuned_exe, ("fp32", False): default_exe}
-    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {("fp32", True): library})
+    if library is not None:
+        kind_of(target).export_library(tuned_exe, str(library))
+    executables = {(variant, True): tuned_exe, (variant, False): default_exe}
+    exported = {(variant, True): library} if library else {}
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported)

@@ -198,15 +198,18 @@ def tuning_summary(results: dict) -> dict:
     """What tuning did: trials, kernels with records (the only rows worth a table), and, where the build
     timed a record against its default rule, both times and which won."""
     t = results["tuning"]
-    timed = {c["kernel"]: c for c in results.get("record_choice") or []}  # one kernel name everywhere
+    # a kernel's name is the same in the tuning table and in its build's record_choice
+    timed = {(c.get("variant", "fp32"), c["kernel"]): c for c in results.get("record_choice") or []}
     rows = []
     for task in t.get("tasks", []):
         if task.get("latency_us") is None:
             continue
-        choice = timed.get(task["name"], {})
+        variant = task.get("variant", "fp32")
+        choice = timed.get((variant, task["name"]), {})
         rows.append(
             {
                 "name": task["name"],
+                "variant": variant,
                 "calls": task.get("weight"),
                 "flop": task.get("flop"),
                 "search_us": task["latency_us"],
@@ -230,7 +233,9 @@ def tuning_summary(results: dict) -> dict:
         "records_timed": len(choice),
         "records_used": sum(1 for c in choice if c.get("used")),
         "records_lost": [
-            {k: c.get(k) for k in ("kernel", "tuned_us", "default_us")} for c in choice if not c.get("used")
+            {k: c.get(k) for k in ("variant", "kernel", "tuned_us", "default_us")}
+            for c in choice
+            if not c.get("used")
         ],
     }
 

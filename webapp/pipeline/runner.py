@@ -81,12 +81,16 @@ def run(job_dir: Path) -> None:
     tuning_dir = job_dir / "tuning"
     records = tuning_dir / "database_tuning_record.json"
     if job.options.tune_trials > 0 or (records.is_file() and records.stat().st_size > 0):
+        from webapp.pipeline.build import fuse
         from webapp.pipeline.tune import tune
 
         cancelled = (job_dir / "cancel").exists
         trials = job.options.tune_trials
+        # The first quantized variant's kernels too (a sweep's others share its workloads).
+        qfused = {q.variant: fuse(q.mod, tvm_target) for q in quantized.variants[:1]} if quantized else None
         tuned = stage(
-            "tune", lambda report: tune(optimized.fused, tvm_target, tuning_dir, trials, report, cancelled)
+            "tune",
+            lambda report: tune(optimized.fused, tvm_target, tuning_dir, trials, report, cancelled, qfused),
         )
         results.save(tuning=tuned.to_json())
     else:

@@ -126,6 +126,28 @@ def parallel_outer(sch: s_tir.Schedule, block, count: int):
     return outer
 
 
+_space = contextvars.ContextVar("space", default=None)  # a tuning design space's choices (design_spaces)
+
+
+def choice(name: str, default):
+    """A rule's discrete choice (a loop order, a register tile's vectors): `default`, or in a tuning
+    design space the one that space stands for."""
+    space = _space.get()
+    return default if space is None else space.get(name, default)
+
+
+def inner_split(sch: s_tir.Schedule, loop, default: int, limit: int):
+    """`loop` split into (outer, inner): `default` inner iterations, or in a tuning design space an
+    inner factor MetaSchedule samples, a divisor from 2 to `limit`. Not 1: the epilogue computed at
+    the outer loop would then have one loop fewer, and MetaSchedule's replay of the space's trace
+    fails on that (its perfect-tile sampling can draw 1)."""
+    if _space.get() is None:
+        return sch.split(loop, [None, default])
+    n = extent(sch, loop)
+    factors = [d for d in range(2, limit + 1) if n % d == 0] or [default]
+    return sch.split(loop, [None, sch.sample_categorical(factors, [1 / len(factors)] * len(factors))])
+
+
 def conv_block(sch: s_tir.Schedule, suffix: str):
     """The kernel's one conv2d block (named ...`suffix`: "conv2d_nchw", "conv2d_nhwc"), four output
     axes and three reduction axes over two inputs; None when the kernel has not exactly one."""
@@ -339,6 +361,13 @@ def register_dot(kind: str) -> str:
     return name
 
 
+def register_dots() -> None:
+    """Every kind's dot-product intrinsics registered: a tuning record of an int8 kernel names one, and
+    TVM replays its trace when it reads the database (webapp.pipeline.tune.open_database)."""
+    for kind in DOT_INSTRUCTIONS:
+        register_dot(kind)
+
+
 def multiplies_for_dot(stmt, target) -> bool:
     """Whether the block multiplies what the target's dot-product instruction does: its activation
     dtype (uint8 on x86, int8 on Arm) by int8 weights, into int32."""
@@ -371,10 +400,13 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
-    vectors = tile_vectors(oc, lanes)
+    vectors = choice("vectors", tile_vectors(oc, lanes))
+    if oc % (lanes * vectors):
+        return None
     # Accumulators in half the vector registers: the inner loop is one load per vector of weights,
     # one broadcast per column and a dot product per accumulator. (28 accumulators ran single
     # ResNet-50 convs 3-25% faster here, the whole model no faster: within the noise of 2 runs.)
+    # Tuning tries up to all but two registers' worth.
     cols = largest_divisor(extent(sch, w_loop), registers // 2 // vectors)
     block_oc = lanes * vectors
 
@@ -386,10 +418,17 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.annotate(pack, PREPROC, True)
     epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
     oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
-    w_o, w_i = sch.split(w_loop, [None, cols])
+    w_o, w_i = inner_split(sch, w_loop, cols, registers // vectors - 2)
     ic_o, ic_i = sch.split(ic_loop, [None, 4])
-    sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
-    tile = sch.fuse(n_loop, h_loop, w_o, oc_o)
+    # The channel blocks inside the rows: a thread's input rows stay in the L1 cache while it sweeps
+    # the channel blocks' weights. Channel blocks outermost, as the float rule has them where the
+    # weights are large, ran ResNet-50 slower here (17.9 ms against 14.5, int8 weights are a quarter
+    # of the size); tuning tries both.
+    if choice("channels_outer", False):
+        sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
+    else:
+        sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
+    tile = sch.fuse(*sch.get_loops(conv)[:4])
     parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
     init = sch.decompose_reduction(conv, kh_loop)
@@ -486,7 +525,9 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
     *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
-    vectors = next(v for v in (4, 2, 1) if n % (lanes * v) == 0)
+    vectors = choice("vectors", next(v for v in (4, 2, 1) if n % (lanes * v) == 0))
+    if n % (lanes * vectors):
+        return None
     rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
 
     epilogue = inline_epilogue(sch, block)
@@ -496,7 +537,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
-    i_o, i_i = sch.split(i_loop, [None, rows])
+    i_o, i_i = inner_split(sch, i_loop, rows, registers // vectors - 2)
     j_o, j_v, j_l = sch.split(j_loop, [None, vectors, lanes])
     k_o, k_i = sch.split(k_loop, [None, 4])
     sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
@@ -720,6 +761,39 @@ def conv_kind(stmt) -> str:
 
 
 RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d_nhwc, conv2d, matmul, reduction, elementwise)
+
+# The choices a tuning design space fixes, per rule; MetaSchedule samples the register tile's other
+# side inside each (inner_split). The default rule is one point of these spaces.
+SPACES = {
+    conv2d_nhwc_int8: [{"vectors": v, "channels_outer": o} for v in (1, 2, 4) for o in (False, True)],
+    matmul_int8: [{"vectors": v} for v in (1, 2, 4)],
+}
+
+
+def design_spaces(sch: s_tir.Schedule, target) -> list[s_tir.Schedule]:
+    """MetaSchedule's design spaces for a kernel that a rule of SPACES schedules (the int8 kernels, on
+    the target's dot-product instruction, which MetaSchedule's own rules do not use): one copy of
+    `sch` per choice the rule takes, []  when no such rule fits (webapp.pipeline.tune)."""
+    serial = _serial.set(small(sch))
+    try:
+        for rule, choices in SPACES.items():
+            spaces = [space for chosen in choices if (space := in_space(sch, target, rule, chosen))]
+            if spaces:
+                return spaces
+        return []
+    finally:
+        _serial.reset(serial)
+
+
+def in_space(sch: s_tir.Schedule, target, rule, chosen: dict) -> s_tir.Schedule | None:
+    """A copy of `sch` scheduled by `rule` with the choices `chosen`; None when it does not fit."""
+    space, copy = _space.set(chosen), sch.copy()
+    try:
+        return copy if rule(copy, target) is not None else None
+    except Exception:  # a choice TVM refuses is left out of the spaces
+        return None
+    finally:
+        _space.reset(space)
 
 
 def failure(rule, error: Exception) -> str:

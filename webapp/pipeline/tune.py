@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
+import tvm_ffi
+from tvm import s_tir
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
@@ -74,6 +76,9 @@ def open_database(work_dir: Path) -> tuple[ms.database.JSONDatabase, int]:
     its workload and the failing ones are dropped from this copy; if the whole still fails (a
     workload that equals another one but for its names), the copy starts empty: the job goes on
     untuned rather than fail."""
+    from webapp.pipeline.schedules import register_dots
+
+    register_dots()
     try:
         return ms.database.JSONDatabase(work_dir=str(work_dir)), 0
     except Exception:  # a bare RuntimeError through TVM's FFI ("parallel_for_dynamic error")
@@ -164,6 +169,45 @@ def best_seconds(db: ms.database.Database, mod: tvm.IRModule) -> float | None:
     return sum(secs) / len(secs)
 
 
+def extract_tasks(modules: dict[str, tvm.IRModule], target: tvm.target.Target) -> list[tuple[str, object]]:
+    """(variant, task) for the kernels of `modules` (variant -> fused module: "fp32", and a quantized
+    job's variants), each workload once, under the first variant that has it."""
+    tasks, seen = [], set()
+    for variant, mod in modules.items():
+        for task in ms.relax_integration.extract_tasks(mod, target):
+            key = tvm_ffi.structural_hash(task.dispatched[0])
+            if key not in seen:
+                seen.add(key)
+                tasks.append((variant, task))
+    return tasks
+
+
+def tune_contexts(tasks, target, work_dir: Path, strategy) -> tuple[list, list[float]]:
+    """One TuneContext per task: MetaSchedule's own design space (its schedule rules for the target),
+    or where a rule of schedules.SPACES fits (the int8 kernels, on the project's dot-product
+    intrinsics, which MetaSchedule's CPU rules never use) that rule's spaces, with the register
+    tile's size sampled."""
+    from webapp.pipeline import schedules
+
+    def ours(sch):
+        return schedules.design_spaces(sch, target)
+
+    contexts, weights = [], []
+    for task in tasks:
+        own = bool(ours(s_tir.Schedule(task.dispatched[0])))
+        space = (
+            ms.space_generator.ScheduleFn(ours, sch_rules=[], postprocs=[], mutator_probs={})
+            if own
+            else "post-order-apply"
+        )
+        made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            [task], str(work_dir), space=space, strategy=strategy, seed=1 + len(contexts)
+        )
+        contexts += made
+        weights += weight
+    return contexts, weights
+
+
 def tune(
     fused: tvm.IRModule,
     target: tvm.target.Target,
@@ -171,18 +215,22 @@ def tune(
     trials: int,
     report: Callable[[float, dict], None],
     cancelled: Callable[[], bool],
+    quantized: dict[str, tvm.IRModule] | None = None,
 ) -> Tuned:
+    """MetaSchedule on the kernels of `fused` and of a quantized job's builds (`quantized`: variant ->
+    its fused module); the tasks are numbered in the order of extract_tasks."""
     started = time.monotonic()
     if target.kind.name == "llvm":
         import_cpu_tensor_intrinsics()
     work_dir.mkdir(parents=True, exist_ok=True)
-    tasks = list(ms.relax_integration.extract_tasks(fused, target))
+    variants = extract_tasks({"fp32": fused, **(quantized or {})}, target)
+    tasks = [task for _, task in variants]
     if not tasks:
         raise StageError("This model has no kernels that MetaSchedule can tune.")
     db, unreadable = open_database(work_dir)
-    before = {t.task_name: best_seconds(db, t.dispatched[0]) for t in tasks}
+    before = {i: best_seconds(db, t.dispatched[0]) for i, t in enumerate(tasks)}
     pretuned = sum(1 for v in before.values() if v is not None)
-    weights = {t.task_name: int(t.weight) for t in tasks}
+    weights = {i: int(t.weight) for i, t in enumerate(tasks)}
     best = dict(before)
     curve: list[dict] = []
     done = 0
@@ -193,12 +241,11 @@ def tune(
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             nonlocal done
             done += len(measure_candidates)
-            name = task_scheduler.tasks_[task_id].ctx.task_name
             for r in runner_results:
                 if r.run_secs:
                     secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
-                    if best.get(name) is None or secs < best[name]:
-                        best[name] = secs
+                    if best.get(task_id) is None or secs < best[task_id]:
+                        best[task_id] = secs
             total = estimated_total_ms(best, weights)
             if total is not None:
                 curve.append({"trials": done, "ms": round(total, 4)})
@@ -222,11 +269,18 @@ def tune(
                 "note": f"preparing the search over {len(tasks)} kernels (about 30 s)",
             },
         )
+        contexts, task_weights = tune_contexts(
+            tasks,
+            target,
+            work_dir,
+            WithinBudget(
+                ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32), [trials]
+            ),
+        )
         try:
-            ms.relax_integration.tune_relax(
-                fused,
-                params={},
-                target=target,
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=task_weights,
                 work_dir=str(work_dir),
                 max_trials_global=trials,
                 num_trials_per_iter=min(16, max(2, trials // max(1, len(tasks)))),
@@ -240,11 +294,6 @@ def tune(
                 database=db,
                 cost_model="xgb",
                 measure_callbacks=ms.MeasureCallback.create("default") + [Progress()],
-                strategy=WithinBudget(
-                    ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32),
-                    [trials],
-                ),
-                seed=1,
             )
         except Exception:
             if not stop["requested"]:  # TuningCancelled arrives as a bare RuntimeError through TVM's FFI
@@ -255,17 +304,18 @@ def tune(
 
     db, _ = open_database(work_dir)  # re-read: what is on disk is what counts
     table = []
-    for t in tasks:
+    for i, (variant, t) in enumerate(variants):
         secs = best_seconds(db, t.dispatched[0])
         flop = kernel_flop(t.dispatched[0]["main"])
         table.append(
             {
                 "name": t.task_name,
-                "weight": weights[t.task_name],
+                "variant": variant,
+                "weight": weights[i],
                 "flop": flop,
                 "latency_us": None if secs is None else secs * 1e6,
                 "gflops": None if not secs else flop / secs / 1e9,
-                "pretuned": before[t.task_name] is not None,
+                "pretuned": before[i] is not None,
             }
         )
     return Tuned(
