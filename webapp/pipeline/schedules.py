@@ -296,6 +296,70 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: conv2d NHWC"
 
 
+def winograd(sch: s_tir.Schedule, target) -> str | None:
+    """The Winograd convolution (webapp.pipeline.winograd): the input transform parallel over tiles,
+    vectorized over input channels; the 16 GEMMs as the NHWC conv's register tile of tiles x vectors
+    of output channels (transformed weights repacked at build time), parallel over positions x tile
+    blocks x channel blocks; the output transform computed with the epilogue, 2x2 outputs at a time,
+    vectorized over output channels, parallel over rows."""
+    from webapp.pipeline.winograd import NAMES
+
+    blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    if not all(name in blocks for name in NAMES):
+        return None
+    lanes, registers = simd(target)
+    transform, gemm, output = (blocks[name] for name in NAMES)
+    sch.compute_inline(blocks["winograd_pad"])
+    a, b, p, c = sch.get_loops(transform)
+    sch.reorder(p, a, b, c)
+    parallel(sch, p)
+    sch.unroll(a)
+    sch.unroll(b)
+    split = vector_split(sch, c, lanes)
+    if split:
+        sch.vectorize(split[1])
+
+    epilogue = inline_epilogue(sch, output)
+    if epilogue is not None:
+        sch.compute_inline(output)
+        output = epilogue
+    n, h, w, co = sch.get_loops(output)
+    h_o, h_i = sch.split(h, [None, 2])
+    w_o, w_i = sch.split(w, [None, 2])
+    sch.reorder(n, h_o, w_o, h_i, w_i, co)
+    parallel(sch, sch.fuse(n, h_o))
+    sch.unroll(h_i)
+    sch.unroll(w_i)
+    split = vector_split(sch, co, lanes)
+    if split:
+        sch.vectorize(split[1])
+
+    a, b, p, co, k = sch.get_loops(gemm)
+    channels = extent(sch, co)
+    lanes = vector_width(channels, lanes, minimum=4)
+    if not lanes:
+        return None
+    vectors, rows = register_tile(extent(sch, p), channels // lanes, registers // 2)
+    block_co = lanes * vectors
+    pack = sch.cache_read(gemm, 1, "global")
+    sch.transform_layout(gemm, ("read", 1), lambda a, b, k, o: (a, b, o // block_co, k, o % block_co))
+    sch.annotate(pack, PREPROC, True)
+    p_o, p_i = sch.split(p, [None, rows])
+    co_o, co_v, co_i = sch.split(co, [None, vectors, lanes])
+    sch.reorder(a, b, co_o, p_o, k, p_i, co_v, co_i)
+    tile = sch.fuse(a, b, co_o, p_o)
+    parallel(sch, tile)
+    copy = sch.cache_write(gemm, 0, "local")  # the register tile, written out once its sums are done
+    sch.reverse_compute_at(copy, tile)
+    sch.unroll(p_i)
+    sch.unroll(co_v)
+    sch.vectorize(co_i)
+    init = sch.decompose_reduction(gemm, k)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(sch.get_loops(copy)[-1])
+    return "default rule: Winograd conv2d"
+
+
 # Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
 # instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
 # products of 8-bit values.
@@ -760,7 +824,17 @@ def conv_kind(stmt) -> str:
     return "conv2d" if per_group == channels else "depthwise conv2d" if per_group == 1 else "grouped conv2d"
 
 
-RULES = (conv2d_nhwc_int8, conv2d_int8, matmul_int8, conv2d_nhwc, conv2d, matmul, reduction, elementwise)
+RULES = (
+    conv2d_nhwc_int8,
+    conv2d_int8,
+    matmul_int8,
+    winograd,
+    conv2d_nhwc,
+    conv2d,
+    matmul,
+    reduction,
+    elementwise,
+)
 
 # The choices a tuning design space fixes, per rule; MetaSchedule samples the register tile's other
 # side inside each (inner_split). The default rule is one point of these spaces.

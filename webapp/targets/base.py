@@ -97,13 +97,14 @@ class LLVMCPU(Target):
     def legalize_passes(cls, tvm_target) -> list:
         """Relax before legalization -> fused TIR kernels (before scheduling), after the CPU
         rewrites (webapp.pipeline.rewrites: fast math, float convolutions channels last, and the
-        transposed weights computed with numpy)."""
+        transposed weights computed with numpy; webapp.pipeline.winograd: 3x3 convolutions)."""
         from tvm.relax.backend import cpu_generic
 
         from webapp.pipeline.rewrites import channels_last, fast_math, fold_with_numpy
+        from webapp.pipeline.winograd import winograd
 
         return (
-            [fast_math, channels_last, fold_with_numpy]
+            [fast_math, channels_last, fold_with_numpy, winograd]
             + cpu_generic.library_dispatch_passes(tvm_target)
             + cpu_generic.legalize_passes(tvm_target)
         )
