@@ -342,10 +342,12 @@ def rule_case(kind: str) -> tuple[onnx.ModelProto, dict[str, tuple]]:
         out_channels = channels if kind == "depthwise conv2d" else 32 if groups == 1 else 64
         node, weights = conv("y", "x", out_channels, channels, groups)
         return onnx_model([node], {"x": (1, channels, 14, 14)}, weights), {"x": (1, channels, 14, 14)}
-    if kind == "conv2d + bias + residual + relu":
-        node, weights = conv("c", "x", 16, 16, bias=True)
+    if kind in ("conv2d + bias + residual + relu", "Winograd conv2d + bias + residual + relu"):
+        # 32 channels on 14x14 are enough for Winograd (webapp.pipeline.winograd), 16 on 12x12 are not
+        shape = (1, 32, 14, 14) if kind.startswith("Winograd") else (1, 16, 12, 12)
+        node, weights = conv("c", "x", shape[1], shape[1], bias=True)
         nodes = [node, helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
-        return onnx_model(nodes, {"x": (1, 16, 12, 12)}, weights), {"x": (1, 16, 12, 12)}
+        return onnx_model(nodes, {"x": shape}, weights), {"x": shape}
     if kind == "conv2d + batch norm + relu":
         node, weights = conv("c", "x", 32, 16)
         stats = {"scale": RNG.uniform(0.5, 2, 32), "shift": RNG.normal(0, 1, 32)}
@@ -382,6 +384,7 @@ RULE_CASES = {
     "grouped conv2d": "default rule: grouped conv2d",
     "depthwise conv2d": "default rule: depthwise conv2d",
     "conv2d + bias + residual + relu": "default rule: conv2d NHWC",
+    "Winograd conv2d + bias + residual + relu": "default rule: Winograd conv2d",
     "conv2d + batch norm + relu": "default rule: conv2d NHWC",
     "dense with bias (Gemm)": "default rule: matmul",
     "dense with bias (MatMul + Add)": "default rule: matmul",
