@@ -470,7 +470,15 @@ def dtype_census(lowered: tvm.IRModule) -> dict:
 
 
 def kernel_flop(func: tvm.tirx.PrimFunc) -> float:
-    """Floating-point operations of one call (TVM's estimate: multiply-add counts as two)."""
+    """Floating-point operations of one call (TVM's estimate: multiply-add counts as two). A Winograd
+    kernel counts the direct convolution it computes (webapp.pipeline.winograd.direct_flop): its
+    GFLOP/s is then the effective rate, comparable with a direct kernel's, and a model's count does
+    not depend on which algorithm ran."""
+    from webapp.pipeline.winograd import direct_flop
+
+    direct = direct_flop(func)
+    if direct is not None:
+        return direct
     try:
         return float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # the estimator rejects some scheduled loops; the count is informative only

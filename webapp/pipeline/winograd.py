@@ -26,7 +26,7 @@ import traceback
 
 import numpy as np
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax, s_tir, te, tirx
 
 MIN_CHANNELS, MIN_FLOPS = 32, 1 << 21  # the direct convolution's: 2 per multiply-add
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
@@ -104,6 +104,18 @@ def conv2d_te(data: te.Tensor, u: te.Tensor) -> te.Tensor:
         return sum(terms[1:], terms[0])
 
     return te.compute((n_, h_, w_, co_), output, name=NAMES[2])
+
+
+def direct_flop(func: tirx.PrimFunc) -> float | None:
+    """For a kernel with the Winograd blocks (before scheduling), the floating-point operations of the
+    direct convolution it computes, 2 per multiply-add; None for any other kernel."""
+    try:
+        sch = s_tir.Schedule(func)
+        transform, _, output = (sch.get(sch.get_sblock(name)) for name in NAMES)
+    except Exception:  # no such block
+        return None
+    outputs = np.prod([int(d) for d in output.writes[0].source.shape])
+    return 2.0 * 9 * int(transform.writes[0].source.shape[3]) * float(outputs)
 
 
 def takes(call: relax.Call, weight) -> bool:
