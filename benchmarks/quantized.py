@@ -8,11 +8,11 @@ the peer: the same .onnx in fp32, and quantized by ONNX Runtime's own static qua
 input. Prints medians, the ratios, and each TVM build's rate (the model's multiply-adds as 2 ops each,
 per second) as a share of this machine's sgemm rate measured in the same run (cpu_models.py).
 
-The ratios hold on a shared machine whose speed changes by the minute: each compares runtimes timed
-in turn within one loop (webapp/pipeline/bench.measure_interleaved). TVM/ORT fp32 is the job's own
-(TVM and ONNX Runtime fp32 timed together in its benchmark stage); TVM/ORT int8 chains the job's TVM
-int8 / ORT fp32 with ORT fp32 / ORT int8 timed together here. The ms columns are each runtime's own
-median, from those two loops.
+The ratios hold on a shared machine whose speed changes by the minute: the four runtimes (the job's
+fp32 and int8 libraries, loaded here, and ONNX Runtime's two sessions) are timed in turn within one loop
+(webapp/pipeline/bench.measure_interleaved). Chaining ratios from two loops, as this script did before,
+let a slow spell in one loop move MobileNetV2's int8 ratio from 0.83x to 1.51x between runs: in that 1.51x
+run TVM int8 took 2.14 ms and ONNX Runtime int8 2.54 ms.
 
     .venv/bin/python benchmarks/quantized.py [--models resnet18,resnet50,mobilenet-v2,transformer-block]
 """
@@ -30,7 +30,7 @@ from cpu_models import sgemm_peak_gflops
 
 from webapp.config import Config
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "TVM_NUM_THREADS"):
     os.environ.setdefault(_var, str(Config.from_env().bench_threads))
 
 
@@ -59,6 +59,8 @@ def ort_int8(onnx_path: Path, out: Path, specs) -> Path:
 
 
 def measure_model(config: Config, name: str, tmp: Path) -> dict:
+    import tvm
+
     from webapp.cli import compile_locally
     from webapp.jobs.worker import ensure_example_files
     from webapp.pipeline import bench
@@ -69,8 +71,6 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     if error:
         raise RuntimeError(f"{name}: failed at {error['stage']}: {error['message']}")
     result = json.loads((out / "result.json").read_text())
-    tvm = {(b["variant"], b["tuned"]): b["median_ms"] for b in result["benchmarks"] if b["runtime"] == "tvm"}
-    job_ort = next(b["median_ms"] for b in result["benchmarks"] if b["runtime"] == "onnxruntime")
     fid = next(f for f in result["fidelity"] if f["variant"] == "int8" and f["reference"] == "tvm fp32")
 
     _, onnx_path = ensure_example_files(config, name)
@@ -79,23 +79,28 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     quantized = ort_int8(onnx_path, tmp / f"{name}.int8.onnx", specs)
     threads = config.bench_threads
     runs, outs = {}, {}
-    for variant, path in (("fp32", onnx_path), ("int8", quantized)):
+    # The job's two libraries (a built-in example's, compiled in the sandbox) and ONNX Runtime's two
+    # sessions, all timed in turn in one loop: each ratio below compares runtimes timed together.
+    for variant, library in (("tvm fp32", "model-fp32.so"), ("tvm int8", "model.so")):
+        runs[variant] = bench.tvm_runner(tvm.runtime.load_module(str(out / "files" / library)), inputs)
+        runs[variant]()
+    for variant, path in (("ort fp32", onnx_path), ("ort int8", quantized)):
         runs[variant] = bench.onnxruntime_runner(path, inputs, threads)
         outs[variant] = bench.flatten_outputs(runs[variant]())
-    timed = bench.measure_interleaved(runs, config.bench_budget_s)
-    ort = {variant: t["median_ms"] for variant, t in timed.items()}
-    ort_fid = bench.fidelity(outs["int8"], outs["fp32"], classifier=False)
+    ms = {
+        variant: t["median_ms"]
+        for variant, t in bench.measure_interleaved(runs, config.bench_budget_s).items()
+    }
+    ort_fid = bench.fidelity(outs["ort int8"], outs["ort fp32"], classifier=False)
     return {
         "model": name,
         "threads": threads,
-        "tvm_fp32_ms": tvm[("fp32", False)],
-        "tvm_int8_ms": tvm[("int8", False)],
-        "ort_fp32_ms": ort["fp32"],
-        "ort_int8_ms": ort["int8"],
-        # Each ratio from runtimes timed in turn in one loop (bench.measure_interleaved): TVM against
-        # the job's ONNX Runtime fp32, ONNX Runtime's int8 against its fp32 here.
-        "tvm_ort_fp32": tvm[("fp32", False)] / job_ort,
-        "tvm_ort_int8": tvm[("int8", False)] / job_ort * ort["fp32"] / ort["int8"],
+        "tvm_fp32_ms": ms["tvm fp32"],
+        "tvm_int8_ms": ms["tvm int8"],
+        "ort_fp32_ms": ms["ort fp32"],
+        "ort_int8_ms": ms["ort int8"],
+        "tvm_ort_fp32": ms["tvm fp32"] / ms["ort fp32"],
+        "tvm_ort_int8": ms["tvm int8"] / ms["ort int8"],
         "tvm_int8_sqnr_db": fid["sqnr_db"],
         "ort_int8_sqnr_db": ort_fid["sqnr_db"],
         "vpdpbusd": result.get("instructions", {}).get("vpdpbusd", 0),

@@ -406,6 +406,10 @@ def test_main_rule_schedules_its_pattern_and_matches_onnxruntime(tmp_path, kind)
     assert set(main.values()) == {RULE_CASES[kind]}, labels
     if "relu" in kind:  # the epilogue is computed in the kernel, from its registers
         assert all("relu" in name for name in main), main
+    if kind.startswith("Winograd"):  # its flops are the direct convolution's: 2 x 3x3 x 32 per output
+        from webapp.pipeline.inspect import kernel_flop
+
+        assert [kernel_flop(optimized.fused[name]) for name in main] == [2 * 9 * 32 * (14 * 14 * 32)]
 
 
 def test_a_rule_that_fails_leaves_the_kernel_to_the_next_rule_and_says_so(tmp_path, monkeypatch):
