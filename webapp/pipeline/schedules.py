@@ -282,18 +282,27 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     else:
         sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_loop, w_i, oc_v, oc_i)
     tile = sch.fuse(*sch.get_loops(conv)[:4])
-    parallel(sch, tile)
-    sch.reverse_compute_at(epilogue, tile)
-    sch.unroll(w_i)
-    sch.unroll(oc_v)
-    sch.vectorize(oc_i)
-    init = sch.decompose_reduction(conv, kh_loop)
-    sch.vectorize(sch.get_loops(init)[-1])
+    finish_register_tile(sch, conv, tile, epilogue, [w_i, oc_v], oc_i, kh_loop)
     tail = loops_below(sch, epilogue, tile)
     width = vector_width(extent(sch, tail[-1]), lanes) if tail else 0
     if width:
         sch.vectorize(sch.split(tail[-1], [None, width])[-1])
     return "default rule: conv2d NHWC"
+
+
+def finish_register_tile(
+    sch: s_tir.Schedule, block, tile, epilogue, unrolled: list, vector, reduction
+) -> None:
+    """The end of a float register-tile rule: `tile` in parallel, `epilogue` computed at it, the tile's
+    `unrolled` loops unrolled (each accumulator its own register), its `vector` loop vectorized, and
+    the sums initialized in vectors before the `reduction` loop."""
+    parallel(sch, tile)
+    sch.reverse_compute_at(epilogue, tile)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(vector)
+    init = sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
 def winograd(sch: s_tir.Schedule, target) -> str | None:
@@ -348,14 +357,8 @@ def winograd(sch: s_tir.Schedule, target) -> str | None:
     co_o, co_v, co_i = sch.split(co, [None, vectors, lanes])
     sch.reorder(a, b, co_o, p_o, k, p_i, co_v, co_i)
     tile = sch.fuse(a, b, co_o, p_o)
-    parallel(sch, tile)
     copy = sch.cache_write(gemm, 0, "local")  # the register tile, written out once its sums are done
-    sch.reverse_compute_at(copy, tile)
-    sch.unroll(p_i)
-    sch.unroll(co_v)
-    sch.vectorize(co_i)
-    init = sch.decompose_reduction(gemm, k)
-    sch.vectorize(sch.get_loops(init)[-1])
+    finish_register_tile(sch, gemm, tile, copy, [p_i, co_v], co_i, k)
     sch.vectorize(sch.get_loops(copy)[-1])
     return "default rule: Winograd conv2d"
 
