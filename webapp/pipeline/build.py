@@ -161,7 +161,7 @@ def build_job(
     quantization also each quantized variant, the same way, the first of which becomes model.so and
     the code the page shows (the float library is kept beside it as model-fp32.so)."""
     library = job_dir / "files" / "model.so"
-    built = build_variant("fp32", fused, target, tuning_dir, job_dir, library)
+    built = build_variant("fp32", fused, target, tuning_dir, library)
     if quantized is None:
         return built
     report(1 / (1 + len(quantized.variants)))
@@ -174,9 +174,7 @@ def build_job(
             layers = layer_of or {}  # the quantized layers' vars stand for the float ones they replace
             trace = FusionTrace(q.mod, layers | {v: layers[o] for v, o in q.origin.items() if o in layers})
             qfused = fuse(q.mod, target, trace)
-            variant = build_variant(
-                q.variant, qfused, target, tuning_dir, job_dir, library if shown is None else None
-            )
+            variant = build_variant(q.variant, qfused, target, tuning_dir, library if shown is None else None)
         except Exception as exc:  # in a sweep the other variants go on
             quantized.fail(q.variant, "build", exc)
             continue
@@ -193,9 +191,7 @@ def build_job(
     return built
 
 
-def build_variant(
-    variant: str, fused, target, tuning_dir: Path | None, job_dir: Path, library: Path | None
-) -> Built:
+def build_variant(variant: str, fused, target, tuning_dir: Path | None, library: Path | None) -> Built:
     """One build of the job (the float model, or a quantized variant) on the default rules, or with
     the tuning records where they beat them: with records, each tuned kernel is timed against its
     default-rule twin and only the faster records are used. Writes `library` unless it is None."""

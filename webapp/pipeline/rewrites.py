@@ -106,18 +106,25 @@ class NumpyFold(relax.PyExprMutator):
         super().visit_var_binding_(binding)
 
 
-@tvm.transform.module_pass(opt_level=0, name="PlaygroundNumpyFold")
-def fold_with_numpy(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Ops on constants computed with numpy (NumpyFold), before FoldConstant does the rest."""
+def mutate_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """Every Relax function of `mod` rewritten by `mutator(mod)` (a PyExprMutator class); `mod` as it
+    was if that fails (the rewrite is an optimization, never a job's failure)."""
     try:
-        folder = NumpyFold(mod)
+        rewriter = mutator(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
-                folder.builder_.update_func(gv, folder.visit_expr(func))
-        return folder.builder_.get()
-    except Exception:  # noqa: BLE001 - FoldConstant folds them all instead
+                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+        return rewriter.builder_.get()
+    except Exception:  # noqa: BLE001 - the model goes on as it was
         traceback.print_exc()
         return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundNumpyFold")
+def fold_with_numpy(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Ops on constants computed with numpy (NumpyFold), before FoldConstant does the rest (all of them,
+    if NumpyFold fails)."""
+    return mutate_functions(NumpyFold, mod)
 
 
 def float_nchw_convs(mod: tvm.IRModule) -> bool:
