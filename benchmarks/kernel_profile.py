@@ -4,6 +4,10 @@ caches (webapp.pipeline.build.kernel_seconds, as the build compares records), wi
 its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it.
 
     .venv/bin/python benchmarks/kernel_profile.py resnet50 [--target x86-host] [--records DIR] [--top 15]
+        [--quantize int8]
+
+With --quantize, the quantized model (random calibration inputs, as a job without calibration data) is
+profiled instead of the float one.
 
 Runs the trusted example models in this process (no sandbox); uploads never come here.
 """
@@ -20,24 +24,32 @@ import tvm
 
 from webapp.config import Config
 from webapp.jobs.worker import ensure_example_files
-from webapp.pipeline.build import build, kernel_seconds, schedule
+from webapp.options import JobOptions
+from webapp.pipeline.build import build, fuse, kernel_seconds, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import kernel_flop
 from webapp.pipeline.optimize import optimize
+from webapp.pipeline.quantize.variants import quantize_job
 from webapp.targets import kind_of, make_target
 
 
-def profile(name: str, preset: str, records: Path | None) -> list[dict]:
+def profile(name: str, preset: str, records: Path | None, quantize: str = "none") -> list[dict]:
     _, onnx_path = ensure_example_files(Config.from_env(), name)
     target = make_target(preset)
     model = import_model(onnx_path)
     with tempfile.TemporaryDirectory() as tmp:
         fused = optimize(model.mod, target, Path(tmp)).fused
+        if quantize != "none":
+            options = JobOptions(target=preset, quantize=quantize)
+            (Path(tmp) / "views").mkdir(exist_ok=True)
+            quantized = quantize_job(model, target, options, Path(tmp), None, None, lambda f: None)
+            fused = fuse(quantized.variants[0].mod, target)
     lowered, labels = schedule(fused, target, records)
     executable = build(lowered, target, None)
     every = set(labels)
     seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), every)
     main_text = lowered["main"].script()
+    unscheduled = {gv.name_hint for gv in fused.get_global_vars()}
     rows = []
     for gv, func in lowered.functions_items():
         name = gv.name_hint
@@ -45,7 +57,8 @@ def profile(name: str, preset: str, records: Path | None) -> list[dict]:
         if not isinstance(func, tvm.tirx.PrimFunc) or not calls:
             continue
         seconds = seconds_of[name]
-        flop = kernel_flop(func)
+        # the unscheduled kernel's count where the scheduled one has none (tensorized int8 loops)
+        flop = kernel_flop(func) or (name in unscheduled and kernel_flop(fused[name]))
         rows.append(
             {
                 "kernel": name,
@@ -66,8 +79,9 @@ def main() -> int:
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--records", type=Path, help="a tuning database folder to apply first")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--quantize", default="none", help="e.g. int8: profile the quantized model")
     args = parser.parse_args()
-    rows = profile(args.model, args.target, args.records)
+    rows = profile(args.model, args.target, args.records, args.quantize)
     total = sum(r["ms"] for r in rows)
     print(f"{args.model}: {len(rows)} kernels, {total:.3f} ms summed (each kernel timed alone)")
     for r in rows[: args.top]:

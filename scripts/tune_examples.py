@@ -3,8 +3,10 @@
     .venv/bin/python scripts/tune_examples.py --target x86-host --trials mlp=32,cnn-small=64,resnet50=600
 
 Each example runs through the sandboxed pipeline (as a job with tune_trials) against a work data folder
-(default ./data-tuning, which keeps every measured record); afterwards the best record of each kernel is
-written to webapp/tuning_records/<database key>/, which a new data folder starts from
+(default ./data-tuning, which keeps every measured record). The search starts from an empty database, not
+from the records shipped today, so a kernel that the default rules changed leaves no stale record behind.
+After each example the best record of each kernel measured so far is written to
+webapp/tuning_records/<database key>/, which a new data folder starts from
 (webapp/jobs/tuning_db.py). Records for `x86-host` are keyed by the vector ISA of the machine that tunes.
 """
 
@@ -54,7 +56,9 @@ def main() -> int:
     parser.add_argument("--trials", default="mlp=32,cnn-small=64,transformer-block=128")
     parser.add_argument("--data", type=Path, default=Path("data-tuning"))
     args = parser.parse_args()
-    config = Config.from_env(data_dir=args.data.resolve(), bench_budget_s=0.5)
+    config = Config.from_env(
+        data_dir=args.data.resolve(), bench_budget_s=0.5, shipped_tuning_records=False
+    )
     for item in args.trials.split(","):
         name, trials = item.split("=")
         with tempfile.TemporaryDirectory() as tmp:

@@ -34,7 +34,7 @@ def layer(name: str) -> dict:
         "weight_scale_max": 0.03,
         "weight_scales": 8,
         "output_scale": 0.05,
-        "requantize": "fixed-point",
+        "requantize": "float32 multiply",
         "power2": False,
     }
 

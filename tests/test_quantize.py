@@ -17,9 +17,10 @@ from webapp.options import JobOptions
 from webapp.pipeline import bench
 from webapp.pipeline.build import build, compile_relax, fuse, schedule
 from webapp.pipeline.quantize import quantize
+from webapp.pipeline.quantize.annotate import bindings
 from webapp.pipeline.quantize.calibrate import gather, kl_threshold, threshold
 from webapp.pipeline.quantize.scales import (
-    fixed_point,
+    ActQuant,
     is_power_of_two,
     pack_bits,
     requantize_reference,
@@ -99,7 +100,7 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
     first, second = q.layers
     assert first.input.dtype == activations
     assert first.output is not None and second.output is None  # 8 bits between them, float after
-    assert first.requantize == ("shift" if weight_scale == "power2" else "fixed-point")
+    assert first.requantize == ("shift" if weight_scale == "power2" else "float32 multiply")
 
     x = RNG.standard_normal(shapes["x"]).astype("float32")
     executable, labels = compile_relax(q.mod, target)
@@ -118,6 +119,61 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
             f"default rule: int8 {kind}{' NHWC' if kind == 'conv2d' and layout == 'NHWC' else ''} (VNNI)"
         )
         assert expected_rule in labels.values()
+
+
+def residual_model() -> tuple[tvm.IRModule, dict]:
+    """conv 3->16 + bias + ReLU = h; conv 16->16 = y; s = ReLU(h + y) (a residual block); conv 16->8
+    stride 2 of s, the output."""
+    w1, w2, w3 = (RNG.normal(0, 0.3, s) for s in ((16, 3, 3, 3), (16, 16, 3, 3), (8, 16, 3, 3)))
+    b1 = RNG.normal(0, 0.5, (1, 16, 1, 1))
+    x = relax.Var("x", relax.TensorType((1, 3, 12, 12), "float32"))
+    c = [relax.const(v.astype("float32")) for v in (w1, w2, w3, b1)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(R.nn.relu(R.add(bb.emit(R.nn.conv2d(x, c[0], padding=[1, 1])), c[3])))
+            y = bb.emit(R.nn.conv2d(h, c[1], padding=[1, 1]))
+            s = bb.emit(R.nn.relu(R.add(h, y)))
+            out = bb.emit_output(bb.emit(R.nn.conv2d(s, c[2], strides=[2, 2], padding=[1, 1])))
+        bb.emit_func_output(out)
+    return bb.get(), {"x": (1, 3, 12, 12)}
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_int8_residual_blocks_keep_8_bit_tensors_between_kernels(bits):
+    """At 8 bits h, which a layer and the residual add read, is requantized, and the add's sum, which
+    the next layer reads, is stored quantized: every convolution kernel reads 8 bits, y (which the
+    add alone reads, fused into y's kernel) and the model's output are float, and the arithmetic is
+    numpy's, bit for bit. At 4 bits the residual stream stays float32."""
+    mod, shapes = residual_model()
+    target = make_target("x86-host")
+    samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
+    q = quantize(mod, target, JobOptions(quantize=f"int{bits}"), samples)
+    first, second, third = q.layers
+    fused = fuse(q.mod, target)
+    calls = [b for b in bindings(fused["main"]) if isinstance(b.value, relax.Call)]
+    convs = [b.value.args for b in calls if "conv2d" in getattr(b.value.args[0], "name_hint", "")]
+    # what the convolution kernels read, besides the model's input and constants
+    between = {str(a.ty.dtype) for args in convs for a in args[1].fields if isinstance(a, relax.Var)}
+    assert len(convs) == 3 and second.requantize == third.requantize == "float"
+    if bits < 8:
+        assert first.requantize == "float" and "float32" in between
+        return
+    assert first.requantize == "float32 multiply" and between == {"uint8"}, between
+
+    x = RNG.standard_normal(shapes["x"]).astype("float32")
+    executable, _ = compile_relax(q.mod, target)
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, {"x": x})())[0]
+    shape = (1, -1, 1, 1)
+    h = first.output
+    acc = integer_layer("conv2d", first.input.quantize(x), first)
+    hq = requantize_reference(acc, first.multiplier.reshape(shape), h, h.zero_point, h.qmax)
+    acc = integer_layer("conv2d", hq, second)
+    y = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
+    s = np.maximum(h.dequantize(hq) + y, np.float32(0))
+    acc = integer_layer("conv2d", third.input.quantize(s), third)
+    expected = acc.astype(np.float32) * third.multiplier.reshape(shape).astype(np.float32)
+    np.testing.assert_array_equal(ours, expected)
 
 
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
@@ -145,17 +201,32 @@ def test_power2_scales_are_powers_of_two_and_requantize_by_shift():
         if r.output is not None:
             assert is_power_of_two(r.output.scale) and is_power_of_two(r.multiplier)
     script = q.mod.script()
-    assert "R.right_shift" in script and "int64" not in script  # no fixed-point multiply
-    # And in max mode the same model needs the 31-bit fixed-point multiply
+    assert "R.right_shift" in script and "int64" not in script  # no float multiply
+    # And in max mode the same model requantizes with a float32 multiply, no shift
     q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8", weight_scale="max"), samples)
-    assert "int64" in q.mod.script()
+    assert [r.requantize for r in q.layers] == ["float32 multiply", "float"]
+    assert "R.right_shift" not in q.mod.script()
 
 
-def test_fixed_point_multiplier_is_within_rounding_of_the_real_one():
-    multipliers = np.array([1e-5, 0.0037, 0.5, 0.75, 0.999999, 3.2])
-    m, shift = fixed_point(multipliers)
-    assert np.all((m >= 2**30) & (m <= 2**31))
-    np.testing.assert_allclose(m * 2.0 ** (-shift.astype(np.float64)), multipliers, rtol=2**-30)
+def test_float_requantize_rounds_half_up_to_the_nearest_level():
+    """The float32 requantization against exact arithmetic: round half up, then clip; equal wherever
+    the exact value is not within float32's rounding of a half-way point."""
+    acc = np.arange(-60_000, 60_000, 7, dtype=np.int32)
+    out = ActQuant(0.1, 128, 0, 255)
+    for m in (1e-5, 0.0037, 0.75, 3.2):
+        exact = np.clip(np.floor(acc.astype(np.float64) * np.float32(m) + 128.5), 0, 255)
+        ours = requantize_reference(acc, np.float32(m), out, 0, 255)
+        away = (
+            np.abs(acc * np.float64(np.float32(m)) + 0.5 - np.round(acc * np.float64(np.float32(m)) + 0.5))
+            > 1e-3
+        )
+        assert away.sum() > len(acc) // 2
+        np.testing.assert_array_equal(ours[away], exact[away])
+    # half-way points go up: 0.5 -> 1, -0.5 -> 0, 1.5 -> 2
+    np.testing.assert_array_equal(
+        requantize_reference(np.array([1, -1, 3]), np.float32(0.5), ActQuant(1, 0, -10, 10, "int8"), -10, 10),
+        [1, 0, 2],
+    )
 
 
 def test_kl_threshold_is_below_max_on_a_heavy_tail_and_near_it_on_a_uniform():

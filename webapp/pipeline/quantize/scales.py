@@ -1,5 +1,5 @@
 """Scales: how a float tensor maps onto b-bit integers, and how an int32 accumulator is brought back
-to the next layer's integers (fixed-point multiply, or a shift when every scale is a power of two).
+to the next layer's integers (a float32 multiply, or a shift when every scale is a power of two).
 
 Pure numpy; the tests check these against their definitions.
 """
@@ -46,8 +46,7 @@ class ActQuant:
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """As the quantized model does it: float32 multiply by 1/scale, round half up."""
-        inverse = np.float32(1.0 / self.scale)
-        q = np.floor(x.astype(np.float32) * inverse + np.float32(self.zero_point + 0.5))
+        q = np.floor(fma32(x, np.float32(1.0 / self.scale), np.float32(self.zero_point + 0.5)))
         return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
@@ -84,14 +83,12 @@ def quantize_weights(w: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
     return np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
 
 
-def fixed_point(multiplier: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """multiplier ~= mantissa * 2^-shift with a 31-bit integer mantissa (per element)."""
-    mantissa, exponent = np.frexp(np.asarray(multiplier, dtype=np.float64))
-    m = np.round(mantissa * 2.0**31).astype(np.int64)
-    carry = m == 2**31
-    m = np.where(carry, m // 2, m)
-    shift = 31 - (exponent + carry)
-    return m, shift.astype(np.int64)
+def fma32(a, b, c) -> np.ndarray:
+    """float32 a * b + c rounded once, as a fused multiply-add: TVM's LLVM code generation fuses a
+    float multiply with the add after it (the quantize and requantize steps compile to `vfmadd`).
+    The float32 product is exact in float64, and so is the sum at the magnitudes 8-bit values take."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    return (a * b + c).astype(np.float32)
 
 
 def is_power_of_two(x) -> bool:
@@ -101,17 +98,16 @@ def is_power_of_two(x) -> bool:
 
 
 def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant, lo: int, hi: int):
-    """The integer arithmetic the quantized kernels do after their int32 accumulation (numpy).
-    A power-of-two multiplier is a rounding shift; any other a fixed-point multiply and shift."""
+    """The arithmetic the quantized kernels do after their int32 accumulation (numpy). A power-of-two
+    multiplier is a rounding shift; any other a float32 multiply, rounded half up (floor of + 1/2)."""
+    if not is_power_of_two(multiplier):
+        y = fma32(acc.astype(np.float32), np.asarray(multiplier).astype(np.float32), out.zero_point + 0.5)
+        return np.clip(np.floor(y), lo, hi).astype(out.dtype)
     acc = acc.astype(np.int64)
-    if is_power_of_two(multiplier):
-        k = -np.log2(multiplier).astype(np.int64)
-        left = np.maximum(-k, 0)
-        right = np.maximum(k, 0)
-        y = ((acc << left) + np.where(right > 0, 1 << np.maximum(right - 1, 0), 0)) >> right
-    else:
-        m, shift = fixed_point(multiplier)
-        y = (acc * m + (1 << (shift - 1))) >> shift
+    k = -np.log2(multiplier).astype(np.int64)
+    left = np.maximum(-k, 0)
+    right = np.maximum(k, 0)
+    y = ((acc << left) + np.where(right > 0, 1 << np.maximum(right - 1, 0), 0)) >> right
     return np.clip(y + out.zero_point, lo, hi).astype(out.dtype)
 
 
