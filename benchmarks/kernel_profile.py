@@ -38,10 +38,11 @@ def profile(name: str, preset: str, records: Path | None, quantize: str = "none"
     target = make_target(preset)
     model = import_model(onnx_path)
     with tempfile.TemporaryDirectory() as tmp:
-        fused = optimize(model.mod, target, Path(tmp)).fused
-        if quantize != "none":
+        if quantize == "none":
+            fused = optimize(model.mod, target, Path(tmp)).fused
+        else:  # quantized from the imported model, as a job's quantize stage does
             options = JobOptions(target=preset, quantize=quantize)
-            (Path(tmp) / "views").mkdir(exist_ok=True)
+            (Path(tmp) / "views").mkdir()
             quantized = quantize_job(model, target, options, Path(tmp), None, None, lambda f: None)
             fused = fuse(quantized.variants[0].mod, target)
     lowered, labels = schedule(fused, target, records)

@@ -202,12 +202,10 @@ def test_float_requantize_rounds_half_up_to_the_nearest_level():
     acc = np.arange(-60_000, 60_000, 7, dtype=np.int32)
     out = ActQuant(0.1, 128, 0, 255)
     for m in (1e-5, 0.0037, 0.75, 3.2):
-        exact = np.clip(np.floor(acc.astype(np.float64) * np.float32(m) + 128.5), 0, 255)
+        value = acc * np.float64(np.float32(m)) + 128.5  # exact in float64
+        exact = np.clip(np.floor(value), 0, 255)
         ours = requantize_reference(acc, np.float32(m), out, 0, 255)
-        away = (
-            np.abs(acc * np.float64(np.float32(m)) + 0.5 - np.round(acc * np.float64(np.float32(m)) + 0.5))
-            > 1e-3
-        )
+        away = np.abs(value - np.round(value)) > 1e-3  # not near a half-way point of acc * m
         assert away.sum() > len(acc) // 2
         np.testing.assert_array_equal(ours[away], exact[away])
     # half-way points go up: 0.5 -> 1, -0.5 -> 0, 1.5 -> 2
