@@ -56,9 +56,7 @@ def main() -> int:
     parser.add_argument("--trials", default="mlp=32,cnn-small=64,transformer-block=128")
     parser.add_argument("--data", type=Path, default=Path("data-tuning"))
     args = parser.parse_args()
-    config = Config.from_env(
-        data_dir=args.data.resolve(), bench_budget_s=0.5, shipped_tuning_records=False
-    )
+    config = Config.from_env(data_dir=args.data.resolve(), bench_budget_s=0.5, shipped_tuning_records=False)
     for item in args.trials.split(","):
         name, trials = item.split("=")
         with tempfile.TemporaryDirectory() as tmp:

@@ -143,9 +143,22 @@ def crafted_results() -> dict:
             "curve": [{"trials": 4, "ms": 0.2}, {"trials": 8, "ms": 0.1}],
         },
         "record_choice": [
-            {"kernel": "fused_conv2d10_add_relu", "tuned_us": 164.5, "default_us": 80.0, "used": False},
-            {"kernel": "fused_conv2d1_add_relu", "tuned_us": 25.0, "default_us": 40.0, "used": True},
+            {
+                "kernel": "fused_conv2d10_add_relu",
+                "tuned_us": 164.5,
+                "default_us": 80.0,
+                "faster": False,
+                "used": False,
+            },
+            {
+                "kernel": "fused_conv2d1_add_relu",
+                "tuned_us": 25.0,
+                "default_us": 40.0,
+                "faster": True,
+                "used": True,
+            },
         ],
+        "record_check": [{"variant": "fp32", "tuned_ms": 0.0931, "default_ms": 0.1042, "kept": True}],
         "library": {"file": "model.so", "bytes": 4096},
         "graphs": {
             "imported": {"nodes": 9, "edges": 8, "svg": "graph-imported.svg", "ops": {"R.nn.conv2d": 2}},
@@ -577,7 +590,8 @@ def test_tuning_section_labels_the_search_and_the_build_figures(app, web):
     tuning = section(html, "tuning")
     assert "2 of 4 kernels already tuned" in text(tuning)
     assert "8 trials of its budget of 8" in text(tuning)
-    assert "1 of 2 records used" in text(tuning)
+    assert "1 of 2 records faster" in text(tuning) and "1 of 2 records used" in text(tuning)
+    assert "whole model took 0.0931 ms against 0.104 ms on the default rules alone" in text(tuning)
     # the record that lost: the build's own times, and the search's figure in its own labelled column
     assert "164 µs with the record vs 80 µs" in text(tuning)
     row = re.search(r"<tr><td><code>fused_conv2d10_add_relu</code>.*?</tr>", tuning, re.S).group(0)
@@ -590,12 +604,27 @@ def test_tuning_section_labels_the_search_and_the_build_figures(app, web):
     assert names == ["fused_conv2d1_add_relu", "fused_conv2d10_add_relu"]
 
 
+def test_tuning_section_says_when_the_faster_records_made_the_whole_model_slower(app, web):
+    results = crafted_results()
+    results["record_choice"][1]["used"] = False
+    results["record_check"][0].update(tuned_ms=0.1125, kept=False)
+    tuning = section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "tuning")
+    assert "1 of 2 records faster" in text(tuning) and "0 of 2 records used" in text(tuning)
+    assert "took 0.113 ms against 0.104 ms" in text(tuning) and "so the build uses none of them" in text(
+        tuning
+    )
+    row = re.search(r"<tr><td><code>fused_conv2d1_add_relu</code>.*?</tr>", tuning, re.S).group(0)
+    assert "no: the whole model was slower with the records" in row
+    row = re.search(r"<tr><td><code>fused_conv2d10_add_relu</code>.*?</tr>", tuning, re.S).group(0)
+    assert "no: the default rule was faster" in row
+
+
 def test_tuning_section_at_0_trials_has_no_table_of_dashes(app, web):
     results = crafted_results()
     results["tuning"].update(trials=0, budget=0, pretuned=0, curve=[])
     for task in results["tuning"]["tasks"]:
         task.update(latency_us=None, gflops=None, pretuned=False)
-    del results["record_choice"]
+    del results["record_choice"], results["record_check"]
     tuning = section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "tuning")
     assert "tuning-table" not in tuning and "–" not in tuning
     assert "No kernel of this model has a record" in text(tuning) and "ran no trials" in text(tuning)

@@ -13,11 +13,23 @@ from webapp.jobs.tuning_db import RECORDS, shared_dir
 
 
 def assert_records_used_where_faster(results: dict) -> None:
-    """The build timed every tuned kernel against its default rule and used the record only where it
-    was faster; the kernel table and the benchmark say so."""
+    """The build timed every tuned kernel against its default rule, then the whole model with the
+    faster records against the default rules alone, and used the faster records only if the model was
+    faster with them; the kernel table and the benchmark say so."""
     choice = results["record_choice"]
     assert choice and all(c["tuned_us"] > 0 and c["default_us"] > 0 for c in choice)
-    assert all(c["used"] == (c["tuned_us"] < c["default_us"]) for c in choice)
+    assert all(c["faster"] == (c["tuned_us"] < c["default_us"]) for c in choice)
+    checks = {m["variant"]: m for m in results.get("record_check", [])}
+    for variant in {c["variant"] for c in choice}:
+        faster = [c for c in choice if c["variant"] == variant and c["faster"]]
+        check = checks.get(variant)  # timed wherever some record was faster (the inputs have fixed shapes)
+        assert (check is not None) == bool(faster)
+        if check:
+            assert check["tuned_ms"] > 0 and check["default_ms"] > 0
+            assert check["kept"] == (check["tuned_ms"] < check["default_ms"])
+        for c in choice:
+            if c["variant"] == variant:
+                assert c["used"] == (c["faster"] and check["kept"])
     shown = next(p["variant"] for p in results["profiles"] if p["shown"])  # the build the kernels are of
     used = {c["kernel"] for c in choice if c["used"] and c["variant"] == shown}
     assert {k["name"] for k in results["kernels"] if k["schedule"] == "tuned"} == used

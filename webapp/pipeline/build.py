@@ -108,22 +108,51 @@ def kernel_seconds(
 
 def record_choice(tuned: dict[str, float], default: dict[str, float], labels: dict[str, str]) -> list[dict]:
     """Per tuned kernel, its record's time against its default-rule twin's (both from kernel_seconds,
-    in this build), and whether the record is used: it is when it was faster, or when the default
-    rules have no twin to compare with."""
+    in this build): `faster` when the record won, or when the default rules have no twin to compare
+    with. `used` starts as `faster`; the whole-model check (model_check) may then drop them all."""
     out = []
     for name, seconds in sorted(tuned.items()):
         if labels.get(name) != "tuned":
             continue
         twin = default.get(name)  # the same kernel name in both builds (build.schedule keeps it)
+        faster = twin is None or seconds < twin
         out.append(
             {
                 "kernel": name,
                 "tuned_us": seconds * 1e6,
                 "default_us": None if twin is None else twin * 1e6,
-                "used": twin is None or seconds < twin,
+                "faster": faster,
+                "used": faster,
             }
         )
     return out
+
+
+MODEL_CHECK_S = 1.0  # per build: 4 slices of 0.25 s each, ~28 runs of ResNet-50
+
+
+def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) -> dict | None:
+    """The whole model with its faster records against the default rules alone, timed in turn (as
+    the benchmark times runtimes) on seeded random inputs: `kept` when the records made it faster.
+    Records that each beat their rule on cold caches can still lose together: re-tuned records for
+    ResNet-18 won on 20 of its 20 kernels, and the model took 14.89 ms against 14.15 on the rules
+    (benchmarks/cpu_models.py, 2026-11-24). None when an input has no fixed shape."""
+    from webapp.pipeline.bench import make_inputs, measure_interleaved, tvm_runner
+    from webapp.pipeline.importers import type_spec
+
+    params = fused["main"].params
+    if not all(isinstance(p.ty, relax.TensorType) and p.ty.shape is not None for p in params):
+        return None  # a tuple, or a tensor of unknown rank
+    specs = [s for p in params for s in type_spec(p.name, p.ty)]
+    if not all(isinstance(d, int) for s in specs for d in s.shape):
+        return None
+    inputs = make_inputs(specs)
+    runs = {"tuned": tvm_runner(tuned_exe, inputs, dev), "default": tvm_runner(default_exe, inputs, dev)}
+    for run in runs.values():
+        run()
+    times = measure_interleaved(runs, MODEL_CHECK_S)
+    tuned_ms, default_ms = times["tuned"]["median_ms"], times["default"]["median_ms"]
+    return {"variant": variant, "tuned_ms": tuned_ms, "default_ms": default_ms, "kept": tuned_ms < default_ms}
 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):
@@ -147,11 +176,13 @@ class Built:
     executable: object  # ...and its executable (model.so)
     record_choice: list[dict] = field(default_factory=list)  # per tuned kernel: record vs rule
     libraries: dict = field(default_factory=dict)  # (variant, tuned) -> the library exported for it
+    record_check: list[dict] = field(default_factory=list)  # per build with faster records: model_check
     fusion: object = None  # a quantized build's optimize.Fusion (the float one is the optimize stage's)
 
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
-        return out | ({"record_choice": self.record_choice} if self.record_choice else {})
+        out |= {"record_choice": self.record_choice} if self.record_choice else {}
+        return out | ({"record_check": self.record_check} if self.record_check else {})
 
 
 def build_job(
@@ -181,6 +212,7 @@ def build_job(
         built.executables.update(variant.executables)
         built.libraries.update(variant.libraries)
         built.record_choice += variant.record_choice
+        built.record_check += variant.record_check
         if shown is None:
             shown = variant
             built.fused, built.fusion = qfused, trace.fusion()
@@ -194,44 +226,51 @@ def build_job(
 def build_variant(variant: str, fused, target, tuning_dir: Path | None, library: Path | None) -> Built:
     """One build of the job (the float model, or a quantized variant) on the default rules, or with
     the tuning records where they beat them: with records, each tuned kernel is timed against its
-    default-rule twin and only the faster records are used. Writes `library` unless it is None."""
+    default-rule twin, and the faster records are used if the whole model is then faster too
+    (model_check). Writes `library` unless it is None."""
     default, default_labels = schedule(fused, target)
+    default_exe = build(default, target, None)
     tuned, tuned_labels = schedule(fused, target, tuning_dir) if tuning_dir else (None, {})
-    if "tuned" not in tuned_labels.values():  # no tuning, or no record for any kernel of this model
-        executable = build(default, target, library)
-        return Built(
-            {(variant, False): executable},
-            fused,
-            default,
-            default_labels,
-            executable,
-            [],
-            {(variant, False): library} if library else {},
-        )
-    if library is not None:
-        library.parent.mkdir(parents=True, exist_ok=True)
-        for name in ("database_workload.json", "database_tuning_record.json"):
-            shutil.copyfile(tuning_dir / name, library.parent / name)
-    default_exe, tuned_exe = build(default, target, None), build(tuned, target, None)
-    dev = kind_of(target).device()
-    # Only the kernels with a record are compared (timing all 257 of DenseNet-121 took 13 s).
-    with_record = {name for name, label in tuned_labels.items() if label == "tuned"}
-    tuned_s = kernel_seconds(tuned_exe, tuned, dev, with_record)
-    default_s = kernel_seconds(default_exe, default, dev, with_record)
-    choice = [{"variant": variant} | c for c in record_choice(tuned_s, default_s, tuned_labels)]
-    keep = {c["kernel"] for c in choice if c["used"]}
-    if not keep:  # every default rule beat its record: the records are not used
+    choice, checked, keep = [], [], set()
+    if "tuned" in tuned_labels.values():  # some kernel of this model has a record
+        if library is not None:
+            library.parent.mkdir(parents=True, exist_ok=True)
+            for name in ("database_workload.json", "database_tuning_record.json"):
+                shutil.copyfile(tuning_dir / name, library.parent / name)
+        tuned_exe = build(tuned, target, None)
+        dev = kind_of(target).device()
+        # Only the kernels with a record are compared (timing all 257 of DenseNet-121 took 13 s).
+        with_record = {name for name, label in tuned_labels.items() if label == "tuned"}
+        tuned_s = kernel_seconds(tuned_exe, tuned, dev, with_record)
+        default_s = kernel_seconds(default_exe, default, dev, with_record)
+        choice = [{"variant": variant} | c for c in record_choice(tuned_s, default_s, tuned_labels)]
+        keep = {c["kernel"] for c in choice if c["faster"]}
+        if keep and len(keep) < len(choice):
+            tuned, tuned_labels = schedule(fused, target, tuning_dir, keep_tuned=keep)
+            tuned_exe = build(tuned, target, None)
+        check = model_check(variant, fused, tuned_exe, default_exe, dev) if keep else None
+        if check is not None:
+            checked.append(check)
+            if not check["kept"]:  # the records lost together: none is used
+                keep = set()
+                for c in choice:
+                    c["used"] = False
+    if not keep:
         if library is not None:
             kind_of(target).export_library(default_exe, str(library))
         exported = {(variant, False): library} if library else {}
         return Built(
-            {(variant, False): default_exe}, fused, default, default_labels, default_exe, choice, exported
+            {(variant, False): default_exe},
+            fused,
+            default,
+            default_labels,
+            default_exe,
+            choice,
+            exported,
+            checked,
         )
-    if len(keep) < len(choice):
-        tuned, tuned_labels = schedule(fused, target, tuning_dir, keep_tuned=keep)
-        tuned_exe = build(tuned, target, None)
     if library is not None:
         kind_of(target).export_library(tuned_exe, str(library))
     executables = {(variant, True): tuned_exe, (variant, False): default_exe}
     exported = {(variant, True): library} if library else {}
-    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported)
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported, checked)

@@ -217,6 +217,7 @@ def tuning_summary(results: dict) -> dict:
                 "pretuned": task.get("pretuned", False),
                 "build_record_us": choice.get("tuned_us"),
                 "build_default_us": choice.get("default_us"),
+                "faster": choice.get("faster", choice.get("used")),
                 "used": choice.get("used"),
             }
         )
@@ -231,12 +232,14 @@ def tuning_summary(results: dict) -> dict:
         "without_record": t.get("kernels", 0) - len(rows),
         "rows": rows,
         "records_timed": len(choice),
+        "records_faster": sum(1 for c in choice if c.get("faster", c.get("used"))),
         "records_used": sum(1 for c in choice if c.get("used")),
-        "records_lost": [
+        "records_lost": [  # "faster" is the kernel's own timing; results before it only had "used"
             {k: c.get(k) for k in ("variant", "kernel", "tuned_us", "default_us")}
             for c in choice
-            if not c.get("used")
+            if not c.get("faster", c.get("used"))
         ],
+        "model_checks": results.get("record_check") or [],
     }
 
 
