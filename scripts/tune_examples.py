@@ -67,10 +67,14 @@ def main() -> int:
                 print(f"{name}: failed at {error['stage']}: {error['message']}", file=sys.stderr)
                 continue
             result = json.loads((Path(tmp) / name / "result.json").read_text())
-        times = {(b["runtime"], b["tuned"]): b["median_ms"] for b in result["benchmarks"]}
+        checks = ", ".join(
+            f"{c['variant']} {c['tuned_ms']:.3f} ms with the records against {c['default_ms']:.3f} "
+            f"({'kept' if c['kept'] else 'dropped'})"
+            for c in result.get("record_check", [])
+        )
         print(
-            f"{name}: {trials} trials in {result['tuning']['seconds']:.0f} s; TVM untuned "
-            f"{times[('tvm', False)]:.3f} ms, tuned {times[('tvm', True)]:.3f} ms",
+            f"{name}: {trials} trials in {result['tuning']['seconds']:.0f} s; the build's whole-model "
+            f"check: {checks or 'no record beat its default rule'}",
             flush=True,
         )
         shipped = SHIPPED_DIR / database_key(args.target)
