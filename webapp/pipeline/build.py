@@ -109,20 +109,18 @@ def kernel_seconds(
 def record_choice(tuned: dict[str, float], default: dict[str, float], labels: dict[str, str]) -> list[dict]:
     """Per tuned kernel, its record's time against its default-rule twin's (both from kernel_seconds,
     in this build): `faster` when the record won, or when the default rules have no twin to compare
-    with. `used` starts as `faster`; the whole-model check (model_check) may then drop them all."""
+    with. build_variant adds `used`: the faster records, unless the whole-model check dropped them."""
     out = []
     for name, seconds in sorted(tuned.items()):
         if labels.get(name) != "tuned":
             continue
         twin = default.get(name)  # the same kernel name in both builds (build.schedule keeps it)
-        faster = twin is None or seconds < twin
         out.append(
             {
                 "kernel": name,
                 "tuned_us": seconds * 1e6,
                 "default_us": None if twin is None else twin * 1e6,
-                "faster": faster,
-                "used": faster,
+                "faster": twin is None or seconds < twin,
             }
         )
     return out
@@ -171,9 +169,13 @@ def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None."""
     executable = tvm.compile(lowered, target=target, relax_pipeline=None)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        kind_of(target).export_library(executable, str(out))
+        export(executable, target, out)
     return executable
+
+
+def export(executable, target: tvm.target.Target, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kind_of(target).export_library(executable, str(out))
 
 
 # ---------------------------------------------------------------- the stage
@@ -265,11 +267,11 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
             checked.append(check)
             if not check["kept"]:  # the records lost together: none is used
                 keep = set()
-                for c in choice:
-                    c["used"] = False
+        for c in choice:
+            c["used"] = c["kernel"] in keep
     if not keep:
         if library is not None:
-            kind_of(target).export_library(default_exe, str(library))
+            export(default_exe, target, library)
         exported = {(variant, False): library} if library else {}
         return Built(
             {(variant, False): default_exe},
@@ -282,7 +284,7 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
             checked,
         )
     if library is not None:
-        kind_of(target).export_library(tuned_exe, str(library))
+        export(tuned_exe, target, library)
     executables = {(variant, True): tuned_exe, (variant, False): default_exe}
     exported = {(variant, True): library} if library else {}
     return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported, checked)

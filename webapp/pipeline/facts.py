@@ -198,6 +198,10 @@ def tuning_summary(results: dict) -> dict:
     """What tuning did: trials, kernels with records (the only rows worth a table), and, where the build
     timed a record against its default rule, both times and which won."""
     t = results["tuning"]
+
+    def faster(c: dict):  # the record beat its rule; results from before "faster" only had "used"
+        return c.get("faster", c.get("used"))
+
     # a kernel's name is the same in the tuning table and in its build's record_choice
     timed = {(c.get("variant", "fp32"), c["kernel"]): c for c in results.get("record_choice") or []}
     rows = []
@@ -217,7 +221,7 @@ def tuning_summary(results: dict) -> dict:
                 "pretuned": task.get("pretuned", False),
                 "build_record_us": choice.get("tuned_us"),
                 "build_default_us": choice.get("default_us"),
-                "faster": choice.get("faster", choice.get("used")),
+                "faster": faster(choice),
                 "used": choice.get("used"),
             }
         )
@@ -232,12 +236,12 @@ def tuning_summary(results: dict) -> dict:
         "without_record": t.get("kernels", 0) - len(rows),
         "rows": rows,
         "records_timed": len(choice),
-        "records_faster": sum(1 for c in choice if c.get("faster", c.get("used"))),
+        "records_faster": sum(1 for c in choice if faster(c)),
         "records_used": sum(1 for c in choice if c.get("used")),
-        "records_lost": [  # "faster" is the kernel's own timing; results before it only had "used"
+        "records_lost": [
             {k: c.get(k) for k in ("variant", "kernel", "tuned_us", "default_us")}
             for c in choice
-            if not c.get("faster", c.get("used"))
+            if not faster(c)
         ],
         "model_checks": results.get("record_check") or [],
     }
