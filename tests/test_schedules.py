@@ -79,22 +79,27 @@ def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_file
         assert found == parallel_kernels, name
 
 
-def test_nhwc_depthwise_conv_pads_in_vectors_and_matches_onnxruntime(tmp_path):
-    """A 3x3 depthwise conv in NHWC (MobileNet's): the windowed rule pads the rows each thread reads
-    in whole vectors of channels, and tiles output columns, and computes what ONNX Runtime does."""
+@pytest.mark.parametrize("stride", [1, 2])
+def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tmp_path, stride):
+    """A 3x3 depthwise conv in NHWC (MobileNet's, stride 1 and 2): the windowed rule reads the input
+    where it lies in whole vectors of channels, zero outside the border (no padded copy), and
+    computes what ONNX Runtime does, the border included."""
     import onnx
     from onnx import TensorProto, helper
 
     channels, size = 64, 14
     weight = np.random.default_rng(0).standard_normal((channels, 1, 3, 3)).astype("float32")
+    out = size // stride
     graph = helper.make_graph(
         [
-            helper.make_node("Conv", ["x", "w"], ["y"], group=channels, pads=[1, 1, 1, 1]),
+            helper.make_node(
+                "Conv", ["x", "w"], ["y"], group=channels, pads=[1, 1, 1, 1], strides=[stride] * 2
+            ),
             helper.make_node("Relu", ["y"], ["z"]),
         ],
         "dw",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, channels, out, out])],
         [helper.make_tensor("w", TensorProto.FLOAT, weight.shape, weight.flatten())],
     )
     path = tmp_path / "dw.onnx"
@@ -105,7 +110,13 @@ def test_nhwc_depthwise_conv_pads_in_vectors_and_matches_onnxruntime(tmp_path):
     conv = next(name for name in labels if "conv2d" in name)
     assert labels[conv] == "default rule: depthwise conv2d"
     code = lowered[conv].script()
-    assert re.search(r"for \w+ in T.vectorized\(T.int64\(16\)\):\s+with T.sblock\(\"pad_temp\"\)", code)
+    assert "pad_temp" not in code
+    update = code[code.index('T.sblock("group_conv2d_nhwc_update")') :]
+    step = "" if stride == 1 else rf" \* T.int64\({stride}\)"
+    assert re.search(rf"\+ T.if_then_else\(.*, \w+\[v_nn, v_yy{step} \+ v_ry - T.int64\(1\)", update)
+    assert re.search(
+        r"for \w+ in T.vectorized\(T.int64\(16\)\):\s+with T.sblock\(\"group_conv2d_nhwc_update", code
+    )
     inputs = bench.make_inputs(model.inputs)
     ours = bench.flatten_outputs(bench.tvm_runner(build(lowered, target, None), inputs)())[0]
     reference = bench.onnxruntime_runner(path, inputs, 1)()[0]

@@ -8,7 +8,8 @@ language MetaSchedule itself uses:
   channels x output columns, weights repacked once at build time (O/v, I, H, W, v) so each step loads
   one vector of weights and broadcasts one input value; the epilogue (bias, batch norm, relu, residual
   add) is computed from the registers; parallel over channel blocks and rows.
-- depthwise conv2d and pooling: vectorized along output columns, parallel over channels.
+- depthwise conv2d and pooling: vectorized over channels in NHWC (along output columns in NCHW),
+  parallel over rows; in NHWC the window reads the input in place, its padding inlined.
 - matmul / dense / batch matmul: a register tile of rows x vectors of columns, the weight repacked
   at build time when it is stored transposed, epilogue fused, parallel over tiles.
 - softmax, layer norm, reductions: TVM's dlight CPU rules.
@@ -654,10 +655,17 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     lead = max(1, min(2, spatial - 1))
     outer = fuse(sch, loops[:lead])
     parallel(sch, outer)
-    for producer in producers:  # pad the rows or channels a thread reads, by that thread
-        sch.compute_at(producer, outer)
+    for producer in producers:  # the padded input
+        source, padded = sch.get(producer).reads[0].source, sch.get(producer).writes[0].source
+        if str(source.shape[-1]) == str(padded.shape[-1]):
+            # The vectorized axis (channels, NHWC) is not padded: the window reads the input where it
+            # lies, each vector all inside the border or all outside. Measured here on MobileNetV2's
+            # depthwise convs: 0.44 ms in the model, against 0.86 padding each thread's rows first.
+            sch.compute_inline(producer)
+            continue
+        sch.compute_at(producer, outer)  # pad the rows a thread reads (NCHW), by that thread
         split = vector_split(sch, sch.get_loops(producer)[-1], lanes)
-        if split:  # whole vectors where channels are innermost (NHWC)
+        if split:
             sch.vectorize(split[1])
     rows = loops[lead : spatial - 1]
     split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
