@@ -161,3 +161,30 @@ def test_grouped_conv2d_has_its_rule_and_matches_the_naive_build(tmp_path):
     )
     assert "default rule: grouped conv2d" in labels.values(), labels
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_path):
+    """NCHW to NHWC with 3 channels (an image model's input, before its first conv): the transpose
+    reads whole vectors of columns and writes them with a stride, the 3 channels unrolled, instead of
+    gathering lane by lane; it computes what the naive build does."""
+    import torch
+
+    class Stem(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    torch.manual_seed(0)
+    ep = torch.export.export(Stem().eval(), (torch.randn(1, 3, 24, 32),))
+    torch.export.save(ep, tmp_path / "stem.pt2")
+    target = make_target("x86-host")
+    model = import_model(tmp_path / "stem.pt2")
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    transpose = next(name for name in labels if "transpose" in name)
+    code = lowered[transpose].script()
+    assert re.search(r"T.unroll\(T.int64\(3\)\):\s+for \w+ in T.vectorized\(T.int64\(16\)\)", code), code
+    labels, (scheduled, naive) = scheduled_and_naive(tmp_path / "stem.pt2", target, tmp_path)
+    np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-5, atol=1e-5)
