@@ -773,19 +773,21 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: batch matmul" if len(b_idx) > 2 else "default rule: matmul"
 
 
-def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int) -> bool:
+def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
     """A transpose whose output's innermost axis is too short for a vector (NCHW to NHWC with 3
     channels: an image model's input): the vector loop is instead the axis innermost in the input,
     read in whole vectors and written with a stride, the axes after it unrolled (the 1x3x224x224
-    input took 6 us, against 95 gathering lane by lane). False, the schedule unchanged, when no read
-    has such an axis."""
+    input took 6 us, against 95 gathering lane by lane). Returns the loop outside the vectors (for
+    the caller to run in parallel); None, the schedule unchanged, when no read has such an axis."""
     stmt = sch.get(block)
     if len(loops) != len(stmt.iter_vars):
-        return False
+        return None
     variables = [iv.var for iv in stmt.iter_vars]
     for read in stmt.reads:
         last = index_vars(read)[-1] if read.region else None
-        at = next((i for i, v in enumerate(variables) if last is not None and v.same_as(last)), None)
+        if last is None:
+            continue
+        at = next((i for i, v in enumerate(variables) if v.same_as(last)), None)
         if at is None or at == len(loops) - 1:
             continue
         width = vector_width(extent(sch, loops[at]), lanes, minimum=4)
@@ -794,14 +796,11 @@ def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int) ->
             continue
         rest, inner = sch.split(loops[at], [None, width])
         sch.reorder(rest, *loops[at + 1 :], inner)
-        outer = fuse(sch, [*loops[:at], rest])
-        if inside * width * (extent(sch, outer)) >= 4096:
-            parallel(sch, outer)
         for loop in loops[at + 1 :]:
             sch.unroll(loop)
         sch.vectorize(inner)
-        return True
-    return False
+        return fuse(sch, [*loops[:at], rest])
+    return None
 
 
 def elementwise(sch: s_tir.Schedule, target) -> str | None:
@@ -826,9 +825,10 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
         # The vector loop is split off the innermost axis, not off all axes fused: through the
         # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
         width = vector_width(extent(sch, loops[-1]), lanes, minimum=4)
-        if not width and transpose_in_vectors(sch, block, loops, lanes):
-            continue
-        if width and total >= 4 * lanes:
+        outer = None if width else transpose_in_vectors(sch, block, loops, lanes)
+        if outer is not None:
+            pass  # vectors along the input's innermost axis
+        elif width and total >= 4 * lanes:
             rest, inner = sch.split(loops[-1], [None, width])
             outer = fuse(sch, [*loops[:-1], rest])
             sch.vectorize(inner)
