@@ -17,6 +17,7 @@ from webapp.options import JobOptions
 from webapp.pipeline import bench
 from webapp.pipeline.build import build, compile_relax, fuse, schedule
 from webapp.pipeline.quantize import quantize
+from webapp.pipeline.quantize.annotate import bindings
 from webapp.pipeline.quantize.calibrate import gather, kl_threshold, threshold
 from webapp.pipeline.quantize.scales import (
     ActQuant,
@@ -139,25 +140,41 @@ def residual_model() -> tuple[tvm.IRModule, dict]:
     return bb.get(), {"x": (1, 3, 12, 12)}
 
 
-def test_int8_residual_block_is_bit_exact_against_numpy():
-    """h, which a layer and the residual add read, leaves its kernel in float32; the next layer
-    quantizes it on entry; y, which the add alone reads, is scaled to float in the kernel the add is
-    fused into; the sum is quantized for the last layer. The float steps are a multiply and an add
-    that LLVM fuses into one FMA (scales.fma32), and numpy does the same, bit for bit."""
+@pytest.mark.parametrize("bits", [8, 4])
+def test_residual_blocks_keep_8_bit_tensors_between_kernels_bit_exact_against_numpy(bits):
+    """At 8 bits h, which a layer and the residual add read, is requantized, and the add's sum, which
+    the next layer reads, is stored quantized: every convolution kernel reads 8 bits, and only y (which
+    the add alone reads, fused into y's kernel) and the model's output are float. At 4 bits the
+    residual stream stays float32: h leaves its kernel in float32 and the next layer quantizes it on
+    entry. The float steps are a multiply and an add that LLVM fuses into one FMA (scales.fma32), and
+    numpy does the same, bit for bit."""
     mod, shapes = residual_model()
     target = make_target("x86-host")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
-    q = quantize(mod, target, JobOptions(quantize="int8"), samples)
+    q = quantize(mod, target, JobOptions(quantize=f"int{bits}"), samples)
     first, second, third = q.layers
-    assert [r.requantize for r in q.layers] == ["float", "float", "float"]
+    fused = fuse(q.mod, target)
+    calls = [b for b in bindings(fused["main"]) if isinstance(b.value, relax.Call)]
+    convs = [b.value.args for b in calls if "conv2d" in getattr(b.value.args[0], "name_hint", "")]
+    # what the convolution kernels read, besides the model's input and constants
+    between = {str(a.ty.dtype) for args in convs for a in args[1].fields if isinstance(a, relax.Var)}
+    assert len(convs) == 3 and second.requantize == third.requantize == "float"
 
     x = RNG.standard_normal(shapes["x"]).astype("float32")
     executable, _ = compile_relax(q.mod, target)
     ours = bench.flatten_outputs(bench.tvm_runner(executable, {"x": x})())[0]
     shape = (1, -1, 1, 1)
     acc = integer_layer("conv2d", first.input.quantize(x), first)
-    h = np.maximum(acc.astype(np.float32) * first.multiplier.reshape(shape).astype(np.float32), np.float32(0))
-    acc = integer_layer("conv2d", second.input.quantize(h), second)
+    if bits == 8:
+        assert first.requantize == "float32 multiply" and between == {"uint8"}, between
+        out = first.output
+        hq = requantize_reference(acc, first.multiplier.reshape(shape), out, out.zero_point, out.qmax)
+        h = out.dequantize(hq)
+    else:
+        assert first.requantize == "float" and "float32" in between, between
+        h = np.maximum(acc.astype(np.float32) * first.multiplier.reshape(shape).astype(np.float32), 0)
+        hq = second.input.quantize(h)
+    acc = integer_layer("conv2d", hq, second)
     s = np.maximum(fma32(acc, second.multiplier.reshape(shape), h), np.float32(0))
     acc = integer_layer("conv2d", third.input.quantize(s), third)
     expected = acc.astype(np.float32) * third.multiplier.reshape(shape).astype(np.float32)
