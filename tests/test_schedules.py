@@ -188,3 +188,29 @@ def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_pa
     assert re.search(r"T.unroll\(T.int64\(3\)\):\s+for \w+ in T.vectorized\(T.int64\(16\)\)", code), code
     labels, (scheduled, naive) = scheduled_and_naive(tmp_path / "stem.pt2", target, tmp_path)
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-5, atol=1e-5)
+
+
+def test_register_tiles_are_on_the_stack_not_in_the_workspace_pool(example_files, tmp_path):
+    """The rules keep their accumulators in "local" buffers, which TVM's default lowering takes from
+    the runtime's workspace pool at every tile: a call in the body of each parallel loop. The
+    playground's build (webapp.pipeline.lowering) puts them on the stack, so no parallel loop and no
+    kernel without a large buffer calls the pool, and both builds compute the same, bit for bit."""
+    target = make_target("x86-host")
+    model = import_model(example_files / "cnn-small.onnx")
+    lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    ours = build(lowered, target, None)
+    default = tvm.compile(lowered, target=target, relax_pipeline=None)
+
+    def pool_users(executable) -> set[str]:
+        code = executable.mod.imports[0].inspect_source("ll")
+        functions = re.split(r"\n(?=define )", code)[1:]
+        calls = [f for f in functions if "@__TVMBackendAllocWorkspace" in f]
+        return {re.match(r'define [^@]*@"?([\w.]+)', f)[1] for f in calls}
+
+    assert {"fused_matmul_add3_compute_", "mean_compute_"} <= pool_users(default)
+    assert any("parallel_lambda" in name for name in pool_users(default))
+    # what is left: each conv's padded input, one allocation of 14-74 KB a call, outside its loops
+    assert pool_users(ours) == {f"fused_conv2d{i}_add{i}_relu{i}_compute_" for i in ("", "1", "2")}
+    inputs = bench.make_inputs(model.inputs)
+    outputs = [bench.flatten_outputs(bench.tvm_runner(exe, inputs)()) for exe in (ours, default)]
+    np.testing.assert_array_equal(outputs[0][0], outputs[1][0])

@@ -14,7 +14,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline import schedules
+from webapp.pipeline import lowering, schedules
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.optimize import FusionTrace
 from webapp.pipeline.tune import open_database
@@ -167,7 +167,7 @@ def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None."""
-    executable = tvm.compile(lowered, target=target, relax_pipeline=None)
+    executable = tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=lowering.PIPELINE)
     if out is not None:
         export(executable, target, out)
     return executable

@@ -416,11 +416,16 @@ def register_dot(kind: str) -> str:
         with T.sblock("root"):
             T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
             T.writes(C[0:lanes])
-            four = T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32")
+            # The 4 activation bytes as one int32, broadcast to every lane; written as one expression:
+            # a value given a name here becomes a local buffer, which TVM allocates from its workspace
+            # pool (a runtime call) at every use
             C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id(intrinsic),
                 C.vload([0], dtype=f"int32x{lanes}"),
-                T.reinterpret(T.broadcast(four, lanes), dtype=f"{a_dtype}x{4 * lanes}"),
+                T.reinterpret(
+                    T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
+                    dtype=f"{a_dtype}x{4 * lanes}",
+                ),
                 B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
                 dtype=f"int32x{lanes}",
             )

@@ -156,7 +156,10 @@ def fast_build(mod, target, _params):
     import tvm as _tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    return _tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    from webapp.pipeline import lowering  # measured as the playground builds it
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return _tvm.tirx.build(mod, target=target, pipeline=lowering.PIPELINE)
 
 
 def best_seconds(db: ms.database.Database, mod: tvm.IRModule) -> float | None:
