@@ -14,6 +14,8 @@ Builds name the pipeline registered here (`PIPELINE`) instead of TVM's "default"
 
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -26,9 +28,7 @@ def on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
     buffer = alloc.buffer
     if buffer.scope() != "local" or not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
         return alloc
-    size = buffer.dtype.itemsize  # bytes, vector lanes included
-    for d in buffer.shape:
-        size *= int(d.value)
+    size = buffer.dtype.itemsize * math.prod(int(d.value) for d in buffer.shape)  # lanes included
     if size > STACK_LIMIT_BYTES:
         return alloc
     annotations = {**dict(alloc.annotations or {}), "disable_lower_builtin": tirx.IntImm("int32", 1)}

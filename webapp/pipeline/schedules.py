@@ -830,14 +830,13 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
         # The vector loop is split off the innermost axis, not off all axes fused: through the
         # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
         width = vector_width(extent(sch, loops[-1]), lanes, minimum=4)
+        # no vector width in the output: vectors along the input's innermost axis, if it has one
         outer = None if width else transpose_in_vectors(sch, block, loops, lanes)
-        if outer is not None:
-            pass  # vectors along the input's innermost axis
-        elif width and total >= 4 * lanes:
+        if outer is None and width and total >= 4 * lanes:
             rest, inner = sch.split(loops[-1], [None, width])
             outer = fuse(sch, [*loops[:-1], rest])
             sch.vectorize(inner)
-        else:
+        elif outer is None:
             outer = fuse(sch, loops)
             if total >= 4 * lanes and total % lanes == 0:
                 outer, inner = sch.split(outer, [None, lanes])
