@@ -19,6 +19,10 @@ serve: setup
 test: setup-test
 	$(VENV)/bin/ruff check webapp tests benchmarks
 	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	# the tests whose outcome depends on the instruction set, again as on an AVX2-only CPU (no AVX-512,
+	# no VNNI): x86-host builds the x86-avx2 preset's code (webapp/targets/x86.py)
+	if grep -qw avx2 /proc/cpuinfo; then PLAYGROUND_HOST_PRESET=x86-avx2 \
+		$(VENV)/bin/python -m pytest -ra -m isa $(PYTEST_ARGS); fi
 
 setup: debs $(VENV)/.installed
 setup-test: debs-test $(VENV)/.installed-test

@@ -1,7 +1,9 @@
 """Where a built-in example's time goes, kernel by kernel, on the default schedule rules (or with the
 tuning records of a database folder): each compiled kernel timed on its own with random inputs and cold
 caches (webapp.pipeline.build.kernel_seconds, as the build compares records), with
-its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it.
+its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it; then the
+whole model's kernel profile as a job takes it (the VM's hook timing every call) against a run timed
+without the hook: their ratio is the hook's cost and the VM's own work.
 
     .venv/bin/python benchmarks/kernel_profile.py resnet50 [--target x86-host] [--records DIR] [--top 15]
         [--quantize int8]
@@ -25,6 +27,7 @@ import tvm
 from webapp.config import Config
 from webapp.jobs.worker import ensure_example_files
 from webapp.options import JobOptions
+from webapp.pipeline import bench
 from webapp.pipeline.build import build, fuse, kernel_seconds, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import kernel_flop
@@ -33,7 +36,7 @@ from webapp.pipeline.quantize.variants import quantize_job
 from webapp.targets import kind_of, make_target
 
 
-def profile(name: str, preset: str, records: Path | None, quantize: str = "none") -> list[dict]:
+def profile(name: str, preset: str, records: Path | None, quantize: str = "none") -> tuple[list[dict], dict]:
     _, onnx_path = ensure_example_files(Config.from_env(), name)
     target = make_target(preset)
     model = import_model(onnx_path)
@@ -69,7 +72,8 @@ def profile(name: str, preset: str, records: Path | None, quantize: str = "none"
                 "schedule": labels.get(name, "naive"),
             }
         )
-    return sorted(rows, key=lambda r: -r["ms"])
+    hooked = bench.profile_kernels(executable, bench.make_inputs(model.inputs), runs=20)
+    return sorted(rows, key=lambda r: -r["ms"]), hooked
 
 
 def main() -> int:
@@ -82,7 +86,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--quantize", default="none", help="e.g. int8: profile the quantized model")
     args = parser.parse_args()
-    rows = profile(args.model, args.target, args.records, args.quantize)
+    rows, hooked = profile(args.model, args.target, args.records, args.quantize)
     total = sum(r["ms"] for r in rows)
     print(f"{args.model}: {len(rows)} kernels, {total:.3f} ms summed (each kernel timed alone)")
     for r in rows[: args.top]:
@@ -91,6 +95,10 @@ def main() -> int:
             f"  {r['ms']:8.3f} ms {100 * r['ms'] / total:5.1f}%  x{r['calls']:<2} {rate}  {r['kernel']}  "
             f"[{r['schedule']}]"
         )
+    print(
+        f"in the model: kernels add up to {hooked['kernels_ms']:.3f} ms by the VM's hook, a run timed "
+        f"without it takes {hooked['run_ms']:.3f} ms (ratio {hooked['kernels_ms'] / hooked['run_ms']:.2f})"
+    )
     return 0
 
 

@@ -110,3 +110,19 @@ def page():
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         yield page
         browser.close()
+
+
+def int8_instruction(preset: str) -> str:
+    """The instruction a preset's int8 kernels multiply with, from the target's own description
+    (vpdpbusd with VNNI; x86-host is this CPU, or PLAYGROUND_HOST_PRESET's stand-in)."""
+    from webapp.targets import get, make_target
+
+    return get(preset).int8_mnemonic(make_target(preset))
+
+
+def run_here_or_skip(preset: str) -> None:
+    """Called after a test has checked a preset's code: the rest runs it, where this CPU can."""
+    from webapp.targets import get
+
+    if not get(preset).can_run_here:
+        pytest.skip(f"{preset}'s code built and checked; not run: {get(preset).runs_on}")

@@ -13,7 +13,7 @@ import tvm
 from onnx import TensorProto, helper
 from tvm import relax
 
-from tests.conftest import wait_for_job
+from tests.conftest import int8_instruction, wait_for_job
 from webapp.jobs.store import JobStore
 from webapp.jobs.worker import run_job
 
@@ -291,6 +291,7 @@ def test_refuses_a_file_over_the_size_limit(config, size_mb):
     assert "larger than this server's limit of 1 MB" in resp.get_json()["error"]
 
 
+@pytest.mark.isa
 def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, example_files, tmp_path):
     """int8 with power-of-two scales, KL calibration on the user's inputs: the JSON names every
     quantized layer with its scales and error, and benchmarks int8 beside fp32."""
@@ -315,7 +316,7 @@ def test_quantized_upload_with_calibration_npz_reports_layers_and_speed(client, 
         f for f in job["results"]["fidelity"] if f["variant"] == "int8" and f["reference"] == "tvm fp32"
     )
     assert vs_fp32["cosine"] > 0.99
-    assert job["results"]["instructions"]["vpdpbusd"] > 0  # this CPU has AVX-512 VNNI
+    assert job["results"]["instructions"][int8_instruction("x86-host")] > 0  # vpdpbusd with VNNI
     assert "uint8 x int8" in " ".join(job["results"]["dtype_census"]["kernels"])
     # the quantized layers' error on the graphs, also for Model Explorer
     graphs = client.get(f"/r/{job['id']}/files/model-explorer-graphs.json").get_json()

@@ -9,6 +9,7 @@ import onnx
 import pytest
 import tvm
 from onnx import TensorProto, helper
+from tvm import relax
 
 from webapp.catalog import EXAMPLES
 from webapp.pipeline import bench
@@ -17,6 +18,7 @@ from webapp.pipeline.errors import StageError
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.inspect import inspect_build, relax_graph
 from webapp.pipeline.optimize import optimize
+from webapp.pipeline.quantize.annotate import bindings
 from webapp.targets import make_target
 
 SMALL = ["mlp", "cnn-small", "transformer-block"]
@@ -216,22 +218,28 @@ def test_pytorch_layers_are_module_paths_and_survive_batch_norm_folding(example_
     assert [layer.split(" ")[0] for layer in first] == ["features.0.0", "features.0.1", "features.0.2"]
 
 
-@pytest.mark.parametrize("name", ["cnn-small", "transformer-block", "resnet18"])
-def test_kernel_profile_adds_up_to_a_run_timed_without_the_hook(config, example_files, tmp_path, name):
-    """The shares are of the kernels' time (they add up to 1), and the kernels' time by the hook
-    agrees with a whole run timed by time_evaluator: measured here (three runs each) 1.04-1.05 of it
-    (cnn-small), 0.99-1.01 (transformer-block) and 0.99-1.01 (resnet18), the hook's few microseconds a
-    call included. (Not on mlp: a 35 µs run of three kernels, where the hook's own cost is 10-55 % of
-    the run.)"""
+@pytest.mark.isa
+@pytest.mark.parametrize("name", ["cnn-small", "transformer-block"])
+def test_kernel_profile_counts_every_kernel_call_of_a_run(config, example_files, tmp_path, name):
+    """The VM's hook sees every call of every compiled kernel: each kernel's calls per run are its call
+    sites in the model's main function, and the shares are of the kernels' time (they add up to 1).
+    How the kernels' time compares with a run timed without the hook is a measurement, printed by
+    benchmarks/kernel_profile.py, not asserted here."""
     from webapp.jobs.worker import ensure_example_files
 
     ensure_example_files(config, name)
     model = import_model(example_files / f"{name}.onnx")
     target = make_target("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
-    profile = bench.profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=20)
-    assert sum(k["share"] for k in profile["kernels"].values()) == pytest.approx(1.0, abs=0.1)
-    assert 0.75 < profile["kernels_ms"] / profile["run_ms"] < 1.35, profile
+    profile = bench.profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=3)
+    sites: dict[str, int] = {}
+    for b in bindings(lowered["main"]):
+        callee = b.value.op if isinstance(b.value, relax.Call) else None  # lowered: kernel(args, out)
+        if isinstance(callee, tvm.ir.GlobalVar) and isinstance(lowered[callee], tvm.tirx.PrimFunc):
+            sites[callee.name_hint] = sites.get(callee.name_hint, 0) + 1
+    assert {k: v["calls"] for k, v in profile["kernels"].items()} == sites
+    assert sum(k["share"] for k in profile["kernels"].values()) == pytest.approx(1.0)
+    assert profile["kernels_ms"] > 0 and profile["run_ms"] > 0
 
 
 def test_densenet121_convolutions_each_land_in_one_kernel_that_lists_them(tmp_path):

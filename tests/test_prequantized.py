@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import wait_for_job
+from tests.conftest import int8_instruction, wait_for_job
 from tests.test_api import submit
 
 
@@ -37,12 +38,15 @@ def ort_quantized(source, out, fmt: str, input_name: str, shape) -> bytes:
     return out.read_bytes()
 
 
+pytestmark = pytest.mark.isa  # int8 kernels on x86-host
+
+
 def assert_on_integer_kernels_like_onnxruntime(job: dict, form: str, layers: int, min_sqnr_db: float) -> dict:
     assert job["status"] == "done", job["error"]
     r = job["results"]
     assert r["model"]["prequantized"] == {"form": form, "layers": layers, "in_float": []}
     assert r["quantization"]["variant"] == "int8" and not r["quantization"]["skipped"]
-    assert r["instructions"]["vpdpbusd"] > 0  # the VNNI dot product (this CPU has AVX-512 VNNI)
+    assert r["instructions"][int8_instruction("x86-host")] > 0  # vpdpbusd with VNNI
     rows = {(b["runtime"], b["variant"]) for b in r["benchmarks"]}
     assert ("onnxruntime", "int8") in rows and ("tvm", "int8") in rows  # ORT runs the quantized file
     vs_ort = next(f for f in r["fidelity"] if f["variant"] == "int8" and f["reference"] == "onnxruntime")
@@ -50,7 +54,9 @@ def assert_on_integer_kernels_like_onnxruntime(job: dict, form: str, layers: int
     return vs_ort
 
 
-def test_a_qdq_resnet18_from_onnxruntime_runs_on_vnni_with_its_own_scales(client, config, tmp_path):
+def test_a_qdq_resnet18_from_onnxruntime_runs_on_integer_kernels_with_its_own_scales(
+    client, config, tmp_path
+):
     from webapp.jobs.worker import ensure_example_files
 
     _, source = ensure_example_files(config, "resnet18")
@@ -62,7 +68,7 @@ def test_a_qdq_resnet18_from_onnxruntime_runs_on_vnni_with_its_own_scales(client
     assert "Pre-quantized (QDQ), scales from the model" in page
 
 
-def test_a_qlinearconv_model_from_onnxruntime_runs_on_vnni(client, tmp_path):
+def test_a_qlinearconv_model_from_onnxruntime_runs_on_integer_kernels(client, tmp_path):
     rng = np.random.default_rng(0)
     weights = {
         "w1": rng.standard_normal((8, 3, 3, 3)) * 0.3,

@@ -13,6 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tvm import relax
 from tvm.relax import op as R
 
+from tests.conftest import run_here_or_skip
 from webapp.options import JobOptions
 from webapp.pipeline import bench
 from webapp.pipeline.build import build, compile_relax, fuse, schedule
@@ -27,7 +28,9 @@ from webapp.pipeline.quantize.scales import (
     requantize_reference,
     unpack_bits,
 )
-from webapp.targets import make_target
+from webapp.targets import get, kind_of, make_target
+
+pytestmark = pytest.mark.isa  # int8 kernels: the dot-product rules where x86-host has VNNI
 
 RNG = np.random.default_rng(0)
 
@@ -83,18 +86,33 @@ def integer_layer(kind: str, q: np.ndarray, r) -> np.ndarray:
 ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
 
 
+def int8_rule(kind: str, layout: str | None, target) -> str:
+    """The rule label an int8 layer gets on a target: the int8 rule of its dot-product instruction,
+    or, on a target without one, the float rule of the layer's kind (products widened to 16 bits)."""
+    dot = kind_of(target).dot_instruction(target)
+    if dot is None:
+        return f"default rule: {kind}"
+    return f"default rule: int8 {kind}{' NHWC' if kind == 'conv2d' and layout == 'NHWC' else ''} ({dot})"
+
+
 @pytest.mark.parametrize("kind, layout", [("conv2d", "NHWC"), ("conv2d", "NCHW"), ("matmul", None)])
 @pytest.mark.parametrize("weight_scale", ["max", "power2"])
-@pytest.mark.parametrize("activations", ["uint8", "int8"])
-def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, activations, monkeypatch):
-    """uint8 activations as for x86; int8 as for Arm (quantized for the Arm target, run here). The
-    integer model runs in NHWC when all its convolutions are integer, else in NCHW: both checked."""
+@pytest.mark.parametrize(
+    "activations, preset",
+    [("uint8", "x86-host"), ("uint8", "x86-avx512-vnni"), ("uint8", "x86-avx2"), ("int8", "x86-host")],
+)
+def test_integer_layers_are_bit_exact_against_numpy(
+    kind, layout, weight_scale, activations, preset, monkeypatch
+):
+    """uint8 activations as for x86 (this CPU, and the VNNI and AVX2 presets); int8 as for Arm
+    (quantized for the Arm target, run here). The integer model runs in NHWC when all its
+    convolutions are integer, else in NCHW: both checked."""
     if layout == "NCHW":
         import webapp.pipeline.quantize as quantize_package
 
         monkeypatch.setattr(quantize_package, "integer_layout", lambda mod: mod)
     mod, shapes = float_model(kind)
-    target = make_target("x86-host")
+    target = make_target(preset)
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
     quantize_for = ARM if activations == "int8" else target
     q = quantize(mod, quantize_for, JobOptions(quantize="int8", weight_scale=weight_scale), samples)
@@ -103,8 +121,11 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
     assert first.output is not None and second.output is None  # 8 bits between them, float after
     assert first.requantize == ("shift" if weight_scale == "power2" else "float32 multiply")
 
-    x = RNG.standard_normal(shapes["x"]).astype("float32")
     executable, labels = compile_relax(q.mod, target)
+    if activations == "uint8":  # the target's own int8 rule (with VNNI: vpdpbusd)
+        assert int8_rule(kind, layout, target) in labels.values(), labels
+    run_here_or_skip(preset)
+    x = RNG.standard_normal(shapes["x"]).astype("float32")
     ours = bench.flatten_outputs(bench.tvm_runner(executable, {"x": x})())[0]
 
     xq = first.input.quantize(x)
@@ -115,11 +136,6 @@ def test_integer_layers_are_bit_exact_against_numpy(kind, layout, weight_scale, 
     acc = integer_layer(kind, h, second)
     expected = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
-    if activations == "uint8":  # this machine's CPU has AVX-512 VNNI (TVM_NOTES.md): the VNNI rules ran
-        expected_rule = (
-            f"default rule: int8 {kind}{' NHWC' if kind == 'conv2d' and layout == 'NHWC' else ''} (VNNI)"
-        )
-        assert expected_rule in labels.values()
 
 
 def residual_model() -> tuple[tvm.IRModule, dict]:
@@ -191,9 +207,9 @@ def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
         lowered, _ = schedule(fuse(q.mod, target), target)
         return build(lowered, target, None).mod.imports[0].inspect_source("asm")
 
-    vnni = asm({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "cascadelake"})
+    vnni = asm(get("x86-avx512-vnni").spec)
     assert vnni.count("vpdpbusd") >= 16
-    avx2 = asm({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"})
+    avx2 = asm(get("x86-avx2").spec)
     assert "vpdpbusd" not in avx2 and "zmm" not in avx2
 
 

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import tvm
 
+from tests.conftest import run_here_or_skip
 from webapp.catalog import EXAMPLES
 from webapp.pipeline import bench
 from webapp.pipeline.build import build, schedule
 from webapp.pipeline.importers import import_model
 from webapp.pipeline.optimize import optimize
-from webapp.targets import make_target
+from webapp.targets import kind_of, make_target
 
 HEAVY = re.compile(r"conv2d|matmul")
 
@@ -31,6 +32,11 @@ def scheduled_and_naive(example_path, target, tmp_path):
         bench.flatten_outputs(bench.tvm_runner(build(m, target, None), inputs)()) for m in (lowered, naive)
     ]
     return labels, outputs
+
+
+def lanes_of(target) -> int:
+    """float32 lanes of the target's vectors, as the target describes them."""
+    return kind_of(target).vector_shape(target)[0]
 
 
 @pytest.mark.slow
@@ -79,8 +85,9 @@ def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_file
         assert found == parallel_kernels, name
 
 
+@pytest.mark.parametrize("preset", ["x86-avx512", "x86-avx2"])
 @pytest.mark.parametrize("stride", [1, 2])
-def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tmp_path, stride):
+def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tmp_path, stride, preset):
     """A 3x3 depthwise conv in NHWC (MobileNet's, stride 1 and 2): the windowed rule reads the input
     where it lies in whole vectors of channels, zero outside the border (no padded copy), and
     computes what ONNX Runtime does, the border included."""
@@ -104,7 +111,7 @@ def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tm
     )
     path = tmp_path / "dw.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
-    target = make_target("x86-host")
+    target = make_target(preset)
     model = import_model(path)
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     conv = next(name for name in labels if "conv2d" in name)
@@ -114,9 +121,11 @@ def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tm
     update = code[code.index('T.sblock("group_conv2d_nhwc_update")') :]
     step = "" if stride == 1 else rf" \* T.int64\({stride}\)"
     assert re.search(rf"\+ T.if_then_else\(.*, \w+\[v_nn, v_yy{step} \+ v_ry - T.int64\(1\)", update)
+    lanes = lanes_of(target)  # whole vectors of channels: 16 with AVX-512, 8 with AVX2
     assert re.search(
-        r"for \w+ in T.vectorized\(T.int64\(16\)\):\s+with T.sblock\(\"group_conv2d_nhwc_update", code
+        rf"for \w+ in T.vectorized\(T.int64\({lanes}\)\):\s+with T.sblock\(\"group_conv2d_nhwc_update", code
     )
+    run_here_or_skip(preset)
     inputs = bench.make_inputs(model.inputs)
     ours = bench.flatten_outputs(bench.tvm_runner(build(lowered, target, None), inputs)())[0]
     reference = bench.onnxruntime_runner(path, inputs, 1)()[0]
@@ -163,7 +172,8 @@ def test_grouped_conv2d_has_its_rule_and_matches_the_naive_build(tmp_path):
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-5)
 
 
-def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_path):
+@pytest.mark.parametrize("preset", ["x86-avx512", "x86-avx2"])
+def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_path, preset):
     """NCHW to NHWC with 3 channels (an image model's input, before its first conv): the transpose
     reads whole vectors of columns and writes them with a stride, the 3 channels unrolled, instead of
     gathering lane by lane; it computes what the naive build does."""
@@ -180,12 +190,16 @@ def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_pa
     torch.manual_seed(0)
     ep = torch.export.export(Stem().eval(), (torch.randn(1, 3, 24, 32),))
     torch.export.save(ep, tmp_path / "stem.pt2")
-    target = make_target("x86-host")
+    target = make_target(preset)
     model = import_model(tmp_path / "stem.pt2")
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     transpose = next(name for name in labels if "transpose" in name)
     code = lowered[transpose].script()
-    assert re.search(r"T.unroll\(T.int64\(3\)\):\s+for \w+ in T.vectorized\(T.int64\(16\)\)", code), code
+    lanes = lanes_of(target)
+    assert re.search(rf"T.unroll\(T.int64\(3\)\):\s+for \w+ in T.vectorized\(T.int64\({lanes}\)\)", code), (
+        code
+    )
+    run_here_or_skip(preset)
     labels, (scheduled, naive) = scheduled_and_naive(tmp_path / "stem.pt2", target, tmp_path)
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-5, atol=1e-5)
 

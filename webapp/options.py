@@ -94,6 +94,11 @@ class JobOptions:
                 f"Tuning runs its measurements where the code runs; for {target} that is a board of the "
                 "device pool, which tuning does not use yet. Submit with tune_trials 0."
             )
+        if trials and not TARGETS[target].gpu and not TARGETS[target].can_run_here:
+            raise SubmitError(
+                f"Tuning measures the code where it runs: {TARGETS[target].runs_on}. "
+                "Submit with tune_trials 0."
+            )
         quantize = choice("quantize", QUANTIZE_MODES)
         if quantize != "none" and TARGETS[target].no_quantization:
             raise SubmitError(TARGETS[target].no_quantization)

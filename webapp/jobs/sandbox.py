@@ -168,6 +168,10 @@ def bwrap_command(
     return args + command
 
 
+# Settings of the server that its jobs follow: x86-host standing in for a named preset (webapp/targets/x86.py)
+PASSED_THROUGH = ("PLAYGROUND_HOST_PRESET",)
+
+
 def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
     threads = str(config.bench_threads)
     return {
@@ -182,7 +186,7 @@ def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": threads,
         "MALLOC_ARENA_MAX": "2",  # each thread's arena reserves 64 MB of address space otherwise
         "PLAYGROUND_MEMORY_LIMIT_MB": str(config.memory_limit_mb),
-    }
+    } | {k: os.environ[k] for k in PASSED_THROUGH if os.environ.get(k)}
 
 
 def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:

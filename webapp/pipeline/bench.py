@@ -441,7 +441,7 @@ def benchmark_job(executables: dict, model, job, target, tvm_target, report, sho
     """The benchmark stage of a job: its builds against the frameworks' references on the target's
     device, on a random input (a held-out image for an example with a dataset), accuracy on the
     dataset where there is one, and each build's kernel profile."""
-    if target.gpu and not device_present(target):
+    if (target.gpu and not device_present(target)) or (not target.gpu and not target.can_run_here):
         return {"benchmarks": [], "fidelity": [], "not_timed": target.no_device_line()}
     inputs = job_inputs(model, job)
     device = target.device_name(tvm_target)

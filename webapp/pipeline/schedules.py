@@ -28,7 +28,6 @@ import contextvars
 import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
-from tvm.target.codegen import target_has_features
 
 from webapp.targets import KINDS, kind_of
 
@@ -371,16 +370,8 @@ DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, 
 
 
 def dot_instruction(target, channels: int | None = None) -> str | None:
-    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any: the
-    widest of its kind's whose lanes divide `channels` when given."""
-    return next(
-        (
-            name
-            for name, lanes, _, _, feature in kind_of(target).dot_instructions
-            if target_has_features(feature, target) and (channels is None or channels % lanes == 0)
-        ),
-        None,
-    )
+    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any."""
+    return kind_of(target).dot_instruction(target, channels)
 
 
 def register_dot(kind: str) -> str:

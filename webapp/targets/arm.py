@@ -12,6 +12,7 @@ class Arm(LLVMCPU):
     cross_compiler = "aarch64-linux-gnu-g++"
     activation_dtype = "int8"  # sdot multiplies int8 by int8
     dot_instructions = (("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),)
+    int8_mnemonics = {"sdot": "sdot"}
 
     @classmethod
     def matches(cls, tvm_target) -> bool:

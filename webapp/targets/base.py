@@ -127,6 +127,27 @@ class LLVMCPU(Target):
     # activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4 products.
     dot_instructions: ClassVar[tuple[tuple[str, int, str, str, str], ...]] = ()
     activation_dtype: ClassVar[str] = "uint8"  # 8-bit activations as its dot product multiplies them
+    # The assembly mnemonic that multiplies the int8 kernels' 8-bit values, by the dot instruction
+    # the target has (None: it has none, and the products are widened first).
+    int8_mnemonics: ClassVar[dict[str | None, str]] = {}
+
+    @classmethod
+    def dot_instruction(cls, tvm_target, channels: int | None = None) -> str | None:
+        """The integer dot-product instruction the target has (a dot_instructions name), if any: the
+        widest whose lanes divide `channels` when given."""
+        return next(
+            (
+                name
+                for name, lanes, _, _, feature in cls.dot_instructions
+                if has_feature(tvm_target, feature) and (channels is None or channels % lanes == 0)
+            ),
+            None,
+        )
+
+    @classmethod
+    def int8_mnemonic(cls, tvm_target) -> str | None:
+        """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""
+        return cls.int8_mnemonics.get(cls.dot_instruction(tvm_target))
 
     @classmethod
     def export_library(cls, executable, path: str) -> None:

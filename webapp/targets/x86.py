@@ -1,13 +1,27 @@
-"""x86-64 CPUs: built with LLVM for this server's CPU or a portable baseline, run and timed here."""
+"""x86-64 CPUs: built with LLVM for this server's CPU or a named instruction set, run and timed here
+where this CPU has the instructions the code uses (built, not run, where it lacks them).
+
+PLAYGROUND_HOST_PRESET=x86-avx2 (any x86 preset's name) makes `x86-host` build the code of that preset
+instead of this CPU's: the whole project, its tests included, then behaves as on a machine with that
+instruction set (an AVX-512 machine runs the AVX2 code its tests check)."""
 
 from __future__ import annotations
 
+import os
+import platform
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from webapp.targets.base import LLVMCPU, has_feature
 
+HOST_PRESET_VARIABLE = "PLAYGROUND_HOST_PRESET"
 
+
+@dataclass(frozen=True)
 class X86(LLVMCPU):
+    needs: tuple[str, ...] = ()  # the CPU flags (as /proc/cpuinfo names them) its code needs
+
     kind = "x86"
     arch = "x86_64"
     activation_dtype = "uint8"  # vpdpbusd multiplies uint8 activations by int8 weights
@@ -15,6 +29,24 @@ class X86(LLVMCPU):
         ("VNNI", 16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
         ("VNNI-256", 8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avx512vnni"),  # ymm: 8 channels
     )
+    # without a dot product, the widened 16-bit products go through a multiply-add
+    int8_mnemonics = {"VNNI": "vpdpbusd", "VNNI-256": "vpdpbusd", None: "vpmaddwd"}
+
+    @property
+    def can_run_here(self) -> bool:
+        return platform.machine() == self.arch and set(self.needs) <= cpu_flags()
+
+    @property
+    def runs_on(self) -> str:
+        missing = sorted(set(self.needs) - cpu_flags())
+        if platform.machine() == self.arch and missing:
+            return f"nowhere here: this server's CPU lacks {', '.join(missing)} (built, not run)"
+        return super().runs_on
+
+    def no_device_line(self) -> str:
+        """The benchmark stage's one line where this CPU cannot run the code."""
+        where = self.runs_on.removeprefix("nowhere here: ")
+        return f"compiled for {self.name}; {where}, so nothing was timed"
 
     @classmethod
     def matches(cls, tvm_target) -> bool:
@@ -32,33 +64,62 @@ class X86(LLVMCPU):
     def database_key(self) -> str:
         """Records for this server's CPU are kept per vector ISA (e.g. x86-host-avx512): what a tuned
         schedule depends on most."""
-        return f"{self.name}-{host_vector_isa()}" if self.spec.get("mcpu") == "host" else self.name
+        if self.name != "x86-host":
+            return self.name
+        flags = cpu_flags() if self.spec.get("mcpu") == "host" else set(self.needs)
+        return f"{self.name}-{vector_isa(flags)}"
 
 
-def host_vector_isa() -> str:
-    """This server's widest x86 vector extension, from /proc/cpuinfo (no TVM in the worker)."""
+@cache
+def cpu_flags() -> set[str]:
+    """This server's CPU flags, from /proc/cpuinfo (no TVM in the web process)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
-    flags = set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+
+
+def vector_isa(flags: set[str]) -> str:
+    """The widest x86 vector extension among CPU flags."""
     return next((isa.removesuffix("f") for isa in ("avx512f", "avx2", "avx") if isa in flags), "sse2")
 
 
-PRESETS = [
-    X86(
-        "x86-host",
-        "x86-64, this server's CPU",
-        "LLVM for the CPU of the machine that runs the job (its mcpu is detected, e.g. znver4 with "
-        "AVX-512), using all the vector extensions it has.",
-        {"kind": "llvm", "mcpu": "host"},
-    ),
+def host_vector_isa() -> str:
+    return vector_isa(cpu_flags())
+
+
+AVX2 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2")
+AVX512 = AVX2 + ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
+
+NAMED = [
     X86(
         "x86-avx2",
         "x86-64 with AVX2",
         "LLVM for x86-64 with AVX2 and FMA (Intel since Haswell, AMD since Zen): 256-bit vectors, "
-        "16 vector registers.",
+        "16 vector registers, no integer dot product (8-bit products are widened to 16 bits).",
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"},
+        needs=AVX2,
+    ),
+    X86(
+        "x86-avx512",
+        "x86-64 with AVX-512, no VNNI (Skylake-SP)",
+        "LLVM for x86-64 with AVX-512 (F, CD, BW, DQ, VL) but no VNNI dot product, as Intel's Skylake "
+        "servers (Xeon Scalable, first generation): 512-bit vectors, 32 vector registers.",
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
+        needs=AVX512,
+    ),
+    X86(
+        "x86-avx512-vnni",
+        "x86-64 with AVX-512 VNNI (Cascade Lake, Zen 4)",
+        "LLVM for x86-64 with AVX-512 and its VNNI integer dot product (vpdpbusd: 4 uint8 x int8 "
+        "products a lane), as Intel since Cascade Lake and AMD since Zen 4: int8 kernels use it.",
+        {
+            "kind": "llvm",
+            "mtriple": "x86_64-linux-gnu",
+            "mcpu": "cascadelake",
+        },
+        needs=(*AVX512, "avx512_vnni"),
     ),
     X86(
         "x86-generic",
@@ -67,3 +128,31 @@ PRESETS = [
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"},
     ),
 ]
+
+
+def host_preset() -> X86:
+    """x86-host: this CPU's code, or, under PLAYGROUND_HOST_PRESET, a named preset's standing in."""
+    title = "x86-64, this server's CPU"
+    stand_in = os.environ.get(HOST_PRESET_VARIABLE)
+    if not stand_in:
+        return X86(
+            "x86-host",
+            title,
+            "LLVM for the CPU of the machine that runs the job (its mcpu is detected, e.g. znver4 with "
+            "AVX-512), using all the vector extensions it has.",
+            {"kind": "llvm", "mcpu": "host"},
+        )
+    named = {t.name: t for t in NAMED}
+    if stand_in not in named:
+        raise ValueError(f"{HOST_PRESET_VARIABLE}={stand_in}: not one of {', '.join(named)}")
+    return X86(
+        "x86-host",
+        f"{title}, as {stand_in}",
+        f"Standing in for this server's CPU ({HOST_PRESET_VARIABLE}={stand_in}): "
+        + named[stand_in].description,
+        named[stand_in].spec,
+        needs=named[stand_in].needs,
+    )
+
+
+PRESETS = [host_preset(), *NAMED]
