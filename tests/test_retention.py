@@ -15,6 +15,7 @@ import pytest
 
 from webapp import create_app
 from webapp.jobs.storage import collect_garbage, file_digest
+from webapp.jobs.store import job_store
 from webapp.jobs.worker import run_job
 
 
@@ -32,7 +33,7 @@ def post(client, model: bytes, **fields):
 @pytest.mark.slow
 def test_uploads_once_expiry_keeps_the_page_and_the_delete_link(own, example_files):
     config, client = own
-    store = config.store()
+    store = job_store(config)
     model = (example_files / "mlp.onnx").read_bytes()
     first = post(client, model).get_json()
     second = post(client, model, rerun="1").get_json()  # the same bytes, a fresh job
@@ -98,7 +99,7 @@ def test_the_browser_that_submitted_sees_the_delete_link_and_deletes_after_confi
 def test_a_size_cap_expires_the_oldest_first(own, example_files):
     """Three finished jobs (a folder each, made here) and a cap that only the newest two fit under."""
     config, _ = own
-    store = config.store()
+    store = job_store(config)
     ids = []
     for i in range(3):
         job_id = f"retention-test-job-{i:04d}-xxxx"

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from webapp.jobs.sandbox import run_sandboxed
+from webapp.sandbox import run_sandboxed
 
 
 def run_script(config, tmp_path, code: str):

@@ -7,13 +7,14 @@ from pathlib import Path
 from flask import Flask
 
 from webapp.config import Config
+from webapp.jobs.store import job_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def create_app(config: Config | None = None) -> Flask:
     from webapp.jobs.queue import JobQueue
-    from webapp.jobs.sandbox import check_bubblewrap
+    from webapp.sandbox import check_bubblewrap
     from webapp.web import api, pages
 
     config = config or Config.from_env()
@@ -23,7 +24,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = (config.max_upload_mb + 1) << 20
     app.extensions["playground"] = {
         "config": config,
-        "store": config.store(),
+        "store": job_store(config),
         "queue": JobQueue(config),
     }
     app.register_blueprint(pages.bp)

@@ -101,7 +101,7 @@ class Supervised:
 def cmd_worker(args) -> int:
     config = Config.from_env()
     if not config.unsandboxed:
-        from webapp.jobs.sandbox import check_bubblewrap
+        from webapp.sandbox import check_bubblewrap
 
         check_bubblewrap()
     from webapp.jobs.queue import JobQueue
@@ -215,7 +215,7 @@ def cmd_tune(args) -> int:
 
 def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> int:
     """The sandboxed pipeline for compile and tune, its stages and benchmark table printed."""
-    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
+    from webapp.sandbox import SandboxUnavailable, check_bubblewrap
 
     config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
     print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
@@ -246,8 +246,8 @@ def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> i
 def cmd_run(args) -> int:
     """Like `tvmc run`: a package's model on --inputs (an .npz), in the sandbox unless --no-sandbox:
     the library is code compiled from a model."""
-    from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
     from webapp.package import unpack
+    from webapp.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
 
     config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
     with tempfile.TemporaryDirectory(prefix="tvm-playground-run-") as scratch:

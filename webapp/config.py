@@ -91,12 +91,6 @@ class Config:
         )
         return replace(c, **overrides)
 
-    def store(self):
-        """The job store (one per data folder and database in a process)."""
-        from webapp.jobs.store import open_store
-
-        return open_store(self.data_dir, self.database_url)
-
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"

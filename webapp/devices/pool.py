@@ -35,8 +35,8 @@ from webapp.config import Config
 from webapp.devices import tracker as tracker_protocol
 from webapp.devices.rootfs import LIBRARY_PATH, RootfsError, ensure_rootfs
 from webapp.devices.status import read_status
-from webapp.jobs.sandbox import SandboxUnavailable, check_bubblewrap
 from webapp.jsonfile import write_json_atomic
+from webapp.sandbox import SandboxUnavailable, check_bubblewrap
 from webapp.targets import TARGETS
 
 BOARD_SCRIPT = Path(__file__).with_name("board.py")

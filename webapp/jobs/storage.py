@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from webapp.config import Config
+from webapp.jobs.store import job_store
 
 
 def file_digest(path: Path) -> str:
@@ -96,7 +97,7 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
     """The retention policy: finished jobs older than keep_days expire, then the oldest until the
     data (job folders and uploads) is within keep_gb; uploads no job uses are removed. Queued and
     running jobs are never touched. Returns what it did."""
-    store, now = config.store(), now or time.time()
+    store, now = job_store(config), now or time.time()
     finished = store.expirable()  # oldest first
     uploads = config.data_dir / "uploads"
     total = 0
@@ -136,7 +137,7 @@ def remove_unused_uploads(config: Config) -> int:
 
 def delete_job(config: Config, job_id: str) -> None:
     """A result removed by its submitter: its folder, and the record kept only as 'deleted'."""
-    store = config.store()
+    store = job_store(config)
     shutil.rmtree(store.job_dir(job_id), ignore_errors=True)
     store.mark_deleted(job_id)
     remove_unused_uploads(config)

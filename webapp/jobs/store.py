@@ -22,6 +22,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from webapp.catalog import STAGES
+from webapp.config import Config
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
 
@@ -272,6 +273,11 @@ def token_hash(token: str) -> str:
 @functools.cache
 def open_store(data_dir: Path, database_url: str | None) -> JobStore:
     return JobStore(data_dir, database_url)
+
+
+def job_store(config: Config) -> JobStore:
+    """The job store of a configuration (one per data folder and database in a process)."""
+    return open_store(config.data_dir, config.database_url)
 
 
 def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:

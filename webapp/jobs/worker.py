@@ -14,11 +14,11 @@ from pathlib import Path
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
 from webapp.config import Config
-from webapp.jobs.sandbox import run_sandboxed
-from webapp.jobs.store import read_untrusted_json
+from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
+from webapp.sandbox import run_sandboxed
 
 
 def worker_name(config: Config) -> str:
@@ -100,7 +100,7 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
 
 
 def run_job(config: Config, job_id: str) -> None:
-    store = config.store()
+    store = job_store(config)
     job, me = store.get(job_id), worker_name(config)
     if job is None or not store.claim(job_id, me):  # gone, or another worker's (a repeated message)
         return
@@ -193,7 +193,7 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
     again once, with what its first attempt wrote removed, and fails with a plain message if its
     worker is lost again. Any worker may run this at any time: the store hands each job to one.
     Returns the ids queued again; `enqueue(job_id)` queues one."""
-    store, now = config.store(), time.time()
+    store, now = job_store(config), time.time()
     requeued = []
     for job in store.running():
         host, _, pid = (job["worker"] or "").rpartition(":")
@@ -233,7 +233,7 @@ def retry(store, job_id: str, worker: str, note: str, me: str) -> bool:
 def requeue_waiting(config: Config, enqueue) -> None:
     """Queue every waiting job again (a worker's start): a queue that lost its messages (a Redis
     without persistence, restarted) loses no job, and a repeated message is a no-op (run_job claims)."""
-    for job_id in config.store().waiting():
+    for job_id in job_store(config).waiting():
         enqueue(job_id)
 
 

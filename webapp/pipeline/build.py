@@ -16,6 +16,7 @@ from tvm import relax
 
 from webapp.pipeline import lowering, schedules
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.legalize import legalize_passes
 from webapp.pipeline.optimize import FusionTrace
 from webapp.pipeline.tune import open_database
 from webapp.targets import kind_of
@@ -72,7 +73,7 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target, trace=None) -> tvm.IRModu
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
     without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
     with target, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
-        return tvm.transform.Sequential(kind_of(target).legalize_passes(target))(mod)
+        return tvm.transform.Sequential(legalize_passes(target))(mod)
 
 
 FLUSH_BYTES = 64 << 20  # written before each timed run of a kernel: twice this machine's L3 cache

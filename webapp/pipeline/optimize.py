@@ -10,6 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from webapp.pipeline.legalize import legalize_passes
 from webapp.pipeline.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.targets import kind_of
 
@@ -111,7 +112,7 @@ def optimize(
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
     with target, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
         kind = kind_of(target)
-        pipeline = kind.legalize_passes(target) + kind.lower_passes(target)
+        pipeline = legalize_passes(target) + kind.lower_passes(target)
         lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None

@@ -216,7 +216,7 @@ def crash_message(board: dict, what: str, exc: Exception) -> str:
 
 def main(argv: list[str]) -> None:
     from webapp.catalog import STAGES
-    from webapp.pipeline.runner import Progress, Results
+    from webapp.pipeline.job import Progress, Results
 
     job = Remote.from_argv(argv)
     progress, results = Progress(job.job_dir, STAGES, resume=True), Results(job.job_dir, resume=True)

@@ -1,5 +1,6 @@
-"""Rewrites a CPU kind's pipeline makes before legalization (webapp/targets/base.py,
-LLVMCPU.legalize_passes). Each leaves a model it cannot take as it was: never a job's failure.
+"""Rewrites a CPU kind's pipeline makes before legalization (the kind names them, Target.rewrites;
+webapp.pipeline.legalize runs them). Each leaves a model it cannot take as it was: never a job's
+failure.
 
 Fast math: `erf`, `exp`, `tanh` and softmax become TVM's fast approximations (topi.fast_erf, ...:
 clamped polynomials that vectorize, where LLVM calls libm once per element; GELU's erf was half the

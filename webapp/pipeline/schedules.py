@@ -29,6 +29,16 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
+from webapp.pipeline import gpu_schedules
+from webapp.pipeline.schedule_tools import (
+    extent,
+    fuse,
+    inline_epilogue,
+    is_output,
+    iter_kinds,
+    largest_divisor,
+    vector_width,
+)
 from webapp.targets import KINDS, kind_of
 
 SCHEDULE_ATTR = "playground.schedule"
@@ -39,51 +49,6 @@ PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePre
 def simd(target: tvm.target.Target) -> tuple[int, int]:
     """(float32 lanes per vector register, number of vector registers): the target's kind says."""
     return kind_of(target).vector_shape(target)
-
-
-def extent(sch: s_tir.Schedule, loop) -> int:
-    value = sch.get(loop).extent
-    return int(value) if isinstance(value, tirx.IntImm) else -1
-
-
-def vector_width(n: int, lanes: int, minimum: int = 2) -> int:
-    """The widest of lanes, lanes/2, lanes/4 (at least `minimum`) that divides n; 0 when none does.
-    Powers of two only: LLVM splits odd-width vectors into pieces."""
-    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= minimum and n % w == 0), 0)
-
-
-def fuse(sch: s_tir.Schedule, loops: list):
-    """One loop for `loops` (the loop itself when there is one)."""
-    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
-
-
-def largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
-
-
-def iter_kinds(block: tirx.SBlock) -> str:
-    return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
-
-
-def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
-    return any(p.same_as(buffer) for p in func.params)
-
-
-def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
-    """Inlines the elementwise blocks after `main` into the block that writes the output, and returns
-    that block (None when `main` writes the output itself). Raises when that is not possible."""
-    func = sch.mod["main"]
-    if is_output(func, sch.get(main).writes[0].source):
-        return None
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
-    for block in blocks[at + 1 :]:
-        if not is_output(func, sch.get(block).writes[0].source):
-            sch.compute_inline(block)
-    consumers = sch.get_consumers(main)
-    if len(consumers) != 1:
-        raise ValueError("the result feeds more than one output")
-    return consumers[0]
 
 
 def loops_below(sch: s_tir.Schedule, block, loop) -> list:
@@ -927,8 +892,6 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build."""
     rules = RULES
     if kind_of(target).gpu:
-        from webapp.pipeline import gpu_schedules
-
         if gpu_schedules.bound_already(func):
             return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
         rules = gpu_schedules.RULES

@@ -27,6 +27,7 @@ class Target:
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on
     gpu: ClassVar[bool] = False  # scheduled by the GPU rules (webapp.pipeline.gpu_schedules)
     no_quantization: ClassVar[str] = ""  # why quantized builds are refused for the kind, if they are
+    rewrites: ClassVar[tuple[str, ...]] = ()  # the project's Relax rewrites it runs first, by name
 
     # --- what the web process may ask (no TVM) ---
     @property
@@ -93,21 +94,17 @@ class LLVMCPU(Target):
     def device_name(cls, tvm_target) -> str:
         return f"{cls.arch} CPU ({tvm_target.attrs.get('mcpu', 'generic')})"
 
+    # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.legalize):
+    # fast math, float convolutions channels last, transposed weights computed with numpy, and
+    # 3x3 convolutions by Winograd.
+    rewrites: ClassVar[tuple[str, ...]] = ("fast_math", "channels_last", "fold_with_numpy", "winograd")
+
     @classmethod
     def legalize_passes(cls, tvm_target) -> list:
-        """Relax before legalization -> fused TIR kernels (before scheduling), after the CPU
-        rewrites (webapp.pipeline.rewrites: fast math, float convolutions channels last, and the
-        transposed weights computed with numpy; webapp.pipeline.winograd: 3x3 convolutions)."""
+        """TVM's passes from Relax (after the rewrites) to fused TIR kernels (before scheduling)."""
         from tvm.relax.backend import cpu_generic
 
-        from webapp.pipeline.rewrites import channels_last, fast_math, fold_with_numpy
-        from webapp.pipeline.winograd import winograd
-
-        return (
-            [fast_math, channels_last, fold_with_numpy, winograd]
-            + cpu_generic.library_dispatch_passes(tvm_target)
-            + cpu_generic.legalize_passes(tvm_target)
-        )
+        return cpu_generic.library_dispatch_passes(tvm_target) + cpu_generic.legalize_passes(tvm_target)
 
     @classmethod
     def lower_passes(cls, tvm_target) -> list:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from webapp.config import Config
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SANDBOX_UID = 65534  # nobody, when the worker runs as root
 
 

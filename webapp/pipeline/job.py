@@ -1,0 +1,123 @@
+"""A job's folder as the pipeline reads and writes it: job.json (what the worker asked for),
+result.json (what the job found so far) and progress.json (the stages' live status). The runner and
+the remote stage (a later process) both keep their records here."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from webapp.jsonfile import write_json_atomic
+from webapp.options import JobOptions
+from webapp.pipeline import facts
+from webapp.pipeline.errors import error_message
+
+
+@dataclass
+class Job:
+    """job.json, as the worker prepared it: the options and where the job's files are."""
+
+    dir: Path
+    options: JobOptions
+    model: Path
+    references: dict[str, Path]  # {"pytorch": .pt2, "onnxruntime": .onnx}, whichever it has
+    dataset: str | None  # labelled data of an example (accuracy, calibration)
+    calibration_data: Path | None  # the user's .npz
+    bench_budget_s: float
+
+    @classmethod
+    def load(cls, job_dir: Path) -> Job:
+        spec = json.loads((job_dir / "job.json").read_text())
+        return cls(
+            job_dir,
+            JobOptions.from_json(spec["options"]),
+            job_dir / spec["model"],
+            {k: job_dir / v for k, v in (spec.get("references") or {}).items()},
+            spec.get("dataset"),
+            job_dir / spec["calibration_data"] if spec.get("calibration_data") else None,
+            float(spec.get("bench_budget_s", 3.0)),
+        )
+
+
+class Results:
+    """result.json: what the job found so far, with the facts the page states derived from it."""
+
+    def __init__(self, job_dir: Path, resume: bool = False):
+        self.job_dir, self.data = job_dir, {}
+        if resume:  # a later process (the remote stage) adds to what the pipeline found
+            self.data = json.loads((job_dir / "result.json").read_text())
+
+    def save(self, **update) -> None:
+        self.data.update(update)
+        files = self.job_dir / "files"
+        self.data["files"] = sorted(p.name for p in files.iterdir() if p.is_file()) if files.is_dir() else []
+        self.data.update(facts.derive(self.data))
+        write_json_atomic(self.job_dir / "result.json", self.data)
+
+
+class Progress:
+    """progress.json: the stages' live status, as the job page shows it."""
+
+    def __init__(self, job_dir: Path, stages: tuple[str, ...], resume: bool = False):
+        self.path = job_dir / "progress.json"
+        self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
+        self.error = None
+        if resume:  # a later process (the remote stage) goes on where the pipeline stopped
+            self.stages = json.loads(self.path.read_text())["stages"]
+        self.started = 0.0
+        self.last_write = 0.0
+        self.lock = threading.Lock()  # a stage may report from a helper thread (tune.watch_dispatch)
+        self.write()
+
+    def stage(self, name: str) -> dict:
+        return next(s for s in self.stages if s["name"] == name)
+
+    def write(self) -> None:
+        with self.lock:
+            write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
+            self.last_write = time.monotonic()
+
+    def run_stage(self, name: str, fn):
+        """fn(report) with its status, seconds and progress recorded; a failure ends the job with its
+        message on this stage."""
+        self.start(name)
+        try:
+            out = fn(lambda fraction, detail=None: self.report(name, fraction, detail))
+        except BaseException as exc:
+            traceback.print_exc()
+            self.finish(name, "failed", error_message(exc))
+            raise SystemExit(1) from None
+        self.finish(name)
+        return out
+
+    def start(self, name: str) -> None:
+        self.started = time.monotonic()
+        self.stage(name).update(status="running", progress=0.0)
+        self.write()
+
+    def report(self, name: str, fraction: float, detail: dict | None = None) -> None:
+        self.stage(name).update(
+            progress=round(min(max(fraction, 0.0), 1.0), 3), seconds=round(time.monotonic() - self.started, 2)
+        )
+        if detail is not None:
+            self.stage(name)["detail"] = detail
+        if detail is not None or time.monotonic() - self.last_write > 0.5:
+            self.write()
+
+    def skip(self, name: str) -> None:
+        self.stage(name).update(status="skipped")
+        self.write()
+
+    def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
+        self.stage(name).update(
+            status=status,
+            seconds=round(time.monotonic() - self.started, 2),
+            progress=1.0 if status == "done" else self.stage(name)["progress"],
+        )
+        if error is not None:
+            self.error = {"stage": name, "message": error}
+        self.write()
