@@ -1,8 +1,8 @@
 """Built-in examples through the whole pipeline (sandboxed, as a job runs), measured in one run:
 PyTorch eager, ONNX Runtime, TVM default (untuned: the default schedule rules) and TVM with the
 shipped/shared tuning records (default rules for kernels without one), all with
-the same harness (webapp/pipeline/bench.py) and thread count. Prints medians, each one's ratio to PyTorch
-and to ONNX Runtime, and GFLOP/s as a share of this machine's sgemm peak measured in the same run.
+the same harness (webapp/pipeline/stages/bench.py) and thread count. Prints medians, each one's ratio to
+PyTorch and to ONNX Runtime, and GFLOP/s as a share of this machine's sgemm peak measured in the same run.
 
     .venv/bin/python benchmarks/cpu_models.py [--models mlp,cnn-small] [--json out.json]
 """

@@ -1,6 +1,6 @@
 """Where a built-in example's time goes, kernel by kernel, on the default schedule rules (or with the
 tuning records of a database folder): each compiled kernel timed on its own with random inputs and cold
-caches (webapp.pipeline.build.kernel_seconds, as the build compares records), with
+caches (webapp.pipeline.stages.build.kernel_seconds, as the build compares records), with
 its calls per inference, GFLOP/s, share of the summed time and the rule that scheduled it; then the
 whole model's kernel profile as a job takes it (the VM's hook timing every call) against a run timed
 without the hook: their ratio is the hook's cost and the VM's own work.
@@ -27,12 +27,12 @@ import tvm
 from webapp.config import Config
 from webapp.jobs.worker import ensure_example_files
 from webapp.options import JobOptions
-from webapp.pipeline import bench
-from webapp.pipeline.build import build, fuse, kernel_seconds, schedule
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.inspect import kernel_flop
-from webapp.pipeline.optimize import optimize
-from webapp.pipeline.quantize.variants import quantize_job
+from webapp.pipeline.stages import bench
+from webapp.pipeline.stages.build import build, fuse, kernel_seconds, schedule
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.inspect import kernel_flop
+from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize.variants import quantize_job
 from webapp.targets import kind_of, make_target
 
 

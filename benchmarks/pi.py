@@ -137,7 +137,7 @@ def tvm_on_board(config: Config, name: str, board: str, out: Path) -> dict:
 def ort_int8(onnx_path: Path, out: Path, specs, dataset: str | None) -> Path:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from webapp.pipeline.bench import make_inputs
+    from webapp.pipeline.stages.bench import make_inputs
 
     if dataset:
         from webapp.pipeline.datasets import load
@@ -218,8 +218,8 @@ def measure(config: Config, names: list[str], boards: list[str], tmp: Path, log)
 def prepare_model(config: Config, name: str, tmp: Path, log) -> dict:
     """The example's .onnx, ONNX Runtime's int8 of it, the inputs, and ONNX Runtime's fp32 outputs here."""
     from webapp.jobs.worker import ensure_example_files
-    from webapp.pipeline import bench
-    from webapp.pipeline.importers import import_model
+    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages.importers import import_model
 
     _, onnx_path = ensure_example_files(config, name)
     specs = import_model(onnx_path).inputs
@@ -237,7 +237,7 @@ def prepare_model(config: Config, name: str, tmp: Path, log) -> dict:
 
 
 def measure_one(config: Config, name: str, board: str, model: dict, tmp: Path, log) -> dict:
-    from webapp.pipeline.bench import fidelity
+    from webapp.pipeline.stages.bench import fidelity
 
     core = TARGETS[board].core
     log(f"{name} on {board}: TVM job (fp32 and int8 on the emulated board)")

@@ -4,13 +4,13 @@ TVM: the example through the whole pipeline (sandboxed, as a job runs) with quan
 benchmarks its fp32 build (default schedule rules) and its int8 build side by side. ONNX Runtime,
 the peer: the same .onnx in fp32, and quantized by ONNX Runtime's own static quantizer
 (`quantize_static`, QDQ format, uint8 activations x int8 weights per channel, calibrated on the same
-8 random inputs TVM calibrates on). Same harness (webapp/pipeline/bench.py), same thread count, same
+8 random inputs TVM calibrates on). Same harness (webapp/pipeline/stages/bench.py), same thread count, same
 input. Prints medians, the ratios, and each TVM build's rate (the model's multiply-adds as 2 ops each,
 per second) as a share of this machine's sgemm rate measured in the same run (cpu_models.py).
 
 The ratios hold on a shared machine whose speed changes by the minute: the four runtimes (the job's
 fp32 and int8 libraries, loaded here, and ONNX Runtime's two sessions) are timed in turn within one loop
-(webapp/pipeline/bench.measure_interleaved). Chaining ratios from two loops, as this script did before,
+(webapp/pipeline/stages/bench.measure_interleaved). Chaining ratios from two loops, as this script did before,
 let a slow spell in one loop move MobileNetV2's int8 ratio from 0.83x to 1.51x between runs: in that 1.51x
 run TVM int8 took 2.14 ms and ONNX Runtime int8 2.54 ms.
 
@@ -37,7 +37,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "TVM_NUM_THREADS"):
 def ort_int8(onnx_path: Path, out: Path, specs) -> Path:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from webapp.pipeline.bench import make_inputs
+    from webapp.pipeline.stages.bench import make_inputs
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -63,8 +63,8 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
 
     from webapp.cli import compile_locally
     from webapp.jobs.worker import ensure_example_files
-    from webapp.pipeline import bench
-    from webapp.pipeline.importers import import_model
+    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages.importers import import_model
 
     out = tmp / name
     error = compile_locally(config, name, {"target": "x86-host", "quantize": "int8"}, out)

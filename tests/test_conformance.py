@@ -33,11 +33,11 @@ from tvm import relax
 from tests.conftest import run_here_or_skip
 from tests.test_quantize import int8_rule
 from webapp.options import JobOptions
-from webapp.pipeline import schedules
-from webapp.pipeline.build import build, fuse, schedule
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.optimize import optimize
-from webapp.pipeline.quantize import quantize
+from webapp.pipeline.rules import schedules
+from webapp.pipeline.stages.build import build, fuse, schedule
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize import quantize
 from webapp.targets import make_target
 
 OPERATORS = {
@@ -344,7 +344,7 @@ def rule_case(kind: str) -> tuple[onnx.ModelProto, dict[str, tuple]]:
         node, weights = conv("y", "x", out_channels, channels, groups)
         return onnx_model([node], {"x": (1, channels, 14, 14)}, weights), {"x": (1, channels, 14, 14)}
     if kind in ("conv2d + bias + residual + relu", "Winograd conv2d + bias + residual + relu"):
-        # 32 channels on 14x14 are enough for Winograd (webapp.pipeline.winograd), 16 on 12x12 are not
+        # 32 channels on 14x14 are enough for Winograd (webapp.pipeline.passes.winograd), 16 on 12x12 are not
         shape = (1, 32, 14, 14) if kind.startswith("Winograd") else (1, 16, 12, 12)
         node, weights = conv("c", "x", shape[1], shape[1], bias=True)
         nodes = [node, helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
@@ -408,7 +408,7 @@ def test_main_rule_schedules_its_pattern_and_matches_onnxruntime(tmp_path, kind)
     if "relu" in kind:  # the epilogue is computed in the kernel, from its registers
         assert all("relu" in name for name in main), main
     if kind.startswith("Winograd"):  # its flops are the direct convolution's: 2 x 3x3 x 32 per output
-        from webapp.pipeline.inspect import kernel_flop
+        from webapp.pipeline.stages.inspect import kernel_flop
 
         assert [kernel_flop(optimized.fused[name]) for name in main] == [2 * 9 * 32 * (14 * 14 * 32)]
 

@@ -18,10 +18,13 @@ from tests.conftest import wait_for_job
 from tests.test_browser import assert_every_link_answers, code_panel_ready
 from webapp import targets
 from webapp.catalog import EXAMPLES
-from webapp.pipeline import build, device_code, gpu_schedules, schedules
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.inspect import COUNTED_SASS, SASS_MNEMONIC, host_code_module, instruction_counts
-from webapp.pipeline.optimize import canonical
+from webapp.pipeline.reports import device_code
+from webapp.pipeline.rules import gpu as gpu_rules
+from webapp.pipeline.rules import schedules
+from webapp.pipeline.stages import build
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.inspect import COUNTED_SASS, SASS_MNEMONIC, host_code_module, instruction_counts
+from webapp.pipeline.stages.optimize import canonical
 from webapp.targets.gpu import cuda_devices
 
 ENTRY_POINT = {"cuda": "__global__", "opencl": "__kernel", "metal": "kernel void", "webgpu": "@compute"}
@@ -103,7 +106,7 @@ def test_int8_conv_for_cuda_uses_dp4a_down_to_the_sass():
 
 def test_the_dp4a_rule_leaves_other_targets_and_float_kernels_to_the_next_rule():
     conv = int8_conv_nhwc()
-    assert gpu_schedules.int8_dp4a(s_tir.Schedule(conv), targets.make_target("opencl")) is None
+    assert gpu_rules.int8_dp4a(s_tir.Schedule(conv), targets.make_target("opencl")) is None
     scheduled = schedules.schedule_kernel(conv, targets.make_target("opencl"))
     assert "dp4a" not in str(scheduled.attrs[schedules.SCHEDULE_ATTR])
 

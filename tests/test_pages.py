@@ -1,5 +1,5 @@
 """The result page and its JSON twin on crafted results (no worker, no TVM): what the page states is
-what webapp.pipeline.facts derived, sections appear as the results grow, errors are styled pages or
+what webapp.pipeline.reports.facts derived, sections appear as the results grow, errors are styled pages or
 JSON, and every link on the page answers."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, WEIGHT_GRANULARITY, WEIGHT_SCALE_MODES
 from webapp.jobs.store import new_job_id
 from webapp.naming import natural_key
-from webapp.pipeline.facts import derive, worst_layer
+from webapp.pipeline.reports.facts import derive, worst_layer
 from webapp.web.pages import bench_chart
 
 STAGES_DONE = [

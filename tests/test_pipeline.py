@@ -12,13 +12,13 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from webapp.catalog import EXAMPLES
-from webapp.pipeline import bench
-from webapp.pipeline.build import build, schedule
 from webapp.pipeline.errors import StageError
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.inspect import inspect_build, relax_graph
-from webapp.pipeline.optimize import optimize
-from webapp.pipeline.quantize.annotate import bindings
+from webapp.pipeline.stages import bench
+from webapp.pipeline.stages.build import build, schedule
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.inspect import inspect_build, relax_graph
+from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize.annotate import bindings
 from webapp.targets import make_target
 
 SMALL = ["mlp", "cnn-small", "transformer-block"]
@@ -190,7 +190,7 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
     kernels = [
         gv.name_hint for gv, f in optimized.fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
     ]
-    # Every kernel but the transpose of the input to channels last (webapp.pipeline.rewrites), which
+    # Every kernel but the transpose of the input to channels last (webapp.pipeline.passes.rewrites), which
     # is no layer of the model's, lists its layers.
     unlisted = [k for k in kernels if not layers.get(k)]
     assert kernels and unlisted == ["transpose"], unlisted

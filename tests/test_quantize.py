@@ -15,12 +15,12 @@ from tvm.relax import op as R
 
 from tests.conftest import run_here_or_skip
 from webapp.options import JobOptions
-from webapp.pipeline import bench
-from webapp.pipeline.build import build, compile_relax, fuse, schedule
-from webapp.pipeline.quantize import quantize
-from webapp.pipeline.quantize.annotate import bindings
-from webapp.pipeline.quantize.calibrate import gather, kl_threshold, threshold
-from webapp.pipeline.quantize.scales import (
+from webapp.pipeline.stages import bench
+from webapp.pipeline.stages.build import build, compile_relax, fuse, schedule
+from webapp.pipeline.stages.quantize import quantize
+from webapp.pipeline.stages.quantize.annotate import bindings
+from webapp.pipeline.stages.quantize.calibrate import gather, kl_threshold, threshold
+from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
     fma32,
     is_power_of_two,
@@ -108,7 +108,7 @@ def test_integer_layers_are_bit_exact_against_numpy(
     (quantized for the Arm target, run here). The integer model runs in NHWC when all its
     convolutions are integer, else in NCHW: both checked."""
     if layout == "NCHW":
-        import webapp.pipeline.quantize as quantize_package
+        import webapp.pipeline.stages.quantize as quantize_package
 
         monkeypatch.setattr(quantize_package, "integer_layout", lambda mod: mod)
     mod, shapes = float_model(kind)

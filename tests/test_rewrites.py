@@ -1,4 +1,4 @@
-"""The CPU rewrites before legalization (webapp/pipeline/rewrites.py): fast math, channels last, and
+"""The CPU rewrites before legalization (webapp/pipeline/passes/rewrites.py): fast math, channels last, and
 constants folded with numpy, each checked against what it replaces."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from webapp.pipeline.build import build, schedule
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.optimize import optimize
-from webapp.pipeline.rewrites import channels_last, fold_with_numpy, main_bindings
+from webapp.pipeline.passes.rewrites import channels_last, fold_with_numpy, main_bindings
+from webapp.pipeline.stages.build import build, schedule
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.optimize import optimize
 from webapp.targets import make_target
 
 RNG = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""The default schedule rules (webapp/pipeline/schedules.py): every example model computes what TVM's
+"""The default schedule rules (webapp/pipeline/rules/schedules.py): every example model computes what TVM's
 naive build computes, on the x86 targets (AVX-512 here, AVX2, SSE2), with its heavy kernels scheduled by
 a rule; an arm64 build compiles with NEON code."""
 
@@ -12,10 +12,10 @@ import tvm
 
 from tests.conftest import run_here_or_skip
 from webapp.catalog import EXAMPLES
-from webapp.pipeline import bench
-from webapp.pipeline.build import build, schedule
-from webapp.pipeline.importers import import_model
-from webapp.pipeline.optimize import optimize
+from webapp.pipeline.stages import bench
+from webapp.pipeline.stages.build import build, schedule
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.optimize import optimize
 from webapp.targets import kind_of, make_target
 
 HEAVY = re.compile(r"conv2d|matmul")
@@ -68,7 +68,7 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
 def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_files, tmp_path):
     """Kernels under SERIAL_FLOPS operations and SERIAL_ELEMENTS outputs get no parallel loop (waking
     threads costs more than they save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
-    from webapp.pipeline import schedules
+    from webapp.pipeline.rules import schedules
 
     target = make_target("x86-host")
     for name, parallel_kernels in (("mlp", set()), ("cnn-small", {"conv2d", "conv2d1", "conv2d2"})):
@@ -207,7 +207,7 @@ def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_pa
 def test_register_tiles_are_on_the_stack_not_in_the_workspace_pool(example_files, tmp_path):
     """The rules keep their accumulators in "local" buffers, which TVM's default lowering takes from
     the runtime's workspace pool at every tile: a call in the body of each parallel loop. The
-    playground's build (webapp.pipeline.lowering) puts them on the stack, so no parallel loop and no
+    playground's build (webapp.pipeline.passes.lowering) puts them on the stack, so no parallel loop and no
     kernel without a large buffer calls the pool, and both builds compute the same, bit for bit."""
     target = make_target("x86-host")
     model = import_model(example_files / "cnn-small.onnx")

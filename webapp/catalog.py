@@ -61,7 +61,7 @@ EXAMPLES: dict[str, Example] = {
 
 
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them; "remote", for a target whose
-# board is not this server, runs after them in a sandbox of its own: webapp/pipeline/remote.py).
+# board is not this server, runs after them in a sandbox of its own: webapp/pipeline/stages/remote.py).
 STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote")
 
 # "sweep": every bit-width (and int8 with every calibration mode) in one job, side by side

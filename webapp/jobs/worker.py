@@ -150,11 +150,11 @@ def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
 
 
 def run_remote_stage(config: Config, job_dir: Path, key: str):
-    """The remote stage (webapp/pipeline/remote.py) on a job the pipeline prepared for a board of
+    """The remote stage (webapp/pipeline/stages/remote.py) on a job the pipeline prepared for a board of
     `key`: in a sandbox of its own that may reach the device pool, and reads no model, only built
     libraries. What it must trust comes from here, on its command line."""
     wait_s = board_wait_s(config, key)
-    command = [sys.executable, "-m", "webapp.pipeline.remote", str(job_dir), config.tracker, key]
+    command = [sys.executable, "-m", "webapp.pipeline.stages.remote", str(job_dir), config.tracker, key]
     command += [str(wait_s), str(config.bench_budget_s)]  # as remote.Remote.from_argv reads them
     return run_sandboxed(job_dir, config, command, network=True)
 

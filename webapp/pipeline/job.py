@@ -13,8 +13,8 @@ from pathlib import Path
 
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
-from webapp.pipeline import facts
 from webapp.pipeline.errors import error_message
+from webapp.pipeline.reports import facts
 
 
 @dataclass

@@ -32,7 +32,7 @@ def run(job_dir: Path) -> None:
 
     quantized = None
     if job.options.quantize != "none" or (model.prequantized or {}).get("layers"):  # the model's own scales
-        from webapp.pipeline.quantize.variants import quantize_job
+        from webapp.pipeline.stages.quantize.variants import quantize_job
 
         quantized = stage(
             "quantize",
@@ -47,8 +47,8 @@ def run(job_dir: Path) -> None:
     tuning_dir = job_dir / "tuning"
     records = tuning_dir / "database_tuning_record.json"
     if job.options.tune_trials > 0 or (records.is_file() and records.stat().st_size > 0):
-        from webapp.pipeline.build import fuse
-        from webapp.pipeline.tune import tune
+        from webapp.pipeline.stages.build import fuse
+        from webapp.pipeline.stages.tune import tune
 
         cancelled = (job_dir / "cancel").exists
         trials = job.options.tune_trials
@@ -62,7 +62,7 @@ def run(job_dir: Path) -> None:
     else:
         progress.skip("tune")
 
-    from webapp.pipeline.build import build_job
+    from webapp.pipeline.stages.build import build_job
 
     tuned_records = tuning_dir if "tuning" in results.data else None
     built = stage(
@@ -75,8 +75,8 @@ def run(job_dir: Path) -> None:
         **built.to_json(job_dir / "files" / "model.so"), **(quantized.to_json() if quantized else {})
     )
 
-    from webapp.pipeline.inspect import error_graphs, inspect_build, time_graphs
-    from webapp.pipeline.model_explorer import write_model_explorer
+    from webapp.pipeline.reports.model_explorer import write_model_explorer
+    from webapp.pipeline.stages.inspect import error_graphs, inspect_build, time_graphs
 
     graphs = None if quantized else graphs  # the page then shows the quantized model's fused graph
     results.save(
@@ -105,7 +105,7 @@ def run(job_dir: Path) -> None:
     write_model_explorer(job_dir)  # written again with the times after the benchmark
 
     if target.board:  # timed on a board of the device pool: here only what the board is checked against
-        from webapp.pipeline.remote import prepare_remote
+        from webapp.pipeline.stages.remote import prepare_remote
 
         results.save(
             **stage(
@@ -115,7 +115,7 @@ def run(job_dir: Path) -> None:
         )
         return  # the worker runs the remote stage next, in a sandbox that may reach the tracker
 
-    from webapp.pipeline.bench import benchmark_job, timed_kernels
+    from webapp.pipeline.stages.bench import benchmark_job, timed_kernels
 
     shown = next(key for key, ex in built.executables.items() if ex is built.executable)
     measured = stage(
@@ -131,7 +131,7 @@ def run(job_dir: Path) -> None:
 
 def import_stage(job: Job):
     """The model as Relax, its imported IR kept for the code view."""
-    from webapp.pipeline.importers import import_model
+    from webapp.pipeline.stages.importers import import_model
 
     model = import_model(job.model, job.options.input_shapes)
     (job.dir / "views").mkdir(exist_ok=True)
@@ -141,8 +141,8 @@ def import_stage(job: Job):
 
 def optimize_stage(model, tvm_target, job_dir: Path, report):
     """The optimized model, and its graphs drawn at once: the page shows them while the job goes on."""
-    from webapp.pipeline.inspect import draw_graphs
-    from webapp.pipeline.optimize import optimize
+    from webapp.pipeline.stages.inspect import draw_graphs
+    from webapp.pipeline.stages.optimize import optimize
 
     optimized = optimize(model.mod, tvm_target, job_dir, report, model.layers)
     return optimized, draw_graphs(model.mod, optimized.fused, job_dir, optimized.fusion)

@@ -25,7 +25,7 @@ class Target:
 
     kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on
-    gpu: ClassVar[bool] = False  # scheduled by the GPU rules (webapp.pipeline.gpu_schedules)
+    gpu: ClassVar[bool] = False  # scheduled by the GPU rules (webapp.pipeline.rules.gpu)
     no_quantization: ClassVar[str] = ""  # why quantized builds are refused for the kind, if they are
     rewrites: ClassVar[tuple[str, ...]] = ()  # the project's Relax rewrites it runs first, by name
 
@@ -94,7 +94,7 @@ class LLVMCPU(Target):
     def device_name(cls, tvm_target) -> str:
         return f"{cls.arch} CPU ({tvm_target.attrs.get('mcpu', 'generic')})"
 
-    # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.legalize):
+    # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
     # fast math, float convolutions channels last, transposed weights computed with numpy, and
     # 3x3 convolutions by Winograd.
     rewrites: ClassVar[tuple[str, ...]] = ("fast_math", "channels_last", "fold_with_numpy", "winograd")

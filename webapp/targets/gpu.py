@@ -2,7 +2,7 @@
 
 TVM compiles each into a device module (CUDA C, OpenCL C, Metal Shading Language, WGSL) imported by
 an LLVM host module that launches its kernels. Every kernel must be bound to GPU threads before it
-compiles at all: the GPU rules of webapp.pipeline.gpu_schedules do that. The code runs and is timed
+compiles at all: the GPU rules of webapp.pipeline.rules.gpu do that. The code runs and is timed
 only where the server has such a device (a CUDA driver and GPU for the CUDA presets; TVM's wheel has
 no OpenCL, Metal or Vulkan runtime, and WebGPU runs in a browser): elsewhere it is built and shown.
 """

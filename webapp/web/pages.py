@@ -1,5 +1,5 @@
 """HTML pages and htmx fragments. Each renders data built elsewhere: job_view (the job and its
-result.json, whose derived facts webapp.pipeline.facts wrote), code_view, the catalog, and the
+result.json, whose derived facts webapp.pipeline.reports.facts wrote), code_view, the catalog, and the
 device pool's status (webapp.devices.status, also /api/devices)."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tvm.s_tir import dlight
 from tvm.script import tirx as T
 from tvm.tirx import IndexMap
 
-from webapp.pipeline.schedule_tools import extent, fuse, inline_epilogue, is_output, iter_kinds
+from webapp.pipeline.rules.common import extent, fuse, inline_epilogue, is_output, iter_kinds
 
 THREADS = 256  # threads per block of the rules here (dlight picks its own)
 

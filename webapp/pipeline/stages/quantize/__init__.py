@@ -16,10 +16,10 @@ import tvm
 from tvm import relax
 
 from webapp.options import JobOptions
-from webapp.pipeline.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
-from webapp.pipeline.quantize.calibrate import TensorStats, gather, threshold
-from webapp.pipeline.quantize.realize import LayerQuant, Realizer
-from webapp.pipeline.quantize.scales import ActQuant, is_power_of_two
+from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
+from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
+from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
+from webapp.pipeline.stages.quantize.scales import ActQuant, is_power_of_two
 from webapp.targets import host, host_target, kind_of
 
 
@@ -106,7 +106,7 @@ def activation_dtype(target: tvm.target.Target) -> str:
 def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
     """The integer model in NHWC when every convolution in it is integer: the dot-product kernels
     then read input channels where they lie and write whole vectors of output channels
-    (webapp.pipeline.schedules.conv2d_nhwc_int8). Layout changes are left at the model's edges only.
+    (webapp.pipeline.rules.schedules.conv2d_nhwc_int8). Layout changes are left at the model's edges only.
     With a float convolution left (a skipped layer) the model stays NCHW, where the float rules are."""
     convs = [b.value for b in bindings(mod["main"]) if op_name(b.value) == "relax.nn.conv2d"]
     if not convs or any(str(c.args[0].ty.dtype) == "float32" for c in convs):
@@ -128,7 +128,7 @@ def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
 
 
 def run_all(executable, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-    from webapp.pipeline.bench import flatten_outputs
+    from webapp.pipeline.stages.bench import flatten_outputs
 
     dev = host().device()  # calibration runs on this machine, whatever the target
     vm = relax.VirtualMachine(executable, dev)
@@ -160,8 +160,8 @@ def observe(
 ) -> Observed:
     """With `prequantized` (ImportedModel.prequantized), the layers the model quantized keep its
     scales (for activations of `dtype`), and the others stay in float."""
-    from webapp.pipeline.build import compile_relax
-    from webapp.pipeline.optimize import canonical
+    from webapp.pipeline.stages.build import compile_relax
+    from webapp.pipeline.stages.optimize import canonical
 
     with tvm.transform.PassContext(opt_level=3):
         func = relax.transform.ToNonDataflow()(canonical(mod))["main"]
@@ -250,8 +250,8 @@ def quantize(
 def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer."""
-    from webapp.pipeline.bench import fidelity
-    from webapp.pipeline.build import compile_relax
+    from webapp.pipeline.stages.bench import fidelity
+    from webapp.pipeline.stages.build import compile_relax
 
     exposed = Realizer(func, layers, acts, options, expose=True)
     executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host_target())

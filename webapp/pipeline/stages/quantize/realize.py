@@ -27,8 +27,8 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
-from webapp.pipeline.quantize.annotate import Layer, bindings, users
-from webapp.pipeline.quantize.scales import (
+from webapp.pipeline.stages.quantize.annotate import Layer, bindings, users
+from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
     is_power_of_two,
     quantize_weights,

@@ -15,7 +15,7 @@ from tvm import relax
 
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError
-from webapp.pipeline.prequantized import dequantized, is_prequantized
+from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 
 
 @dataclass

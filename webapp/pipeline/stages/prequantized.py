@@ -1,6 +1,6 @@
 """Models quantized by another tool (ONNX Runtime's quantize_static, ...): their QDQ form, and the
 QLinearConv / QLinearMatMul form rewritten to it, become a float model plus the model's own scales,
-which the project's quantizer (webapp.pipeline.quantize) then realizes on its integer kernels.
+which the project's quantizer (webapp.pipeline.stages.quantize) then realizes on its integer kernels.
 
 TVM's ONNX importer reads QuantizeLinear / DequantizeLinear as float arithmetic around float
 convolutions. Here, before the import: a DequantizeLinear of a constant (a weight, a bias) becomes

@@ -16,8 +16,8 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.device_code import write_device_code
-from webapp.pipeline.optimize import relax_script
+from webapp.pipeline.reports.device_code import write_device_code
+from webapp.pipeline.stages.optimize import relax_script
 
 DEVICE_VIEWS = (".device", ".ptx", ".sass")  # views/kernels/<kernel>.<view> of a GPU build
 
@@ -352,8 +352,9 @@ def inspect_build(
     fusion=None,
 ) -> dict:
     """The code views and kernel table of the build the page shows; `graphs` when draw_graphs already
-    drew its graphs (after optimize). For a GPU build also its device code (webapp.pipeline.device_code);
-    the LLVM IR and assembly are then the host side's, which launches the kernels."""
+    drew its graphs (after optimize). For a GPU build also its device code
+    (webapp.pipeline.reports.device_code); the LLVM IR and assembly are then the host side's, which
+    launches the kernels."""
     views, files = job_dir / "views", job_dir / "files"
     (views / "kernels").mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
@@ -471,10 +472,10 @@ def dtype_census(lowered: tvm.IRModule) -> dict:
 
 def kernel_flop(func: tvm.tirx.PrimFunc) -> float:
     """Floating-point operations of one call (TVM's estimate: multiply-add counts as two). A Winograd
-    kernel counts the direct convolution it computes (webapp.pipeline.winograd.direct_flop): its
+    kernel counts the direct convolution it computes (webapp.pipeline.passes.winograd.direct_flop): its
     GFLOP/s is then the effective rate, comparable with a direct kernel's, and a model's count does
     not depend on which algorithm ran."""
-    from webapp.pipeline.winograd import direct_flop
+    from webapp.pipeline.passes.winograd import direct_flop
 
     direct = direct_flop(func)
     if direct is not None:

@@ -29,8 +29,8 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, tirx
 
-from webapp.pipeline import gpu_schedules
-from webapp.pipeline.schedule_tools import (
+from webapp.pipeline.rules import gpu as gpu_rules
+from webapp.pipeline.rules.common import (
     extent,
     fuse,
     inline_epilogue,
@@ -207,7 +207,7 @@ def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]
 
 def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
-    webapp.pipeline.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
+    webapp.pipeline.stages.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
     innermost, so each step broadcasts one input value where it lies and loads one vector of repacked
     weights (O/v, KH, KW, I, v); a 1x1 convolution is a blocked GEMM of (pixels x input channels) by
     (input channels x output channels). A register tile of output columns x channel vectors in half
@@ -271,12 +271,12 @@ def finish_register_tile(
 
 
 def winograd(sch: s_tir.Schedule, target) -> str | None:
-    """The Winograd convolution (webapp.pipeline.winograd): the input transform parallel over tiles,
+    """The Winograd convolution (webapp.pipeline.passes.winograd): the input transform parallel over tiles,
     vectorized over input channels; the 16 GEMMs as the NHWC conv's register tile of tiles x vectors
     of output channels (transformed weights repacked at build time), parallel over positions x tile
     blocks x channel blocks; the output transform computed with the epilogue, 2x2 outputs at a time,
     vectorized over output channels, parallel over rows."""
-    from webapp.pipeline.winograd import NAMES
+    from webapp.pipeline.passes.winograd import NAMES
 
     blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
     if not all(name in blocks for name in NAMES):
@@ -392,7 +392,7 @@ def register_dot(kind: str) -> str:
 
 def register_dots() -> None:
     """Every kind's dot-product intrinsics registered: a tuning record of an int8 kernel names one, and
-    TVM replays its trace when it reads the database (webapp.pipeline.tune.open_database)."""
+    TVM replays its trace when it reads the database (webapp.pipeline.stages.tune.open_database)."""
     for kind in DOT_INSTRUCTIONS:
         register_dot(kind)
 
@@ -412,7 +412,7 @@ def tile_vectors(channels: int, lanes: int) -> int:
 
 
 def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
-    """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.quantize)
+    """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.stages.quantize)
     on the target's dot-product instruction: input channels are innermost, so each instruction reads
     4 consecutive input bytes where they lie, and the epilogue writes whole vectors of output
     channels. A register tile of output columns x channel vectors; weights repacked
@@ -477,7 +477,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
 
 
 def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
-    """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.quantize
+    """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.stages.quantize
     pads with the zero point first when it is not 0) on the target's dot-product instruction: AVX-512
     VNNI `vpdpbusd` (uint8 x int8, 16 output channels x 4 input channels an instruction) or Arm `sdot`
     (int8 x int8, 4 x 4); a register tile of channel vectors x output columns. The input is copied to
@@ -855,7 +855,7 @@ SPACES = {
 def design_spaces(sch: s_tir.Schedule, target) -> list[s_tir.Schedule]:
     """MetaSchedule's design spaces for a kernel that a rule of SPACES schedules (the int8 kernels, on
     the target's dot-product instruction, which MetaSchedule's own rules do not use): one copy of
-    `sch` per choice the rule takes, []  when no such rule fits (webapp.pipeline.tune)."""
+    `sch` per choice the rule takes, []  when no such rule fits (webapp.pipeline.stages.tune)."""
     serial = _serial.set(small(sch))
     try:
         for rule, choices in SPACES.items():
@@ -892,9 +892,9 @@ def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
     "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build."""
     rules = RULES
     if kind_of(target).gpu:
-        if gpu_schedules.bound_already(func):
+        if gpu_rules.bound_already(func):
             return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
-        rules = gpu_schedules.RULES
+        rules = gpu_rules.RULES
     try:
         probe = s_tir.Schedule(func)
         probe.get_sblock("root")

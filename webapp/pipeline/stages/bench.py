@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from webapp.pipeline.importers import TensorSpec
+from webapp.pipeline.stages.importers import TensorSpec
 
 
 def bench_threads() -> int:
@@ -194,7 +194,7 @@ def profile_or_why(executable, inputs: dict[str, np.ndarray], dev) -> dict:
 def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
     import torch
 
-    from webapp.pipeline.importers import load_pt2
+    from webapp.pipeline.stages.importers import load_pt2
 
     torch.set_num_threads(threads)
     module = load_pt2(pt2).module()

@@ -3,8 +3,8 @@ names (Target.rewrites), then TVM's legalization for the kind."""
 
 from __future__ import annotations
 
-from webapp.pipeline.rewrites import channels_last, fast_math, fold_with_numpy
-from webapp.pipeline.winograd import winograd
+from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy
+from webapp.pipeline.passes.winograd import winograd
 from webapp.targets import kind_of
 
 REWRITES = {

@@ -10,8 +10,8 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.legalize import legalize_passes
-from webapp.pipeline.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
+from webapp.pipeline.passes.legalize import legalize_passes
+from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.targets import kind_of
 
 # Passes whose module we keep for the graph views.
@@ -72,7 +72,7 @@ class CaptureTopLevelPasses:
 def canonical(mod: tvm.IRModule) -> tvm.IRModule:
     """Batch norm after a convolution folded into its weights and a bias, any other batch norm
     decomposed into plain arithmetic (which fuses into the kernel before it): the form both the float
-    pipeline and quantization (webapp.pipeline.quantize) start from."""
+    pipeline and quantization (webapp.pipeline.stages.quantize) start from."""
     if not batch_norm_in_training_mode(mod):  # both passes compute any batch norm as in inference
         mod = relax.transform.FoldBatchnormToConv2D()(mod)
         mod = relax.transform.DecomposeOpsForInference()(mod)

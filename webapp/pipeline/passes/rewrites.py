@@ -1,5 +1,5 @@
 """Rewrites a CPU kind's pipeline makes before legalization (the kind names them, Target.rewrites;
-webapp.pipeline.legalize runs them). Each leaves a model it cannot take as it was: never a job's
+webapp.pipeline.passes.legalize runs them). Each leaves a model it cannot take as it was: never a job's
 failure.
 
 Fast math: `erf`, `exp`, `tanh` and softmax become TVM's fast approximations (topi.fast_erf, ...:
@@ -10,11 +10,11 @@ Channels last: float conv2d goes from NCHW / OIHW to NHWC / HWIO, with TVM's Con
 between two convolutions (bias, batch norm, ReLU, residual adds, pooling) follow the layout, so the
 data is transposed once at the edges of each region of convolutions, not at every one. In NHWC the
 input channels are innermost: a convolution is a GEMM over the channel axis
-(webapp.pipeline.schedules.conv2d_nhwc; a 1x1 convolution is exactly one), and a depthwise
+(webapp.pipeline.rules.schedules.conv2d_nhwc; a 1x1 convolution is exactly one), and a depthwise
 convolution or a pooling vectorizes over channels (schedules.windowed).
 
 ConvertLayout makes new vars for the bindings it rewrites, and inserts transposes; `align` maps the
-new vars back to the ones they stand for, so the fusion map (webapp.pipeline.optimize.FusionTrace)
+new vars back to the ones they stand for, so the fusion map (webapp.pipeline.stages.optimize.FusionTrace)
 still names every kernel's source layers.
 """
 

@@ -8,7 +8,7 @@
 U = G g G^T, the weights g transformed once, here, with numpy. The GEMMs are 16/36 of the direct
 convolution's multiply-adds; they run at about the rate of the direct convolution's, so the
 convolution takes about half the time (measured here on ResNet's four 3x3 shapes, one conv each:
-56x56x64 0.61 ms against 1.07, 14x14x256 0.49 against 1.07; webapp.pipeline.schedules.winograd
+56x56x64 0.61 ms against 1.07, 14x14x256 0.49 against 1.07; webapp.pipeline.rules.schedules.winograd
 schedules the kernel). Outputs differ from the direct convolution's by rounding (about 1e-6 of the
 largest output on those shapes).
 
@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, te, tirx
 
-from webapp.pipeline.rewrites import mutate_functions
+from webapp.pipeline.passes.rewrites import mutate_functions
 
 MIN_CHANNELS, MIN_FLOPS = 32, 1 << 21  # the direct convolution's: 2 per multiply-add
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])

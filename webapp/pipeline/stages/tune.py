@@ -2,7 +2,7 @@
 
 Records go to the job's `tuning/` folder, which the worker fills beforehand with the shared database of
 the job's target and merges back afterwards (webapp/jobs/tuning_db.py), so the next job whose kernels
-were tuned before starts tuned. The build stage (webapp.pipeline.build.schedule) applies the records.
+were tuned before starts tuned. The build stage (webapp.pipeline.stages.build.schedule) applies the records.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline.errors import StageError
-from webapp.pipeline.inspect import kernel_flop
+from webapp.pipeline.stages.inspect import kernel_flop
 
 
 class TuningCancelled(Exception):
@@ -76,7 +76,7 @@ def open_database(work_dir: Path) -> tuple[ms.database.JSONDatabase, int]:
     its workload and the failing ones are dropped from this copy; if the whole still fails (a
     workload that equals another one but for its names), the copy starts empty: the job goes on
     untuned rather than fail."""
-    from webapp.pipeline.schedules import register_dots
+    from webapp.pipeline.rules.schedules import register_dots
 
     register_dots()
     try:
@@ -190,7 +190,7 @@ def tune_contexts(tasks, target, work_dir: Path, strategy) -> tuple[list, list[f
     or where a rule of schedules.SPACES fits (the int8 kernels, on the project's dot-product
     intrinsics, which MetaSchedule's CPU rules never use) that rule's spaces, with the register
     tile's size sampled."""
-    from webapp.pipeline import schedules
+    from webapp.pipeline.rules import schedules
 
     def ours(sch):
         return schedules.design_spaces(sch, target)

@@ -13,8 +13,8 @@ import numpy as np
 from webapp.catalog import CALIBRATION_MODES
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
-from webapp.pipeline.quantize import Quantized, activation_dtype, observe, quantize
-from webapp.pipeline.quantize.scales import pack_bits
+from webapp.pipeline.stages.quantize import Quantized, activation_dtype, observe, quantize
+from webapp.pipeline.stages.quantize.scales import pack_bits
 
 
 @dataclass
@@ -59,8 +59,8 @@ def calibration_samples(
 ) -> tuple[list[dict[str, np.ndarray]], str]:
     """The calibration inputs and where they came from: the user's .npz, the example's training
     images, or random inputs of the model's shapes."""
-    from webapp.pipeline.bench import make_inputs
-    from webapp.pipeline.quantize.calibrate import samples_from_npz
+    from webapp.pipeline.stages.bench import make_inputs
+    from webapp.pipeline.stages.quantize.calibrate import samples_from_npz
 
     if calibration_data is not None:
         return samples_from_npz(calibration_data, model.inputs), "uploaded .npz"

@@ -4,7 +4,7 @@ Two halves. `prepare_remote` runs as the pipeline's benchmark stage, inside the 
 (no network): it writes into remote/ each build as a library for the board, the inputs, and what
 the board's outputs are checked against: the frameworks' fp32 outputs on this server and, for each
 quantized variant, this server's own build of the same integer model (plain `tvm.compile`). Then
-`python -m webapp.pipeline.remote JOB_DIR` runs the stage itself, in a sandbox of its own that can
+`python -m webapp.pipeline.stages.remote JOB_DIR` runs the stage itself, in a sandbox of its own that can
 reach the tracker: it never reads the user's model, only those libraries and arrays. It asks the
 tracker for a free board of the target's key, uploads every build, checks its outputs and times it
 with `time_evaluator`, fp32 and quantized in the same session on the same board.
@@ -40,7 +40,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
     import tvm
 
     from webapp import targets
-    from webapp.pipeline.bench import (
+    from webapp.pipeline.stages.bench import (
         bench_threads,
         flatten_outputs,
         is_classifier,
@@ -116,7 +116,7 @@ def board_of(session, key: str, host: str, port: int) -> dict:
 def timed(vm, dev, args, budget_s: float, first_s: float) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
     warm-up call; first_s, the time of the call that fetched the outputs, sizes it."""
-    from webapp.pipeline.bench import summarize
+    from webapp.pipeline.stages.bench import summarize
 
     runs = int(max(3, min(50, budget_s / max(first_s, 1e-6))))
     return summarize([t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results])
@@ -147,7 +147,7 @@ def run_remote(job: Remote, report) -> dict:
     from tvm import relax, rpc
 
     from webapp.devices.tracker import Tracker, TrackerError
-    from webapp.pipeline.bench import fidelity, flatten_outputs
+    from webapp.pipeline.stages.bench import fidelity, flatten_outputs
 
     folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())

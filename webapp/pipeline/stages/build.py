@@ -2,7 +2,7 @@
 
 One place decides every kernel's schedule, for the worker, the CLI, the tests and the benchmarks:
 the tuning database's best record where there is one ("tuned"), else a default rule
-(webapp.pipeline.schedules), else the naive loop nest.
+(webapp.pipeline.rules.schedules), else the naive loop nest.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline import lowering, schedules
 from webapp.pipeline.errors import StageError
-from webapp.pipeline.legalize import legalize_passes
-from webapp.pipeline.optimize import FusionTrace
-from webapp.pipeline.tune import open_database
+from webapp.pipeline.passes import lowering
+from webapp.pipeline.passes.legalize import legalize_passes
+from webapp.pipeline.rules import schedules
+from webapp.pipeline.stages.optimize import FusionTrace
+from webapp.pipeline.stages.tune import open_database
 from webapp.targets import kind_of
 
 
@@ -141,8 +142,8 @@ def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) 
     together: re-tuned records for ResNet-18 won on 20 of its 20 kernels, and the model took 14.89 ms
     against 14.15 on the rules (benchmarks/cpu_models.py, 2026-11-24). None when an input has no
     fixed shape."""
-    from webapp.pipeline.bench import make_inputs, measure_interleaved, tvm_runner
-    from webapp.pipeline.importers import type_spec
+    from webapp.pipeline.stages.bench import make_inputs, measure_interleaved, tvm_runner
+    from webapp.pipeline.stages.importers import type_spec
 
     params = fused["main"].params
     if not all(isinstance(p.ty, relax.TensorType) and p.ty.shape is not None for p in params):

@@ -1,0 +1,2 @@
+"""The project's own passes around TVM's: Relax rewrites before legalization (fast math, channels
+last, Winograd), the legalization a target names, and the TIR lowering pipeline."""

@@ -1,0 +1,2 @@
+"""What a job's results say, written from what the stages found: the facts the page states, the
+Model Explorer files, the device code's split by language."""
