@@ -1,4 +1,4 @@
-"""The default schedule rules (webapp/pipeline/rules/schedules.py): every example model computes what TVM's
+"""The default schedule rules (webapp/pipeline/rules/): every example model computes what TVM's
 naive build computes, on the x86 targets (AVX-512 here, AVX2, SSE2), with its heavy kernels scheduled by
 a rule; an arm64 build compiles with NEON code."""
 
@@ -68,7 +68,7 @@ def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
 def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_files, tmp_path):
     """Kernels under SERIAL_FLOPS operations and SERIAL_ELEMENTS outputs get no parallel loop (waking
     threads costs more than they save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
-    from webapp.pipeline.rules import schedules
+    from webapp.pipeline.rules.common import small
 
     target = make_target("x86-host")
     for name, parallel_kernels in (("mlp", set()), ("cnn-small", {"conv2d", "conv2d1", "conv2d2"})):
@@ -81,7 +81,7 @@ def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_file
                 if "T.parallel" in func.script():
                     found.add(re.match(r"fused_(conv2d\d*)", gv.name_hint)[1])
                 else:
-                    assert schedules.small(tvm.s_tir.Schedule(func)) or "conv2d" not in gv.name_hint
+                    assert small(tvm.s_tir.Schedule(func)) or "conv2d" not in gv.name_hint
         assert found == parallel_kernels, name
 
 

@@ -8,7 +8,7 @@
 U = G g G^T, the weights g transformed once, here, with numpy. The GEMMs are 16/36 of the direct
 convolution's multiply-adds; they run at about the rate of the direct convolution's, so the
 convolution takes about half the time (measured here on ResNet's four 3x3 shapes, one conv each:
-56x56x64 0.61 ms against 1.07, 14x14x256 0.49 against 1.07; webapp.pipeline.rules.schedules.winograd
+56x56x64 0.61 ms against 1.07, 14x14x256 0.49 against 1.07; webapp.pipeline.rules.cpu.winograd
 schedules the kernel). Outputs differ from the direct convolution's by rounding (about 1e-6 of the
 largest output on those shapes).
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
+
+import numpy as np
+import tvm
 from tvm import s_tir, tirx
+
+from webapp.targets import kind_of
 
 
 def extent(sch: s_tir.Schedule, loop) -> int:
@@ -48,3 +54,107 @@ def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
     if len(consumers) != 1:
         raise ValueError("the result feeds more than one output")
     return consumers[0]
+
+
+PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePreproc moves out
+
+
+def simd(target: tvm.target.Target) -> tuple[int, int]:
+    """(float32 lanes per vector register, number of vector registers): the target's kind says."""
+    return kind_of(target).vector_shape(target)
+
+
+def loops_below(sch: s_tir.Schedule, block, loop) -> list:
+    """The loops of `block` nested inside `loop`."""
+    loops = sch.get_loops(block)
+    at = [i for i, candidate in enumerate(loops) if sch.get(candidate).same_as(sch.get(loop))]
+    return loops[at[0] + 1 :] if at else []
+
+
+SERIAL_FLOPS, SERIAL_ELEMENTS = 1 << 19, 1 << 13  # a kernel under both runs on one thread
+
+
+# Waking the other threads and joining them costs a few microseconds a parallel loop, and more when
+# the thread pool's workers have gone to sleep: the mlp example's three kernels (0.4 MFLOP in all)
+# took 13 us on one thread, and 9 to 24 us on two from one process to the next, measured here.
+serial_kernel = contextvars.ContextVar("serial", default=False)
+
+
+def parallel(sch: s_tir.Schedule, loop) -> None:
+    """sch.parallel(loop), unless the kernel being scheduled is too small to pay for its threads."""
+    if not serial_kernel.get():
+        sch.parallel(loop)
+
+
+def small(sch: s_tir.Schedule) -> bool:
+    """Whether the kernel of `sch` has fewer than SERIAL_FLOPS arithmetic operations and writes fewer
+    than SERIAL_ELEMENTS elements; False when that is not known (a symbolic shape, no estimate)."""
+    shapes = [sch.get(b).writes[0].source.shape for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    try:
+        flops = s_tir.analysis.estimate_tir_flops(sch.mod)
+    except Exception:  # TVM's estimate refuses some kernels
+        return False
+    if not all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape):
+        return False
+    elements = sum(int(np.prod([int(d) for d in shape])) for shape in shapes)
+    return flops < SERIAL_FLOPS and elements < SERIAL_ELEMENTS
+
+
+def parallel_outer(sch: s_tir.Schedule, block, count: int):
+    outer = fuse(sch, sch.get_loops(block)[:count])
+    parallel(sch, outer)
+    return outer
+
+
+space_choices = contextvars.ContextVar(
+    "space", default=None
+)  # a tuning design space's choices (design_spaces)
+
+
+def choice(name: str, default):
+    """A rule's discrete choice (a loop order, a register tile's vectors): `default`, or in a tuning
+    design space the one that space stands for."""
+    space = space_choices.get()
+    return default if space is None else space.get(name, default)
+
+
+def inner_split(sch: s_tir.Schedule, loop, default: int, limit: int):
+    """`loop` split into (outer, inner): `default` inner iterations, or in a tuning design space an
+    inner factor MetaSchedule samples, a divisor from 2 to `limit`. Not 1: the epilogue computed at
+    the outer loop would then have one loop fewer, and MetaSchedule's replay of the space's trace
+    fails on that (its perfect-tile sampling can draw 1)."""
+    if space_choices.get() is None:
+        return sch.split(loop, [None, default])
+    n = extent(sch, loop)
+    factors = [d for d in range(2, limit + 1) if n % d == 0] or [default]
+    return sch.split(loop, [None, sch.sample_categorical(factors, [1 / len(factors)] * len(factors))])
+
+
+def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]:
+    """(vectors, columns) of an NHWC conv's register tile: columns dividing the output width, vectors
+    dividing the output channels' `blocks` of one vector, at most `accumulators` of them, with the
+    most FMAs per load (each step loads one input value per column and one weight vector per vector:
+    MobileNetV2's 144 channels take 3 vectors x 4 columns, 1.7 FMAs a load, not 1 x 14, 0.9)."""
+    options = [(v, largest_divisor(width, accumulators // v)) for v in range(1, 5) if blocks % v == 0]
+    return max(options, key=lambda o: (o[0] * o[1] / (o[0] + o[1]), o[0]))
+
+
+def finish_register_tile(
+    sch: s_tir.Schedule, block, tile, epilogue, unrolled: list, vector, reduction
+) -> None:
+    """The end of a float register-tile rule: `tile` in parallel, `epilogue` computed at it, the tile's
+    `unrolled` loops unrolled (each accumulator its own register), its `vector` loop vectorized, and
+    the sums initialized in vectors before the `reduction` loop."""
+    parallel(sch, tile)
+    sch.reverse_compute_at(epilogue, tile)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(vector)
+    init = sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def vector_split(sch: s_tir.Schedule, loop, lanes: int):
+    """Splits off an inner loop of vector_width iterations; None when there is no such width."""
+    width = vector_width(extent(sch, loop), lanes)
+    return sch.split(loop, [None, width]) if width else None

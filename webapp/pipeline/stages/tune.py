@@ -76,7 +76,7 @@ def open_database(work_dir: Path) -> tuple[ms.database.JSONDatabase, int]:
     its workload and the failing ones are dropped from this copy; if the whole still fails (a
     workload that equals another one but for its names), the copy starts empty: the job goes on
     untuned rather than fail."""
-    from webapp.pipeline.rules.schedules import register_dots
+    from webapp.pipeline.rules.int8 import register_dots
 
     register_dots()
     try:

@@ -106,7 +106,7 @@ def activation_dtype(target: tvm.target.Target) -> str:
 def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
     """The integer model in NHWC when every convolution in it is integer: the dot-product kernels
     then read input channels where they lie and write whole vectors of output channels
-    (webapp.pipeline.rules.schedules.conv2d_nhwc_int8). Layout changes are left at the model's edges only.
+    (webapp.pipeline.rules.int8.conv2d_nhwc_int8). Layout changes are left at the model's edges only.
     With a float convolution left (a skipped layer) the model stays NCHW, where the float rules are."""
     convs = [b.value for b in bindings(mod["main"]) if op_name(b.value) == "relax.nn.conv2d"]
     if not convs or any(str(c.args[0].ty.dtype) == "float32" for c in convs):

@@ -1,0 +1,477 @@
+"""Default schedules: fast CPU code without tuning.
+
+TVM 0.27's default CPU pipeline leaves every kernel as the naive loop nest that legalization wrote.
+These rules schedule the fused kernels by what their main block computes, in the s_tir schedule
+language MetaSchedule itself uses:
+
+- conv2d (regular and grouped): output channels in SIMD registers, a register tile of output
+  channels x output columns, weights repacked once at build time (O/v, I, H, W, v) so each step loads
+  one vector of weights and broadcasts one input value; the epilogue (bias, batch norm, relu, residual
+  add) is computed from the registers; parallel over channel blocks and rows.
+- depthwise conv2d and pooling: vectorized over channels in NHWC (along output columns in NCHW),
+  parallel over rows; in NHWC the window reads the input in place, its padding inlined.
+- matmul / dense / batch matmul: a register tile of rows x vectors of columns, the weight repacked
+  at build time when it is stored transposed, epilogue fused, parallel over tiles.
+- softmax, layer norm, reductions: TVM's dlight CPU rules.
+- everything else (elementwise, reshape, transpose): parallel outer loop, vectorized inner loop.
+
+A kernel that no rule fits stays naive. A rule that fails on a kernel (TVM refuses its schedule,
+or the rule has a bug) leaves it to the next rule, never failing the build. Each PrimFunc gets the
+attribute SCHEDULE_ATTR naming the rule that scheduled it, for the result page, followed by the rules
+that failed on it: "naive (reduction rule failed: ScheduleError: ...)"."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import s_tir, tirx
+
+from webapp.pipeline.rules.common import (
+    PREPROC,
+    extent,
+    finish_register_tile,
+    fuse,
+    inline_epilogue,
+    is_output,
+    iter_kinds,
+    largest_divisor,
+    loops_below,
+    parallel,
+    parallel_outer,
+    register_tile,
+    serial_kernel,
+    simd,
+    vector_split,
+    vector_width,
+)
+
+
+def conv_block(sch: s_tir.Schedule, suffix: str):
+    """The kernel's one conv2d block (named ...`suffix`: "conv2d_nchw", "conv2d_nhwc"), four output
+    axes and three reduction axes over two inputs; None when the kernel has not exactly one."""
+    blocks = [
+        b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint.endswith(suffix)
+    ]
+    if len(blocks) != 1:
+        return None
+    stmt = sch.get(blocks[0])
+    return blocks[0] if iter_kinds(stmt) == "SSSSRRR" and len(stmt.reads) == 2 else None
+
+
+def conv2d(sch: s_tir.Schedule, target) -> str | None:
+    """Regular and grouped conv2d in NCHW with OIHW weights (topi's conv2d_nchw / group_conv2d_nchw)."""
+    conv = conv_block(sch, "conv2d_nchw")
+    if conv is None:
+        return None
+    stmt = sch.get(conv)
+    lanes, registers = simd(target)
+    weight = stmt.reads[1].source
+    oc, ic_per_group = int(weight.shape[0]), int(weight.shape[1])
+    groups = int(stmt.reads[0].source.shape[1]) // ic_per_group if stmt.reads[0].source.shape[1] else 1
+    oc_per_group = oc // max(groups, 1)
+    lanes = vector_width(oc_per_group, lanes, minimum=4)
+    if not lanes:
+        return windowed(sch, target, conv, "depthwise conv2d" if oc_per_group == 1 else "grouped conv2d")
+    n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
+    ow = extent(sch, ow_loop)
+    # Register tile: `vectors` vectors of output channels x `cols` output columns, in at most half the
+    # vector registers (measured on ResNet-50 here: 28 accumulators spill, 16 run twice as fast).
+    vectors = 2 if oc_per_group % (2 * lanes) == 0 else 1
+    cols = largest_divisor(ow, registers // 2 // vectors)
+    if vectors == 2 and cols < 4:
+        vectors, cols = 1, largest_divisor(ow, registers // 2)
+    block_oc = vectors * lanes
+
+    for pad in sch.get_producers(conv):  # the padded input: its own parallel loop nest
+        parallel(sch, sch.fuse(*sch.get_loops(pad)[:2]))
+    epilogue = inline_epilogue(sch, conv)
+    # Weights repacked to (O / block_oc, I, KH, KW, block_oc), once, at build time.
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i, h, w, o % block_oc))
+    sch.annotate(pack, PREPROC, True)
+
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    sch.transform_layout(conv, ("write", 0), lambda n, c, h, w: (n, c // block_oc, h, w, c % block_oc))
+
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    ow_o, ow_i = sch.split(ow_loop, [None, cols])
+    sch.reorder(n_loop, oc_o, oh_loop, ow_o, ic_loop, kh_loop, kw_loop, oc_v, ow_i, oc_i)
+    parallel_outer(sch, conv, 3)
+    sch.reverse_compute_at(epilogue, ow_o)
+    sch.unroll(oc_v)
+    sch.unroll(ow_i)
+    sch.vectorize(oc_i)
+    init = sch.decompose_reduction(conv, ic_loop)
+    init_loops = sch.get_loops(init)
+    sch.vectorize(init_loops[-1])
+    kind = "grouped conv2d" if groups > 1 else "conv2d"
+    return f"default rule: {kind}"
+
+
+def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
+    """An NHWC conv's input and accumulator, for both NHWC rules: legalization's copy of the input
+    inlined (the conv reads it where it lies) or its padding run in parallel, and the sums kept in
+    registers. Returns the block that writes the output (`epilogue`, or a copy-out made here)."""
+    for pad in sch.get_producers(conv):  # legalization's padding of the input, or its plain copy
+        copied, padded = sch.get(pad).reads[0].source, sch.get(pad).writes[0].source
+        if [int(d) for d in copied.shape] == [int(d) for d in padded.shape]:
+            sch.compute_inline(pad)  # a copy: the conv reads the input where it is
+        else:
+            parallel(sch, sch.fuse(*sch.get_loops(pad)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    return epilogue
+
+
+L1_WEIGHT_BYTES = 32 * 1024  # a conv's weight block this small stays in the L1 cache
+
+
+def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
+    """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
+    webapp.pipeline.stages.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
+    innermost, so each step broadcasts one input value where it lies and loads one vector of repacked
+    weights (O/v, KH, KW, I, v); a 1x1 convolution is a blocked GEMM of (pixels x input channels) by
+    (input channels x output channels). A register tile of output columns x channel vectors in half
+    the vector registers, the epilogue written as whole vectors of output channels; parallel over
+    rows x column tiles x channel blocks."""
+    conv = conv_block(sch, "conv2d_nhwc")
+    if conv is None:
+        return None
+    stmt = sch.get(conv)
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    if len(weight.shape) != 4 or any(str(r.source.dtype) != "float32" for r in (*stmt.reads, *stmt.writes)):
+        return None
+    ic, oc = int(weight.shape[2]), int(weight.shape[3])
+    if int(data.shape[3]) != ic:  # grouped: left to the windowed / naive rules
+        return None
+    lanes, registers = simd(target)
+    lanes = vector_width(oc, lanes, minimum=4)
+    if not lanes:
+        return None
+    n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
+    vectors, cols = register_tile(extent(sch, w_loop), oc // lanes, registers // 2)
+    block_oc = lanes * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i, o % block_oc))
+    sch.annotate(pack, PREPROC, True)
+    epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    w_o, w_i = sch.split(w_loop, [None, cols])
+    # Channel blocks outermost where a block's repacked weights are large: they stay in the cache
+    # while its thread sweeps the rows (measured on ResNet-50 here: 41 ms against 45 with rows
+    # outermost). Rows outermost where they fit the L1 cache anyway (MobileNetV2's 1x1 convs): a row's
+    # input stays in the cache for every channel block (4.3 ms against 4.6 there).
+    if int(weight.shape[0]) * int(weight.shape[1]) * ic * block_oc * 4 <= L1_WEIGHT_BYTES:
+        sch.reorder(n_loop, h_loop, oc_o, w_o, kh_loop, kw_loop, ic_loop, w_i, oc_v, oc_i)
+    else:
+        sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_loop, w_i, oc_v, oc_i)
+    tile = sch.fuse(*sch.get_loops(conv)[:4])
+    finish_register_tile(sch, conv, tile, epilogue, [w_i, oc_v], oc_i, kh_loop)
+    tail = loops_below(sch, epilogue, tile)
+    width = vector_width(extent(sch, tail[-1]), lanes) if tail else 0
+    if width:
+        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return "default rule: conv2d NHWC"
+
+
+def winograd(sch: s_tir.Schedule, target) -> str | None:
+    """The Winograd convolution (webapp.pipeline.passes.winograd): the input transform parallel over tiles,
+    vectorized over input channels; the 16 GEMMs as the NHWC conv's register tile of tiles x vectors
+    of output channels (transformed weights repacked at build time), parallel over positions x tile
+    blocks x channel blocks; the output transform computed with the epilogue, 2x2 outputs at a time,
+    vectorized over output channels, parallel over rows."""
+    from webapp.pipeline.passes.winograd import NAMES
+
+    blocks = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    if not all(name in blocks for name in NAMES):
+        return None
+    lanes, registers = simd(target)
+    transform, gemm, output = (blocks[name] for name in NAMES)
+    sch.compute_inline(blocks["winograd_pad"])
+    a, b, p, c = sch.get_loops(transform)
+    sch.reorder(p, a, b, c)
+    parallel(sch, p)
+    sch.unroll(a)
+    sch.unroll(b)
+    split = vector_split(sch, c, lanes)
+    if split:
+        sch.vectorize(split[1])
+
+    epilogue = inline_epilogue(sch, output)
+    if epilogue is not None:
+        sch.compute_inline(output)
+        output = epilogue
+    n, h, w, co = sch.get_loops(output)
+    h_o, h_i = sch.split(h, [None, 2])
+    w_o, w_i = sch.split(w, [None, 2])
+    sch.reorder(n, h_o, w_o, h_i, w_i, co)
+    parallel(sch, sch.fuse(n, h_o))
+    sch.unroll(h_i)
+    sch.unroll(w_i)
+    split = vector_split(sch, co, lanes)
+    if split:
+        sch.vectorize(split[1])
+
+    a, b, p, co, k = sch.get_loops(gemm)
+    channels = extent(sch, co)
+    lanes = vector_width(channels, lanes, minimum=4)
+    if not lanes:
+        return None
+    vectors, rows = register_tile(extent(sch, p), channels // lanes, registers // 2)
+    block_co = lanes * vectors
+    pack = sch.cache_read(gemm, 1, "global")
+    sch.transform_layout(gemm, ("read", 1), lambda a, b, k, o: (a, b, o // block_co, k, o % block_co))
+    sch.annotate(pack, PREPROC, True)
+    p_o, p_i = sch.split(p, [None, rows])
+    co_o, co_v, co_i = sch.split(co, [None, vectors, lanes])
+    sch.reorder(a, b, co_o, p_o, k, p_i, co_v, co_i)
+    tile = sch.fuse(a, b, co_o, p_o)
+    copy = sch.cache_write(gemm, 0, "local")  # the register tile, written out once its sums are done
+    finish_register_tile(sch, gemm, tile, copy, [p_i, co_v], co_i, k)
+    sch.vectorize(sch.get_loops(copy)[-1])
+    return "default rule: Winograd conv2d"
+
+
+WINDOW_TILE = 8  # output vectors a windowed reduction accumulates at once
+
+
+def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
+    """A reduction over a small window or axis per output element (depthwise conv, pooling, mean):
+    the innermost output axis is vectorized with the reduction loops outside it, accumulating in
+    registers, the epilogue fused; the other output axes run in parallel."""
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    spatial = len(kinds) - len(kinds.lstrip("S"))
+    if spatial == 0 or "S" in kinds[spatial:]:
+        return None
+    lanes, _ = simd(target)
+    loops = sch.get_loops(block)
+    if len(loops) != len(kinds):
+        return None
+    producers = sch.get_producers(block)  # padding
+    epilogue = inline_epilogue(sch, block)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+    # Parallel over the leading output axes (batch, channels), rows and columns inside.
+    lead = max(1, min(2, spatial - 1))
+    outer = fuse(sch, loops[:lead])
+    parallel(sch, outer)
+    for producer in producers:  # the padded input
+        source, padded = sch.get(producer).reads[0].source, sch.get(producer).writes[0].source
+        if str(source.shape[-1]) == str(padded.shape[-1]):
+            # The vectorized axis (channels, NHWC) is not padded: the window reads the input where it
+            # lies, each vector all inside the border or all outside. Measured here on MobileNetV2's
+            # depthwise convs: 0.44 ms in the model, against 0.86 padding each thread's rows first.
+            sch.compute_inline(producer)
+            continue
+        sch.compute_at(producer, outer)  # pad the rows a thread reads (NCHW), by that thread
+        split = vector_split(sch, sch.get_loops(producer)[-1], lanes)
+        if split:
+            sch.vectorize(split[1])
+    rows = loops[lead : spatial - 1]
+    split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
+    reductions = loops[spatial:]
+    if split is None:
+        sch.reverse_compute_at(epilogue, outer)
+        return f"default rule: {kind}"
+    col_o, col_v = split
+    # `tile` vectors of neighbouring outputs along the next axis out (columns in NHWC, rows in NCHW)
+    # accumulate at once: one accumulator waits on each FMA of its window in turn (measured here on a
+    # padded 3x3 depthwise conv, 14x14x384 NHWC: 24 us with one accumulator, 21 with 7).
+    tile = largest_divisor(extent(sch, rows[-1]), WINDOW_TILE) if rows and reductions else 1
+    tiled = []
+    if tile > 1:
+        rows[-1], row_i = sch.split(rows[-1], [None, tile])
+        tiled = [row_i]
+    sch.reorder(*rows, col_o, *reductions, *tiled, col_v)
+    sch.reverse_compute_at(epilogue, col_o)
+    sch.vectorize(col_v)
+    init = sch.decompose_reduction(block, reductions[0])
+    init_loops = sch.get_loops(init)
+    sch.vectorize(init_loops[-1])
+    tail = loops_below(sch, epilogue, col_o)
+    if tiled:  # the tile's vectors unrolled: each its own register
+        for loop in (row_i, init_loops[-2], tail[0]):
+            sch.unroll(loop)
+        tail = tail[1:]
+    if tail:
+        sch.vectorize(fuse(sch, tail))
+    return f"default rule: {kind}"
+
+
+def index_vars(region) -> list:
+    """The block variables that index each dimension of a buffer access (None where not a plain var)."""
+    return [r.min if isinstance(r.min, tirx.Var) else None for r in region.region]
+
+
+def same_vars(indices: list, variables: list) -> bool:
+    return all(i is not None and i.same_as(v) for i, v in zip(indices, variables, strict=True))
+
+
+def matmul(sch: s_tir.Schedule, target) -> str | None:
+    """Dense, matmul and batch matmul: C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k])."""
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
+        return None
+    *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
+    a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
+    # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
+    # operand (matrix x vector) has no such pair of axes.
+    if len(a_idx) < 2 or len(b_idx) < 2 or not same_vars(a_idx[-2:], [i_var, k_var]):
+        return None
+    b_last = b_idx[-1]
+    if not (same_vars(b_idx[-2:], [k_var, j_var]) or same_vars(b_idx[-2:], [j_var, k_var])):
+        return None
+    lanes, registers = simd(target)
+    loops = sch.get_loops(block)
+    if len(loops) != len(kinds):
+        return None
+    *batch_loops, i_loop, j_loop, k_loop = loops
+    n = extent(sch, j_loop)
+    width = vector_width(n, lanes)
+    if not width:
+        return None
+    vectors = next((v for v in (4, 2, 1) if n % (v * width) == 0), 1)
+    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
+    block_n = vectors * width
+
+    epilogue = inline_epilogue(sch, block)
+    # B repacked as (.., N / block_n, K, block_n): each tile streams one contiguous panel.
+    pack = sch.cache_read(block, 1, "global")
+    if b_last.same_as(j_var):
+        sch.transform_layout(
+            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)
+        )
+    else:
+        sch.transform_layout(
+            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)
+        )
+    sch.annotate(pack, PREPROC, True)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+
+    i_o, i_i = sch.split(i_loop, [None, rows])
+    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, width])
+    sch.reorder(*batch_loops, i_o, j_o, k_loop, i_i, j_v, j_l)
+    parallel(sch, sch.fuse(*batch_loops, i_o, j_o))
+    tile = sch.get_loops(block)[0]
+    sch.reverse_compute_at(epilogue, tile)
+    sch.unroll(i_i)
+    sch.unroll(j_v)
+    sch.vectorize(j_l)
+    init = sch.decompose_reduction(block, k_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    tail = loops_below(sch, epilogue, tile)
+    if tail:
+        inner = sch.split(tail[-1], [None, width])[-1] if extent(sch, tail[-1]) % width == 0 else tail[-1]
+        sch.vectorize(inner)
+    return "default rule: batch matmul" if len(b_idx) > 2 else "default rule: matmul"
+
+
+def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
+    """A transpose whose output's innermost axis is too short for a vector (NCHW to NHWC with 3
+    channels: an image model's input): the vector loop is instead the axis innermost in the input,
+    read in whole vectors and written with a stride, the axes after it unrolled (the 1x3x224x224
+    input took 6 us, against 95 gathering lane by lane). Returns the loop outside the vectors (for
+    the caller to run in parallel); None, the schedule unchanged, when no read has such an axis."""
+    stmt = sch.get(block)
+    if len(loops) != len(stmt.iter_vars):
+        return None
+    variables = [iv.var for iv in stmt.iter_vars]
+    for read in stmt.reads:
+        last = index_vars(read)[-1] if read.region else None
+        if last is None:
+            continue
+        at = next((i for i, v in enumerate(variables) if v.same_as(last)), None)
+        if at is None or at == len(loops) - 1:
+            continue
+        width = vector_width(extent(sch, loops[at]), lanes, minimum=4)
+        inside = int(np.prod([extent(sch, loop) for loop in loops[at + 1 :]]))
+        if not width or not 0 < inside <= 16:
+            continue
+        rest, inner = sch.split(loops[at], [None, width])
+        sch.reorder(rest, *loops[at + 1 :], inner)
+        for loop in loops[at + 1 :]:
+            sch.unroll(loop)
+        sch.vectorize(inner)
+        return fuse(sch, [*loops[:at], rest])
+    return None
+
+
+def elementwise(sch: s_tir.Schedule, target) -> str | None:
+    """Kernels of spatial blocks only (elementwise, broadcast, reshape, transpose): each remaining
+    block after inlining runs its loops fused, parallel outside and vectorized inside."""
+    root = sch.get_sblock("root")
+    if any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(root)):
+        return None
+    func = sch.mod["main"]
+    for block in sch.get_child_blocks(root)[:-1]:
+        if not is_output(func, sch.get(block).writes[0].source):
+            try:
+                sch.compute_inline(block)
+            except RuntimeError:
+                pass  # stays its own loop nest
+    lanes, _ = simd(target)
+    for block in sch.get_child_blocks(root):
+        loops = sch.get_loops(block)
+        if not loops:  # a 0-d result: one value, nothing to run in parallel or in vectors
+            continue
+        total = int(np.prod([extent(sch, loop) for loop in loops]))
+        # The vector loop is split off the innermost axis, not off all axes fused: through the
+        # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
+        width = vector_width(extent(sch, loops[-1]), lanes, minimum=4)
+        # no vector width in the output: vectors along the input's innermost axis, if it has one
+        outer = None if width else transpose_in_vectors(sch, block, loops, lanes)
+        if outer is None and width and total >= 4 * lanes:
+            rest, inner = sch.split(loops[-1], [None, width])
+            outer = fuse(sch, [*loops[:-1], rest])
+            sch.vectorize(inner)
+        elif outer is None:
+            outer = fuse(sch, loops)
+            if total >= 4 * lanes and total % lanes == 0:
+                outer, inner = sch.split(outer, [None, lanes])
+                sch.vectorize(inner)
+        if total >= 4096:
+            parallel(sch, outer)
+    return "default rule: elementwise"
+
+
+def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] | None:
+    """Softmax, layer norm and other row reductions (dlight's CPU rule), else a single reduction block
+    with its epilogue (pooling, mean) as a windowed reduction."""
+    from tvm.s_tir.dlight.cpu import Reduction
+
+    root = sch.get_sblock("root")
+    main = [b for b in sch.get_child_blocks(root) if "R" in iter_kinds(sch.get(b))]
+    name = sch.get(main[0]).name_hint if len(main) == 1 else ""
+    pooling = "pool" in name
+    # Pooling and depthwise convolutions have a window per output, not a row: dlight would serialize
+    # them in NHWC. dlight's loops are parallel: a small kernel's one reduction goes to windowed too.
+    if not pooling and "conv2d" not in name and not (serial_kernel.get() and len(main) == 1):
+        scheduled = Reduction().apply(sch.mod["main"], target, False)
+        if scheduled is not None:
+            return scheduled, "default rule: row reduction"
+    if len(main) != 1:
+        return None
+    kind = "pooling" if pooling else conv_kind(sch.get(main[0])) if "conv2d" in name else "reduction"
+    return windowed(sch, target, main[0], kind)
+
+
+def conv_kind(stmt) -> str:
+    """ "conv2d", "grouped conv2d" or "depthwise conv2d", from a conv block's input and weights
+    (NCHW with OIHW weights, or NHWC with HWIO)."""
+    data, weight = (r.source.shape for r in stmt.reads[:2])
+    nhwc = "nhwc" in stmt.name_hint
+    channels, per_group = int(data[3 if nhwc else 1]), int(weight[2 if nhwc else 1])
+    return "conv2d" if per_group == channels else "depthwise conv2d" if per_group == 1 else "grouped conv2d"

@@ -1,0 +1,280 @@
+"""The int8 rules of the integer dot-product instructions (x86 VNNI `vpdpbusd`, Arm `sdot`): a tensor
+intrinsic per instruction, and conv2d (NHWC and NCHW) and matmul rules that tensorize with it."""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from webapp.pipeline.rules.common import (
+    PREPROC,
+    choice,
+    extent,
+    inline_epilogue,
+    inner_split,
+    iter_kinds,
+    largest_divisor,
+    loops_below,
+    parallel,
+    parallel_outer,
+    simd,
+    vector_width,
+)
+from webapp.pipeline.rules.cpu import conv_block, index_vars, nhwc_input_and_accumulator
+from webapp.targets import KINDS, kind_of
+
+# Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
+# instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
+# products of 8-bit values.
+DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
+
+
+def dot_instruction(target, channels: int | None = None) -> str | None:
+    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any."""
+    return kind_of(target).dot_instruction(target, channels)
+
+
+def register_dot(kind: str) -> str:
+    """A tensor intrinsic for one dot-product instruction: `lanes` int32 += 4 activations x 4 int8
+    weights each, accumulating in registers ("local"). TVM's own x86 one (`dot_16x4_vnni`) passes
+    int32 vectors, which LLVM 22 rejects (it wants bytes), and accumulates in global memory."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    lanes, a_dtype, intrinsic, _ = DOT_INSTRUCTIONS[kind]
+    name = f"playground_dot_{lanes}x4_{kind}"
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
+            T.writes(C[0:lanes])
+            # The 4 activation bytes as one int32, broadcast to every lane; written as one expression:
+            # a value given a name here becomes a local buffer, which TVM allocates from its workspace
+            # pool (a runtime call) at every use
+            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(intrinsic),
+                C.vload([0], dtype=f"int32x{lanes}"),
+                T.reinterpret(
+                    T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
+                    dtype=f"{a_dtype}x{4 * lanes}",
+                ),
+                B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
+                dtype=f"int32x{lanes}",
+            )
+
+    TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
+def register_dots() -> None:
+    """Every kind's dot-product intrinsics registered: a tuning record of an int8 kernel names one, and
+    TVM replays its trace when it reads the database (webapp.pipeline.stages.tune.open_database)."""
+    for kind in DOT_INSTRUCTIONS:
+        register_dot(kind)
+
+
+def multiplies_for_dot(stmt, target) -> bool:
+    """Whether the block multiplies what the target's dot-product instruction does: its activation
+    dtype (uint8 on x86, int8 on Arm) by int8 weights, into int32."""
+    kind = dot_instruction(target)
+    dtypes = tuple(str(r.source.dtype) for r in (*stmt.reads, *stmt.writes))
+    return kind is not None and dtypes == (DOT_INSTRUCTIONS[kind][1], "int8", "int32")
+
+
+def tile_vectors(channels: int, lanes: int) -> int:
+    """Vectors of output channels in a register tile: 32 channels with 16 or 8 lanes (x86), 16 with
+    4 (Arm), fewer when they do not divide the channels."""
+    return next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if channels % (lanes * v) == 0)
+
+
+def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
+    """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.stages.quantize)
+    on the target's dot-product instruction: input channels are innermost, so each instruction reads
+    4 consecutive input bytes where they lie, and the epilogue writes whole vectors of output
+    channels. A register tile of output columns x channel vectors; weights repacked
+    (O/v, KH, KW, I/4, v, 4) at build time; parallel over rows x column tiles x channel blocks."""
+    conv = conv_block(sch, "conv2d_nhwc")
+    if conv is None or not multiplies_for_dot(sch.get(conv), target):
+        return None
+    stmt = sch.get(conv)
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    ic, oc = int(weight.shape[2]), int(weight.shape[3])
+    kind = dot_instruction(target, oc)
+    if int(data.shape[3]) != ic or kind is None or ic % 4:
+        return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
+    _, registers = simd(target)
+    n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
+    vectors = choice("vectors", tile_vectors(oc, lanes))
+    if oc % (lanes * vectors):
+        return None
+    # Accumulators in every vector register but the weight vectors', a broadcast's and one spare:
+    # the inner loop is one load per vector of weights, one broadcast per column and a dot product
+    # per accumulator, so more columns are fewer weight loads per dot product, and fewer epilogues
+    # begun per input row. On AVX-512 that is 14 columns x 2 vectors where half the registers gave
+    # 8 x 2; measured here (in-process A/B, the int8 models built both ways and timed in turn, 6
+    # rounds): MobileNetV2 1.77-2.09 ms against 1.88-2.20, faster in every round; ResNet-50 faster
+    # in 5 of 6 rounds (median 2.4%), its small 1x1 convolutions by 5-11%. Tuning tries up to all
+    # but two registers' worth.
+    cols = largest_divisor(extent(sch, w_loop), (registers - vectors - 2) // vectors)
+    block_oc = lanes * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(
+        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 4, o % block_oc, i % 4)
+    )
+    sch.annotate(pack, PREPROC, True)
+    epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    w_o, w_i = inner_split(sch, w_loop, cols, registers // vectors - 2)
+    ic_o, ic_i = sch.split(ic_loop, [None, 4])
+    # The channel blocks inside the rows: a thread's input rows stay in the L1 cache while it sweeps
+    # the channel blocks' weights. Channel blocks outermost, as the float rule has them where the
+    # weights are large, ran ResNet-50 slower here (17.9 ms against 14.5, int8 weights are a quarter
+    # of the size); tuning tries both.
+    if choice("channels_outer", False):
+        sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
+    else:
+        sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
+    tile = sch.fuse(*sch.get_loops(conv)[:4])
+    parallel(sch, tile)
+    sch.reverse_compute_at(epilogue, tile)
+    init = sch.decompose_reduction(conv, kh_loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(w_i)
+    sch.unroll(oc_v)
+    sch.tensorize(oc_i, register_dot(kind))
+    tail = loops_below(sch, epilogue, tile)
+    width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
+    if width:
+        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return f"default rule: int8 conv2d NHWC ({kind})"
+
+
+def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
+    """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.stages.quantize
+    pads with the zero point first when it is not 0) on the target's dot-product instruction: AVX-512
+    VNNI `vpdpbusd` (uint8 x int8, 16 output channels x 4 input channels an instruction) or Arm `sdot`
+    (int8 x int8, 4 x 4); a register tile of channel vectors x output columns. The input is copied to
+    (N, C/4, H, W, 4) at each call (legalization copies it anyway), the weights repacked
+    (O/v, I/4, KH, KW, v, 4) at build time."""
+    conv = conv_block(sch, "conv2d_nchw")
+    if conv is None or not multiplies_for_dot(sch.get(conv), target):
+        return None
+    stmt = sch.get(conv)
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    oc, ic = int(weight.shape[0]), int(weight.shape[1])
+    kind = dot_instruction(target, oc)
+    if int(data.shape[1]) != ic or kind is None or ic % 4:
+        return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
+    _, registers = simd(target)
+    n_loop, oc_loop, oh_loop, ow_loop, ic_loop, kh_loop, kw_loop = sch.get_loops(conv)
+    vectors = tile_vectors(oc, lanes)
+    cols = largest_divisor(extent(sch, ow_loop), registers // 2 // vectors)
+    if vectors > 1 and cols < 4:
+        vectors, cols = 1, largest_divisor(extent(sch, ow_loop), registers // 2)
+    block_oc = lanes * vectors
+
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    sch.transform_layout(
+        conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i // 4, h, w, o % block_oc, i % 4)
+    )
+    sch.annotate(pack, PREPROC, True)
+    # The input in (N, C/4, H, W, 4): legalization's padding block writes it so (a copy when the
+    # padding is 0).
+    producers = sch.get_producers(conv)
+    copy = producers[0] if producers else sch.cache_read(conv, 0, "global")
+    sch.transform_layout(conv, ("read", 0), lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+    parallel(sch, sch.fuse(*sch.get_loops(copy)[:2]))
+    if epilogue is None:
+        epilogue = sch.cache_write(conv, 0, "global")
+    sch.set_scope(conv, 0, "local")
+    sch.transform_layout(conv, ("write", 0), lambda n, c, h, w: (n, c // block_oc, h, w, c % block_oc))
+
+    oc_o, oc_v, oc_i = sch.split(oc_loop, [None, vectors, lanes])
+    ow_o, ow_i = sch.split(ow_loop, [None, cols])
+    ic_o, ic_i = sch.split(ic_loop, [None, 4])
+    sch.reorder(n_loop, oc_o, oh_loop, ow_o, ic_o, kh_loop, kw_loop, oc_v, ow_i, oc_i, ic_i)
+    parallel_outer(sch, conv, 3)
+    sch.reverse_compute_at(epilogue, ow_o)
+    init = sch.decompose_reduction(conv, ic_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(oc_v)
+    sch.unroll(ow_i)
+    sch.tensorize(oc_i, register_dot(kind))
+    return f"default rule: int8 conv2d ({kind})"
+
+
+def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
+    """8-bit [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on the target's dot-product
+    instruction (see conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x
+    column vectors, the weight repacked (N/lanes, K/4, lanes, 4) at build time."""
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    stmt = sch.get(block)
+    kinds = iter_kinds(stmt)
+    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
+        return None
+    if not multiplies_for_dot(stmt, target):
+        return None
+    b = stmt.reads[1].source
+    *_, j_var, k_var = [iv.var for iv in stmt.iter_vars]
+    b_idx = index_vars(stmt.reads[1])
+    if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
+        return None
+    k, n = int(b.shape[0]), int(b.shape[1])
+    kind = dot_instruction(target, n)
+    if k % 4 or kind is None:
+        return None
+    lanes = DOT_INSTRUCTIONS[kind][0]
+    _, registers = simd(target)
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
+    vectors = choice("vectors", next(v for v in (4, 2, 1) if n % (lanes * v) == 0))
+    if n % (lanes * vectors):
+        return None
+    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
+
+    epilogue = inline_epilogue(sch, block)
+    pack = sch.cache_read(block, 1, "global")
+    sch.transform_layout(block, ("read", 1), lambda kk, jj: (jj // lanes, kk // 4, jj % lanes, kk % 4))
+    sch.annotate(pack, PREPROC, True)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+    i_o, i_i = inner_split(sch, i_loop, rows, registers // vectors - 2)
+    j_o, j_v, j_l = sch.split(j_loop, [None, vectors, lanes])
+    k_o, k_i = sch.split(k_loop, [None, 4])
+    sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
+    tile = sch.fuse(*batch_loops, i_o, j_o)
+    parallel(sch, tile)
+    sch.reverse_compute_at(epilogue, tile)
+    init = sch.decompose_reduction(block, k_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.unroll(i_i)
+    sch.unroll(j_v)
+    sch.tensorize(j_l, register_dot(kind))
+    return f"default rule: int8 matmul ({kind})"
