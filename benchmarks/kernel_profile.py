@@ -27,8 +27,9 @@ import tvm
 from webapp.config import Config
 from webapp.jobs.worker import ensure_example_files
 from webapp.options import JobOptions
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages import bench
-from webapp.pipeline.stages.build import build, fuse, kernel_seconds, schedule
+from webapp.pipeline.stages.build import build, kernel_seconds, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.inspect import kernel_flop
 from webapp.pipeline.stages.optimize import optimize

@@ -33,8 +33,9 @@ from tvm import relax
 from tests.conftest import run_here_or_skip
 from tests.test_quantize import int8_rule
 from webapp.options import JobOptions
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.rules import schedules
-from webapp.pipeline.stages.build import build, fuse, schedule
+from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
 from webapp.pipeline.stages.quantize import quantize

@@ -18,6 +18,7 @@ from tests.conftest import wait_for_job
 from tests.test_browser import assert_every_link_answers, code_panel_ready
 from webapp import targets
 from webapp.catalog import EXAMPLES
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.reports import device_code
 from webapp.pipeline.rules import gpu as gpu_rules
 from webapp.pipeline.rules import schedules
@@ -42,7 +43,7 @@ def build_example(config, example: str, target_name: str):
     ensure_example_files(config, example)
     target = targets.make_target(target_name)
     model = import_model(config.examples_dir / f"{example}.onnx")
-    lowered, labels = build.schedule(build.fuse(canonical(model.mod), target), target)
+    lowered, labels = build.schedule(fuse(canonical(model.mod), target), target)
     executable = build.build(lowered, target, None)
     source = device_code.device_module(host_code_module(executable)).inspect_source()
     return labels, source, sorted(labels)

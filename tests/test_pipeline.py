@@ -13,10 +13,11 @@ from tvm import relax
 
 from webapp.catalog import EXAMPLES
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.reports.graphs import relax_graph
 from webapp.pipeline.stages import bench
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
-from webapp.pipeline.stages.inspect import inspect_build, relax_graph
+from webapp.pipeline.stages.inspect import inspect_build
 from webapp.pipeline.stages.optimize import optimize
 from webapp.pipeline.stages.quantize.annotate import bindings
 from webapp.targets import make_target

@@ -15,8 +15,9 @@ from tvm.relax import op as R
 
 from tests.conftest import run_here_or_skip
 from webapp.options import JobOptions
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages import bench
-from webapp.pipeline.stages.build import build, compile_relax, fuse, schedule
+from webapp.pipeline.stages.build import build, compile_relax, schedule
 from webapp.pipeline.stages.quantize import quantize
 from webapp.pipeline.stages.quantize.annotate import bindings
 from webapp.pipeline.stages.quantize.calibrate import gather, kl_threshold, threshold

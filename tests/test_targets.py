@@ -67,7 +67,8 @@ def add_relu(x: R.Tensor((4, 64), "float32"), y: R.Tensor((4, 64), "float32")):
 
 
 def test_arm_kind_cross_compiles_an_aarch64_library(tmp_path):
-    from webapp.pipeline.stages.build import build, fuse, schedule
+    from webapp.pipeline.passes.legalize import fuse
+    from webapp.pipeline.stages.build import build, schedule
 
     tvm_target = A76.tvm_target()
     lowered, labels = schedule(fuse(tvm.IRModule({"main": add_relu}), tvm_target), tvm_target)

@@ -1,6 +1,7 @@
 """A job's folder as the pipeline reads and writes it: job.json (what the worker asked for),
 result.json (what the job found so far) and progress.json (the stages' live status). The runner and
-the remote stage (a later process) both keep their records here."""
+the remote stage (a later process) both keep their records here; Context is what every stage of a
+job is given."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
 from webapp.pipeline.errors import error_message
 from webapp.pipeline.reports import facts
+from webapp.targets import Target
+from webapp.targets import get as get_target
 
 
 @dataclass
@@ -121,3 +124,40 @@ class Progress:
         if error is not None:
             self.error = {"stage": name, "message": error}
         self.write()
+
+
+@dataclass
+class Context:
+    """One job as every stage sees it, made once by the runner: what was asked (job.json), the target
+    preset that answers every question about the target (webapp.targets) and its TVM target, and the
+    records the stages write (result.json, progress.json). A stage is `stage(ctx, report, *inputs)`."""
+
+    job: Job
+    target: Target
+    tvm_target: object  # tvm.target.Target
+    results: Results
+    progress: Progress
+
+    @classmethod
+    def open(cls, job_dir: Path, stages: tuple[str, ...]) -> Context:
+        job = Job.load(job_dir)
+        target = get_target(job.options.target)
+        return cls(job, target, target.tvm_target(), Results(job_dir), Progress(job_dir, stages))
+
+    @property
+    def dir(self) -> Path:
+        return self.job.dir
+
+    @property
+    def options(self) -> JobOptions:
+        return self.job.options
+
+    def stage(self, name: str, stage, *inputs, when: bool = True):
+        """Runs stage(ctx, report, *inputs) as the stage `name` (its status, seconds and progress
+        recorded; a failure ends the job), or records it skipped when `when` is false."""
+        if not when:
+            return self.skip(name)
+        return self.progress.run_stage(name, lambda report: stage(self, report, *inputs))
+
+    def skip(self, name: str) -> None:
+        self.progress.skip(name)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from webapp.pipeline.reports.graphs import time_graphs
+from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.importers import TensorSpec
 
 
@@ -437,10 +439,22 @@ def job_inputs(model, job) -> dict[str, np.ndarray]:
     return make_inputs(model.inputs)
 
 
+def benchmark_stage(ctx, report, model, built) -> None:
+    """The benchmark stage of a job whose code runs here: its builds against the frameworks'
+    references on the target's device, each build's kernel profile (the kernel table's times, and
+    the graphs coloured by them)."""
+    shown = next(key for key, ex in built.executables.items() if ex is built.executable)
+    measured = benchmark_job(built.executables, model, ctx.job, ctx.target, ctx.tvm_target, report, shown)
+    kernels = timed_kernels(ctx.results.data.get("kernels", []), measured.get("profiles", []))
+    time_graphs(ctx.dir, kernels)
+    write_model_explorer(ctx.dir)
+    ctx.results.save(**measured, kernels=kernels)
+
+
 def benchmark_job(executables: dict, model, job, target, tvm_target, report, shown=None) -> dict:
-    """The benchmark stage of a job: its builds against the frameworks' references on the target's
-    device, on a random input (a held-out image for an example with a dataset), accuracy on the
-    dataset where there is one, and each build's kernel profile."""
+    """The builds against the frameworks' references on the target's device, on a random input (a
+    held-out image for an example with a dataset), accuracy on the dataset where there is one, and
+    each build's kernel profile; `shown`, the build whose kernels the page lists (model.so)."""
     if (target.gpu and not device_present(target)) or (not target.gpu and not target.can_run_here):
         return {"benchmarks": [], "fidelity": [], "not_timed": target.no_device_line()}
     inputs = job_inputs(model, job)

@@ -16,7 +16,7 @@ from tvm import relax
 
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.passes import lowering
-from webapp.pipeline.passes.legalize import legalize_passes
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.rules import schedules
 from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
@@ -68,13 +68,6 @@ def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
     views: for the quantize stage's calibration and per-layer runs. Returns (executable, labels)."""
     lowered, labels = schedule(fuse(mod, target), target)
     return build(lowered, target, None), labels
-
-
-def fuse(mod: tvm.IRModule, target: tvm.target.Target, trace=None) -> tvm.IRModule:
-    """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
-    without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
-    with target, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
-        return tvm.transform.Sequential(legalize_passes(target))(mod)
 
 
 FLUSH_BYTES = 64 << 20  # written before each timed run of a kernel: twice this machine's L3 cache
@@ -290,3 +283,12 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
     executables = {(variant, True): tuned_exe, (variant, False): default_exe}
     exported = {(variant, True): library} if library else {}
     return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported, checked)
+
+
+def build_stage(ctx, report, model, optimized, quantized) -> Built:
+    records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
+    built = build_job(optimized.fused, quantized, ctx.tvm_target, records, ctx.dir, report, model.layers)
+    # the quantized variants again: the build records which layers it kept in float
+    quantization = quantized.to_json() if quantized else {}
+    ctx.results.save(**built.to_json(ctx.dir / "files" / "model.so"), **quantization)
+    return built

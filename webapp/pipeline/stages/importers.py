@@ -16,6 +16,7 @@ from tvm import relax
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
+from webapp.targets import target_json
 
 
 @dataclass
@@ -423,3 +424,14 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
     for spec, decl in zip(specs, declared, strict=False):
         spec.name = decl.name
     return specs
+
+
+def import_stage(ctx, report) -> ImportedModel:
+    """The model as Relax, its imported IR kept for the code view."""
+    model = import_model(ctx.job.model, ctx.options.input_shapes)
+    (ctx.dir / "views").mkdir(exist_ok=True)
+    (ctx.dir / "views" / "imported.py").write_text(model.mod.script())
+    ctx.results.save(
+        model=model.to_json(), target={"preset": ctx.target.name, "tvm": target_json(ctx.tvm_target)}
+    )
+    return model

@@ -12,6 +12,7 @@ from tvm import relax
 
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
+from webapp.pipeline.reports.graphs import draw_graphs
 from webapp.targets import kind_of
 
 # Passes whose module we keep for the graph views.
@@ -338,3 +339,12 @@ class GroupMatch:
 
     def all_same(self, xs, ys) -> bool:
         return len(xs) == len(ys) and all(self.same(x, y) for x, y in zip(xs, ys, strict=True))
+
+
+def optimize_stage(ctx, report, model) -> Optimized:
+    """The optimized model, its passes kept, and its graphs drawn at once: the page shows them while
+    the job goes on."""
+    optimized = optimize(model.mod, ctx.tvm_target, ctx.dir, report, model.layers)
+    graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion)
+    ctx.results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
+    return optimized

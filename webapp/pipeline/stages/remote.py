@@ -33,6 +33,13 @@ def slug(variant: str, tuned: bool) -> str:
 # ---------------------------------------------------------------- in the pipeline's sandbox
 
 
+def prepare_remote_stage(ctx, report, model, built, quantized) -> None:
+    """The benchmark stage of a job timed on a board of the device pool: here only what the board's
+    run is checked against; the worker runs the remote stage next, in a sandbox that may reach the
+    tracker."""
+    ctx.results.save(**prepare_remote(built, quantized, model, ctx.job, ctx.target, report))
+
+
 def prepare_remote(built, quantized, model, job, target, report) -> dict:
     """remote/: a library per build, inputs.npz, expected.npz (reference outputs), plan.json."""
     import os

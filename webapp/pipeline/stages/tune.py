@@ -22,6 +22,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages.inspect import kernel_flop
 
 
@@ -371,3 +372,19 @@ def estimated_total_ms(best: dict, weights: dict) -> float | None:
     if any(v is None for v in best.values()):
         return None
     return sum(best[n] * weights[n] for n in best) * 1e3
+
+
+def tunes(ctx) -> bool:
+    """Whether the job has a tune stage: trials asked for, or shared records copied into its folder."""
+    records = ctx.dir / "tuning" / "database_tuning_record.json"
+    return ctx.options.tune_trials > 0 or (records.is_file() and records.stat().st_size > 0)
+
+
+def tune_stage(ctx, report, optimized, quantized) -> Tuned:
+    # the first quantized variant's kernels too (a sweep's others share its workloads)
+    qfused = {q.variant: fuse(q.mod, ctx.tvm_target) for q in quantized.variants[:1]} if quantized else None
+    cancelled = (ctx.dir / "cancel").exists
+    trials = ctx.options.tune_trials
+    tuned = tune(optimized.fused, ctx.tvm_target, ctx.dir / "tuning", trials, report, cancelled, qfused)
+    ctx.results.save(tuning=tuned.to_json())
+    return tuned

@@ -127,3 +127,17 @@ def quantize_variant(
     quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
     quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
     return quantized
+
+
+def quantizes(ctx, model) -> bool:
+    """Whether the job has a quantize stage: asked for, or a model with scales of its own."""
+    return ctx.options.quantize != "none" or bool((model.prequantized or {}).get("layers"))
+
+
+def quantize_stage(ctx, report, model) -> QuantizedJob:
+    job = ctx.job
+    quantized = quantize_job(
+        model, ctx.tvm_target, ctx.options, ctx.dir, job.calibration_data, job.dataset, report
+    )
+    ctx.results.save(**quantized.to_json())
+    return quantized
