@@ -3,6 +3,7 @@ cross-compiles, and the web process lists targets without loading TVM or the pip
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -56,6 +57,73 @@ def test_kinds_answer_vector_shape_and_activation_dtype():
 def test_database_key_of_the_host_preset_names_its_vector_isa():
     assert targets.get("x86-host").database_key().startswith("x86-host-")
     assert targets.get("x86-avx2").database_key() == "x86-avx2"
+
+
+HOST_AS = """
+import json
+from webapp import targets
+from webapp.pipeline.rules.common import simd
+host = targets.get("x86-host")
+t = host.tvm_target()
+print(json.dumps({"mcpu": str(t.attrs["mcpu"]), "key": host.database_key(), "lanes": simd(t)[0],
+                  "dot": type(host).dot_instruction(t), "title": host.title}))
+"""
+
+
+@pytest.mark.parametrize(
+    "preset, mcpu, key, lanes, dot",
+    [
+        ("x86-avx2", "haswell", "x86-host-avx2", 8, None),
+        ("x86-avx512", "skylake-avx512", "x86-host-avx512", 16, None),
+        ("x86-avx512-vnni", "cascadelake", "x86-host-avx512", 16, "VNNI"),
+    ],
+)
+def test_playground_host_preset_makes_x86_host_build_another_presets_code(preset, mcpu, key, lanes, dot):
+    """PLAYGROUND_HOST_PRESET: the whole process (and the sandboxes it starts: webapp/sandbox.py passes
+    it on) builds x86-host as that preset, its vectors and dot product with it, its records apart."""
+    env = {"PATH": "/usr/bin:/bin", "PLAYGROUND_HOST_PRESET": preset}
+    out = subprocess.run([sys.executable, "-c", HOST_AS], env=env, capture_output=True, text=True, check=True)
+    host = json.loads(out.stdout)
+    assert (host["mcpu"], host["key"], host["lanes"], host["dot"]) == (mcpu, key, lanes, dot)
+    assert host["title"].endswith(f"as {preset}")
+    from webapp.sandbox import PASSED_THROUGH
+
+    assert "PLAYGROUND_HOST_PRESET" in PASSED_THROUGH
+
+
+def test_an_unknown_host_preset_is_refused_with_the_names_it_takes():
+    env = {"PATH": "/usr/bin:/bin", "PLAYGROUND_HOST_PRESET": "x86-avx9"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import webapp.targets"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert "PLAYGROUND_HOST_PRESET=x86-avx9: not one of x86-avx2, x86-avx512" in out.stderr
+
+
+def test_an_x86_preset_whose_instructions_this_cpu_lacks_is_built_not_timed(monkeypatch):
+    """A preset needing a CPU flag this machine does not have (a made-up one here, as AVX-512 VNNI is
+    on an AVX2 machine): built, never run; the benchmark stage says why, tuning is refused."""
+    from webapp.pipeline.stages.bench import benchmark_job
+
+    future = X86(
+        "x86-future",
+        "future",
+        "test only",
+        {"kind": "llvm", "mcpu": "cascadelake"},
+        needs=("avx512f", "avx99_made_up"),
+    )
+    assert not future.can_run_here
+    assert future.runs_on == "nowhere here: this server's CPU lacks avx99_made_up (built, not run)"
+    assert targets.get("x86-generic").can_run_here  # SSE2 needs nothing beyond x86-64
+    measured = benchmark_job({}, None, None, future, future.tvm_target(), lambda f: None)
+    assert measured["benchmarks"] == [] and measured["not_timed"] == (
+        "compiled for x86-future; this server's CPU lacks avx99_made_up (built, not run), "
+        "so nothing was timed"
+    )
+    monkeypatch.setitem(targets.TARGETS, "x86-future", future)
+    assert JobOptions.parse({"target": "x86-future"}).target == "x86-future"
+    with pytest.raises(SubmitError, match="Tuning measures the code where it runs: nowhere here"):
+        JobOptions.parse({"target": "x86-future", "tune_trials": "8"})
 
 
 @R.function
