@@ -9,7 +9,7 @@
 # locally with mmdebstrap (Debian bookworm's Python 3.11) and takes torch's CPU wheel from
 # $WHEELS (default /opt/wheels) instead of PyTorch's index, and gives pip this host's certificate
 # authorities; podman then runs with runc and a
-# containers.conf without limits (see shared/CONTAINER_NOTES.md). Loopback only; bounded waits.
+# containers.conf without limits. Loopback only; bounded waits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE=${IMAGE:-tvm-playground}

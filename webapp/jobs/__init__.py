@@ -1,1 +1,2 @@
-"""Jobs: the store (SQLite), the queue (huey), the sandbox (bubblewrap + rlimits) and the worker."""
+"""Jobs: the store (SQLite or PostgreSQL), the queue (huey), the worker that runs each job in the sandbox
+(webapp/sandbox.py), submission, storage and the shared tuning database."""

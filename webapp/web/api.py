@@ -1,4 +1,4 @@
-"""The JSON API (contract in DESIGN.md)."""
+"""The JSON API (contract in docs/api.md)."""
 
 from __future__ import annotations
 

@@ -153,11 +153,11 @@ class WithinBudget(ms.search_strategy.PySearchStrategy):
 
 def fast_build(mod, target, _params):
     """MetaSchedule's builder without its 30 s `import tvm.s_tir.tensor_intrin` in every worker
-    (which times out on 2 cores; shared/TVM_NOTES.md)."""
+    (which times out on 2 cores)."""
     import tvm as _tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from webapp.pipeline import lowering  # measured as the playground builds it
+    from webapp.pipeline.passes import lowering  # measured as the playground builds it
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return _tvm.tirx.build(mod, target=target, pipeline=lowering.PIPELINE)
