@@ -18,43 +18,68 @@ function setupTabs(root) {
   });
 }
 
-function setupPanZoom(view) {
-  if (view.dataset.ready) return;
-  view.dataset.ready = "1";
-  const img = view.querySelector("img");
-  let scale = 1, x = 0, y = 0, drag = null;
-  const apply = () => { img.style.transform = `translate(${x}px, ${y}px) scale(${scale})`; };
-  const zoomAt = (factor, cx, cy) => {
-    const next = Math.min(8, Math.max(0.02, scale * factor));
-    x = cx - ((cx - x) * next) / scale; y = cy - ((cy - y) * next) / scale; scale = next; apply();
+// Pan and zoom on an SVG drawn inline (svg-pan-zoom, vendored): wheel and drag, +/−/fit buttons, and
+// the view fitted once the picture is shown (a graph in a hidden tab has no size until its tab opens).
+// onChange(pz) runs after every pan and zoom; the returned object answers "where is what".
+function panZoom(view, svg, onChange = () => {}) {
+  const [W, H] = svg.getAttribute("viewBox").split(/[ ,]+/).slice(2).map(Number);
+  view.classList.add("inline");
+  svg.removeAttribute("width"); svg.removeAttribute("height");
+  view.prepend(svg);
+  const state = { pz: null, W, H, pending: null };
+  const changed = () => state.pz && onChange(state);
+  const start = () => {
+    if (state.pz || !view.clientWidth) return;
+    state.pz = svgPanZoom(svg, {
+      zoomEnabled: true, panEnabled: true, mouseWheelZoomEnabled: true, dblClickZoomEnabled: false,
+      controlIconsEnabled: false, fit: true, center: true, minZoom: 0.5, maxZoom: 1000, zoomScaleSensitivity: 0.2,
+      onPan: changed, onZoom: changed,
+    });
+    changed();
+    if (state.pending) { const [gx, gy, z] = state.pending; state.pending = null; state.centre(gx, gy, z); }
   };
-  // Fit the width (graphs are tall): the top of the graph shows first.
-  view.fit = () => {
-    if (!img.naturalWidth || !view.clientWidth) return;
-    scale = Math.min(1, (view.clientWidth - 16) / img.naturalWidth);
-    x = (view.clientWidth - img.naturalWidth * scale) / 2; y = 8; apply();
+  // graph units -> the view's pixels: x * realZoom + pan.x
+  state.zoom = () => (state.pz ? state.pz.getSizes().realZoom : 1);
+  state.fit = () => { if (!state.pz) return; state.pz.resize(); state.pz.fit(); state.pz.center(); };
+  state.centre = (gx, gy, realZoom) => { // put graph point (gx, gy) in the middle, at least at realZoom
+    start();
+    if (!state.pz) { state.pending = [gx, gy, realZoom]; return; }
+    const s = state.pz.getSizes(), z = Math.max(s.realZoom, realZoom || 0);
+    state.pz.zoom(state.pz.getZoom() * (z / s.realZoom));
+    state.pz.pan({ x: s.width / 2 - gx * z, y: s.height / 2 - gy * z });
   };
-  if (img.complete) view.fit(); else img.addEventListener("load", view.fit);
-  view.addEventListener("wheel", (e) => {
-    e.preventDefault();
-    const r = view.getBoundingClientRect();
-    zoomAt(e.deltaY < 0 ? 1.2 : 1 / 1.2, e.clientX - r.left, e.clientY - r.top);
-  }, { passive: false });
-  view.addEventListener("pointerdown", (e) => {
-    if (e.target.closest("button")) return;
-    drag = { x: e.clientX - x, y: e.clientY - y }; view.setPointerCapture(e.pointerId);
-  });
-  view.addEventListener("pointermove", (e) => { if (drag) { x = e.clientX - drag.x; y = e.clientY - drag.y; apply(); } });
-  view.addEventListener("pointerup", () => { drag = null; });
+  state.toGraph = (clientX, clientY) => { // a point on the screen, in graph units
+    start();
+    const r = svg.getBoundingClientRect(), p = state.pz ? state.pz.getPan() : { x: 0, y: 0 }, z = state.zoom();
+    return [(clientX - r.left - p.x) / z, (clientY - r.top - p.y) / z];
+  };
+  view.fit = state.fit;
+  new ResizeObserver(() => {
+    if (!view.clientWidth) return;
+    if (!state.pz) start(); else { state.pz.resize(); changed(); }
+  }).observe(view);
+  start();
   const buttons = document.createElement("div");
   buttons.className = "zoom-buttons";
-  [["+", () => zoomAt(1.25, view.clientWidth / 2, view.clientHeight / 2)],
-   ["−", () => zoomAt(0.8, view.clientWidth / 2, view.clientHeight / 2)],
-   ["fit", () => view.fit()]].forEach(([label, action]) => {
+  [["+", () => state.pz?.zoomIn()], ["−", () => state.pz?.zoomOut()], ["fit", state.fit]].forEach(([label, action]) => {
     const b = document.createElement("button"); b.type = "button"; b.textContent = label;
     b.addEventListener("click", action); buttons.appendChild(b);
   });
   view.appendChild(buttons);
+  return state;
+}
+
+// A picture without the graph viewer (a result from before it): the SVG fetched and inlined.
+async function setupPanZoom(view) {
+  if (view.dataset.ready) return;
+  view.dataset.ready = "1";
+  const img = view.querySelector("img");
+  try {
+    const svg = cleanSvg(await fetch(img.src).then((r) => r.text()));
+    if (!svg) return;
+    img.remove();
+    panZoom(view, svg);
+  } catch (e) { /* the picture stays as a plain image */ }
 }
 
 function setup(root) {
@@ -133,93 +158,37 @@ async function setupGraphView(root) {
   graph.nodes.forEach((n) => { nodes[n.id] = n; });
 
   view.querySelector("img").remove();
-  view.classList.add("inline");
-  svg.removeAttribute("width"); svg.removeAttribute("height");
-  svg.setAttribute("preserveAspectRatio", "xMinYMin meet");
-  view.prepend(svg);
-  const [W, H] = svg.getAttribute("viewBox").split(/[ ,]+/).slice(2).map(Number);
-  let vb = { x: 0, y: 0, w: W, h: H };
-  const size = () => [view.clientWidth || 1, view.clientHeight || 1];
-  const scale = () => size()[0] / vb.w;
-  const apply = () => {
-    svg.setAttribute("viewBox", `${vb.x} ${vb.y} ${vb.w} ${vb.h}`);
+  const box = mini.querySelector(".viewport");
+  const minimap = ({ pz, W, H }) => { // the part of the graph in view, on the overview strip
+    const s = pz.getSizes(), p = pz.getPan(), z = s.realZoom;
     const mw = mini.clientWidth, mh = mini.clientHeight, ms = Math.min(mw / W, mh / H);
-    const box = mini.querySelector(".viewport");
-    box.style.left = (vb.x * ms + (mw - W * ms) / 2) + "px"; box.style.top = vb.y * ms + "px";
-    box.style.width = vb.w * ms + "px"; box.style.height = vb.h * ms + "px";
+    box.style.left = (-p.x / z) * ms + (mw - W * ms) / 2 + "px"; box.style.top = (-p.y / z) * ms + "px";
+    box.style.width = (s.width / z) * ms + "px"; box.style.height = (s.height / z) * ms + "px";
   };
-  const setScale = (s, cx, cy) => { // keep the graph point under (cx, cy) in place
-    const [cw, ch] = size(), old = scale();
-    s = Math.min(8, Math.max(Math.min(cw / W, ch / H) / 2, s));
-    const gx = vb.x + cx / old, gy = vb.y + cy / old;
-    vb = { x: gx - cx / s, y: gy - cy / s, w: cw / s, h: ch / s }; apply();
-  };
-  const centre = (gx, gy, s) => {
-    const [cw, ch] = size(); s = s || scale();
-    vb = { x: gx - cw / s / 2, y: gy - ch / s / 2, w: cw / s, h: ch / s }; apply();
-  };
-  const fit = () => {
-    const [cw, ch] = size(), s = Math.min(cw / W, ch / H);
-    vb = { x: -(cw / s - W) / 2, y: -(ch / s - H) / 2, w: cw / s, h: ch / s }; apply();
-  };
-  view.fit = fit;
-  let fitted = view.clientWidth > 0; // a graph in a hidden tab is fitted when its tab opens
-  if (fitted) fit();
-  new ResizeObserver(() => {
-    if (!view.clientWidth) return;
-    if (!fitted) { fitted = true; fit(); } else setScale(scale(), 0, 0);
-  }).observe(view);
-
-  // graph coordinates of a node's box (its <g id=...> drawn by Graphviz)
-  const box = (g) => {
-    const r = g.getBoundingClientRect(), v = svg.getBoundingClientRect(), s = scale();
-    return { x: vb.x + (r.left - v.left) / s, y: vb.y + (r.top - v.top) / s, w: r.width / s, h: r.height / s };
-  };
-  const show = (id) => {
+  const pz = panZoom(view, svg, minimap);
+  const show = (id) => { // centre a node (its <g id=...> drawn by Graphviz), at a readable size
     const g = svg.getElementById(id);
     if (!g) return;
-    const b = box(g);
-    centre(b.x + b.w / 2, b.y + b.h / 2, Math.max(scale(), 0.8));
+    const r = g.getBoundingClientRect();
+    const [x0, y0] = pz.toGraph(r.left, r.top), [x1, y1] = pz.toGraph(r.right, r.bottom);
+    pz.centre((x0 + x1) / 2, (y0 + y1) / 2, 0.8);
   };
 
-  // zoom and pan
-  view.addEventListener("wheel", (e) => {
-    e.preventDefault();
-    const r = view.getBoundingClientRect();
-    setScale(scale() * (e.deltaY < 0 ? 1.2 : 1 / 1.2), e.clientX - r.left, e.clientY - r.top);
-  }, { passive: false });
-  let drag = null;
-  view.addEventListener("pointerdown", (e) => {
-    if (e.target.closest("button")) return;
-    drag = { x: e.clientX, y: e.clientY, vx: vb.x, vy: vb.y, moved: false }; view.setPointerCapture(e.pointerId);
-  });
-  view.addEventListener("pointermove", (e) => {
-    if (!drag) return;
-    const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
-    if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
-    vb.x = drag.vx - dx / scale(); vb.y = drag.vy - dy / scale(); apply();
-  });
+  // a click (not a drag) on a node selects it
+  let down = null;
+  view.addEventListener("pointerdown", (e) => { down = e.target.closest("button") ? null : [e.clientX, e.clientY]; });
   view.addEventListener("pointerup", (e) => {
-    const click = drag && !drag.moved;
-    drag = null;
+    const click = down && Math.abs(e.clientX - down[0]) + Math.abs(e.clientY - down[1]) <= 3;
+    down = null;
     if (!click) return;
     const hit = document.elementsFromPoint(e.clientX, e.clientY).map((el) => el.closest && el.closest("g.node")).find(Boolean);
     if (hit && nodes[hit.id]) select(hit.id, false);
   });
-  const buttons = document.createElement("div");
-  buttons.className = "zoom-buttons";
-  [["+", () => setScale(scale() * 1.25, size()[0] / 2, size()[1] / 2)],
-   ["−", () => setScale(scale() * 0.8, size()[0] / 2, size()[1] / 2)],
-   ["fit", fit]].forEach(([label, action]) => {
-    const b = document.createElement("button"); b.type = "button"; b.textContent = label;
-    b.addEventListener("click", action); buttons.appendChild(b);
-  });
-  view.appendChild(buttons);
 
-  // the overview strip
+  // the overview strip: click or drag to move the view there
   const moveTo = (e) => {
-    const r = mini.getBoundingClientRect(), ms = Math.min(r.width / W, r.height / H);
-    centre((e.clientX - r.left - (r.width - W * ms) / 2) / ms, (e.clientY - r.top) / ms);
+    const r = mini.getBoundingClientRect(), ms = Math.min(r.width / pz.W, r.height / pz.H);
+    pz.centre((e.clientX - r.left - (r.width - pz.W * ms) / 2) / ms, (e.clientY - r.top) / ms);
   };
   let miniDrag = false;
   mini.addEventListener("pointerdown", (e) => { miniDrag = true; mini.setPointerCapture(e.pointerId); moveTo(e); });

@@ -92,9 +92,12 @@ def test_upload_watch_stages_read_results_and_reload_by_share_link(
     page.click("button.tab[data-tab=graph-imported]")
     expect(page.locator("#graph-imported .panzoom svg g.node").first).to_be_visible()
     expect(page.locator("#graph-imported .zoom-buttons")).to_have_count(1)
-    fitted = page.locator("#graph-imported .panzoom svg").get_attribute("viewBox")
+    drawing = page.locator("#graph-imported .panzoom svg g.graph")
+    fitted = drawing.bounding_box()
     page.locator("#graph-imported .zoom-buttons button", has_text="+").click()
-    assert page.locator("#graph-imported .panzoom svg").get_attribute("viewBox") != fitted
+    expect(page.locator("#graph-imported .panzoom svg g.svg-pan-zoom_viewport")).to_have_count(1)
+    width = "document.querySelector('#graph-imported .panzoom svg g.graph').getBoundingClientRect().width"
+    page.wait_for_function(f"w => {width} > w", arg=fitted["width"] * 1.1)
 
     # Switch code views: imported Relax, a kernel's TIR, its assembly, then one without kernels.
     expect(page.locator("#code-text")).to_contain_text("R.nn.conv2d")
