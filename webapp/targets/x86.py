@@ -85,10 +85,6 @@ def vector_isa(flags: set[str]) -> str:
     return next((isa.removesuffix("f") for isa in ("avx512f", "avx2", "avx") if isa in flags), "sse2")
 
 
-def host_vector_isa() -> str:
-    return vector_isa(cpu_flags())
-
-
 AVX2 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2")
 AVX512 = AVX2 + ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")
 

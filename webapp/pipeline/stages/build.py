@@ -288,7 +288,7 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
 def build_stage(ctx, report, model, optimized, quantized) -> Built:
     records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
     built = build_job(optimized.fused, quantized, ctx.tvm_target, records, ctx.dir, report, model.layers)
-    # the quantized variants again: the build records which layers it kept in float
+    # the quantized variants again: a variant that failed to build is recorded as failed
     quantization = quantized.to_json() if quantized else {}
     ctx.results.save(**built.to_json(ctx.dir / "files" / "model.so"), **quantization)
     return built
