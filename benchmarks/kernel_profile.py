@@ -34,12 +34,12 @@ from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.inspect import kernel_flop
 from webapp.pipeline.stages.optimize import optimize
 from webapp.pipeline.stages.quantize.variants import quantize_job
-from webapp.targets import kind_of, make_target
+from webapp.targets import get
 
 
 def profile(name: str, preset: str, records: Path | None, quantize: str = "none") -> tuple[list[dict], dict]:
     _, onnx_path = ensure_example_files(Config.from_env(), name)
-    target = make_target(preset)
+    target = get(preset)
     model = import_model(onnx_path)
     with tempfile.TemporaryDirectory() as tmp:
         if quantize == "none":
@@ -52,7 +52,7 @@ def profile(name: str, preset: str, records: Path | None, quantize: str = "none"
     lowered, labels = schedule(fused, target, records)
     executable = build(lowered, target, None)
     every = set(labels)
-    seconds_of = kernel_seconds(executable, lowered, kind_of(target).device(), every)
+    seconds_of = kernel_seconds(executable, lowered, target.device(), every)
     main_text = lowered["main"].script()
     unscheduled = {gv.name_hint for gv in fused.get_global_vars()}
     rows = []

@@ -115,9 +115,9 @@ def page():
 def int8_instruction(preset: str) -> str:
     """The instruction a preset's int8 kernels multiply with, from the target's own description
     (vpdpbusd with VNNI; x86-host is this CPU, or PLAYGROUND_HOST_PRESET's stand-in)."""
-    from webapp.targets import get, make_target
+    from webapp.targets import get
 
-    return get(preset).int8_mnemonic(make_target(preset))
+    return get(preset).int8_mnemonic()
 
 
 def run_here_or_skip(preset: str) -> None:

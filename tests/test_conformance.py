@@ -40,7 +40,7 @@ from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
 from webapp.pipeline.stages.quantize import quantize
-from webapp.targets import make_target
+from webapp.targets import get
 
 OPERATORS = {
     # convolution, pooling, normalization, image
@@ -169,7 +169,7 @@ def plain_tvm(model, inputs: dict, target) -> list[np.ndarray]:
         dtype_dict={k: str(v.dtype) for k, v in inputs.items()},
         keep_params_in_input=False,
     )
-    executable = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    executable = tvm.compile(mod, target=target.tvm, relax_pipeline=relax.get_default_pipeline(target.tvm))
     return run(executable, inputs)
 
 
@@ -196,7 +196,7 @@ def outcome(expected: list, path_fn, *args) -> str:
 @pytest.fixture(scope="module")
 def conformance(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("conformance")
-    target = make_target("x86-host")
+    target = get("x86-host")
     started = time.perf_counter()
     results = {}
     for case_dir in sorted(generate(node_cases(), root / "data").iterdir()):
@@ -267,7 +267,7 @@ def builds_plain(model, inputs: dict, target) -> None:
         dtype_dict={k: str(v.dtype) for k, v in inputs.items()},
         keep_params_in_input=False,
     )
-    tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    tvm.compile(mod, target=target.tvm, relax_pipeline=relax.get_default_pipeline(target.tvm))
 
 
 def builds_project(path: Path, target) -> None:
@@ -292,7 +292,7 @@ def test_every_onnx_node_test_plain_tvm_builds_for_cuda_the_project_builds(tmp_p
     """Never worse than TVM on a GPU either: every node case TVM's default CUDA pipeline (dlight's
     rules) compiles, the project's GPU rules compile, no kernel left unbound. Compiled only: no GPU
     is needed, and none runs the code here."""
-    target = make_target("cuda-sm90")
+    target = get("cuda-sm90")
     worse, plain_passes = {}, 0
     for case_dir in sorted(generate(node_cases(), tmp_path / "data").iterdir()):
         for name, model, inputs, _ in variants(case_dir):
@@ -400,7 +400,7 @@ def test_main_rule_schedules_its_pattern_and_matches_onnxruntime(tmp_path, kind)
     model, shapes = rule_case(kind)
     onnx.save(model, str(tmp_path / "model.onnx"))
     inputs = {name: RNG.standard_normal(shape).astype("float32") for name, shape in shapes.items()}
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(import_model(tmp_path / "model.onnx").mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target)
     ours = run(build(lowered, target, None), inputs)
@@ -419,13 +419,12 @@ def test_a_rule_that_fails_leaves_the_kernel_to_the_next_rule_and_says_so(tmp_pa
     def conv2d_nhwc(sch, target):
         raise KeyError("broken")
 
-    monkeypatch.setattr(
-        schedules, "RULES", tuple(conv2d_nhwc if r.__name__ == "conv2d_nhwc" else r for r in schedules.RULES)
-    )
+    broken = tuple(conv2d_nhwc if r.__name__ == "conv2d_nhwc" else r for r in schedules.FAMILIES["cpu"])
+    monkeypatch.setitem(schedules.FAMILIES, "cpu", broken)
     model, shapes = rule_case("conv2d + bias + residual + relu")
     onnx.save(model, str(tmp_path / "model.onnx"))
     inputs = {"x": RNG.standard_normal(shapes["x"]).astype("float32")}
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(import_model(tmp_path / "model.onnx").mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target)
     ours = run(build(lowered, target, None), inputs)
@@ -468,7 +467,7 @@ def test_int8_rule_runs_the_quantized_model_and_matches_onnxruntime(
     monkeypatch.setattr(sys.modules[__name__], "RNG", np.random.default_rng(0))
     model, shape = int8_case(kind)
     onnx.save(model, str(tmp_path / "model.onnx"))
-    target = make_target(preset)
+    target = get(preset)
     samples = [{"x": RNG.standard_normal(shape).astype("float32")} for _ in range(8)]
     quantized = quantize(
         import_model(tmp_path / "model.onnx").mod, target, JobOptions(quantize="int8"), samples
@@ -490,7 +489,7 @@ def test_built_kernels_keep_the_names_of_the_fused_graph(example_files, tmp_path
     """The graph and tuning table (the fused module) and the kernel list and code picker (the built
     module) name a kernel alike, its weights repacked or not; the only other kernels are what is left
     of a repacking that runs at every call (its operand not a constant), named after its kernel."""
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(import_model(example_files / f"{name}.onnx").mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target)
     fused, built = kernel_names(optimized.fused), kernel_names(lowered)

@@ -41,11 +41,11 @@ def build_example(config, example: str, target_name: str):
     from webapp.jobs.worker import ensure_example_files
 
     ensure_example_files(config, example)
-    target = targets.make_target(target_name)
+    target = targets.get(target_name)
     model = import_model(config.examples_dir / f"{example}.onnx")
     lowered, labels = build.schedule(fuse(canonical(model.mod), target), target)
     executable = build.build(lowered, target, None)
-    source = device_code.device_module(host_code_module(executable)).inspect_source()
+    source = device_code.device_module(host_code_module(executable), target).inspect_source()
     return labels, source, sorted(labels)
 
 
@@ -95,10 +95,10 @@ def int8_conv_nhwc():
 
 
 def test_int8_conv_for_cuda_uses_dp4a_down_to_the_sass():
-    target = targets.make_target("cuda-sm90")
+    target = targets.get("cuda-sm90")
     scheduled = schedules.schedule_kernel(int8_conv_nhwc(), target)
     assert str(scheduled.attrs[schedules.SCHEDULE_ATTR]) == "default rule: int8 dot product (dp4a)"
-    executable = tvm.compile(tvm.IRModule({"main": scheduled}), target=target)
+    executable = tvm.compile(tvm.IRModule({"main": scheduled}), target=target.tvm)
     source = executable.mod.imports[0].inspect_source()
     assert "__dp4a(" in source
     _, sass, _ = device_code.cuda_binaries(source, "sm_90")
@@ -107,8 +107,8 @@ def test_int8_conv_for_cuda_uses_dp4a_down_to_the_sass():
 
 def test_the_dp4a_rule_leaves_other_targets_and_float_kernels_to_the_next_rule():
     conv = int8_conv_nhwc()
-    assert gpu_rules.int8_dp4a(s_tir.Schedule(conv), targets.make_target("opencl")) is None
-    scheduled = schedules.schedule_kernel(conv, targets.make_target("opencl"))
+    assert gpu_rules.int8_dp4a(s_tir.Schedule(conv), targets.get("opencl")) is None
+    scheduled = schedules.schedule_kernel(conv, targets.get("opencl"))
     assert "dp4a" not in str(scheduled.attrs[schedules.SCHEDULE_ATTR])
 
 

@@ -20,7 +20,7 @@ from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.inspect import inspect_build
 from webapp.pipeline.stages.optimize import optimize
 from webapp.pipeline.stages.quantize.annotate import bindings
-from webapp.targets import make_target
+from webapp.targets import get
 
 SMALL = ["mlp", "cnn-small", "transformer-block"]
 
@@ -29,7 +29,7 @@ SMALL = ["mlp", "cnn-small", "transformer-block"]
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_imported_model_builds_and_matches_its_framework(example_files, tmp_path, name, fmt):
     model = import_model(example_files / f"{name}.{fmt}")
-    target = make_target("x86-host")
+    target = get("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
     executable = build(lowered, target, tmp_path / "files" / "model.so")
     inputs = bench.make_inputs(model.inputs)
@@ -47,7 +47,7 @@ def test_imported_model_builds_and_matches_its_framework(example_files, tmp_path
 
 def test_optimize_keeps_ir_after_each_pass_and_fuses(example_files, tmp_path):
     model = import_model(example_files / "cnn-small.onnx")
-    optimized = optimize(model.mod, make_target("x86-host"), tmp_path)
+    optimized = optimize(model.mod, get("x86-host"), tmp_path)
     names = [p.name for p in optimized.passes]
     assert {"LegalizeOps", "FuseOps", "FuseTIR", "StaticPlanBlockMemory"} <= set(names)
     changed = [p for p in optimized.passes if p.changed]
@@ -58,7 +58,7 @@ def test_optimize_keeps_ir_after_each_pass_and_fuses(example_files, tmp_path):
 
 def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_path):
     model = import_model(example_files / "cnn-small.onnx")
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(model.mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target)
     executable = build(lowered, target, tmp_path / "files" / "model.so")
@@ -78,8 +78,8 @@ def test_inspect_writes_graphs_kernels_and_generated_code(example_files, tmp_pat
 
 
 def test_x86_generic_target_builds_portable_code(example_files, tmp_path):
-    target = make_target("x86-generic")
-    assert target.attrs["mcpu"] == "x86-64"
+    target = get("x86-generic")
+    assert target.tvm.attrs["mcpu"] == "x86-64"
     model = import_model(example_files / "mlp.onnx")
     executable = build(optimize(model.mod, target, tmp_path).lowered, target, tmp_path / "m.so")
     out = bench.flatten_outputs(bench.tvm_runner(executable, bench.make_inputs(model.inputs))())
@@ -141,7 +141,7 @@ def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):
         import_model(tmp_path / "dyn.pt2")
     model = import_model(tmp_path / "dyn.pt2", {"x": [3, 784]})
     assert model.inputs[0].shape == [3, 784] and model.outputs[0].shape == [3, 10]
-    target = make_target("x86-host")
+    target = get("x86-host")
     executable = build(optimize(model.mod, target, tmp_path).lowered, target, tmp_path / "m.so")
     inputs = bench.make_inputs(model.inputs)
     ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
@@ -165,7 +165,7 @@ def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path,
         (tmp_path / "tuning" / file).write_bytes((shipped / file).read_bytes())
     _, onnx_path = ensure_example_files(config, name)
     model = import_model(onnx_path)
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(model.mod, target, tmp_path)
     lowered, labels = schedule(optimized.fused, target, tmp_path / "tuning", default_rules=False)
     if "tuned" not in labels.values():
@@ -186,7 +186,7 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
     model = import_model(example_files / "resnet50.onnx")
     onnx_nodes = {n.name: n.op_type for n in onnx.load(str(example_files / "resnet50.onnx")).graph.node}
     assert set(model.layers.values()) <= set(onnx_nodes)
-    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    optimized = optimize(model.mod, get("x86-host"), tmp_path, layer_of=model.layers)
     layers = optimized.fusion.layers()
     kernels = [
         gv.name_hint for gv, f in optimized.fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
@@ -213,7 +213,7 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
 
 def test_pytorch_layers_are_module_paths_and_survive_batch_norm_folding(example_files, tmp_path):
     model = import_model(example_files / "cnn-small.pt2")
-    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    optimized = optimize(model.mod, get("x86-host"), tmp_path, layer_of=model.layers)
     first = optimized.fusion.layers()["fused_conv2d_add_relu"]
     # the convolution, the batch norm folded into it and the ReLU: one kernel
     assert [layer.split(" ")[0] for layer in first] == ["features.0.0", "features.0.1", "features.0.2"]
@@ -230,7 +230,7 @@ def test_kernel_profile_counts_every_kernel_call_of_a_run(config, example_files,
 
     ensure_example_files(config, name)
     model = import_model(example_files / f"{name}.onnx")
-    target = make_target("x86-host")
+    target = get("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
     profile = bench.profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=3)
     sites: dict[str, int] = {}
@@ -249,7 +249,7 @@ def test_densenet121_convolutions_each_land_in_one_kernel_that_lists_them(tmp_pa
     121 Conv nodes is in exactly one kernel, and that kernel lists it."""
     path = Path(onnx.__file__).parent / "backend/test/data/light/light_densenet121.onnx"
     model = import_model(path)
-    optimized = optimize(model.mod, make_target("x86-host"), tmp_path, layer_of=model.layers)
+    optimized = optimize(model.mod, get("x86-host"), tmp_path, layer_of=model.layers)
     layers, kernel_of = optimized.fusion.layers(), optimized.fusion.kernel_of
     convs = [n.name or n.output[0] for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
     assert len(convs) == 121

@@ -29,7 +29,7 @@ from webapp.pipeline.stages.quantize.scales import (
     requantize_reference,
     unpack_bits,
 )
-from webapp.targets import get, kind_of, make_target
+from webapp.targets import get
 
 pytestmark = pytest.mark.isa  # int8 kernels: the dot-product rules where x86-host has VNNI
 
@@ -84,13 +84,13 @@ def integer_layer(kind: str, q: np.ndarray, r) -> np.ndarray:
     return (np.einsum("chwij,ocij->ohw", windows, wq) + r.bias_q[:, None, None])[None]
 
 
-ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
+ARM = get("rpi5")  # quantized for its Cortex-A76 (int8 activations)
 
 
 def int8_rule(kind: str, layout: str | None, target) -> str:
     """The rule label an int8 layer gets on a target: the int8 rule of its dot-product instruction,
     or, on a target without one, the float rule of the layer's kind (products widened to 16 bits)."""
-    dot = kind_of(target).dot_instruction(target)
+    dot = target.dot_instruction()
     if dot is None:
         return f"default rule: {kind}"
     return f"default rule: int8 {kind}{' NHWC' if kind == 'conv2d' and layout == 'NHWC' else ''} ({dot})"
@@ -113,7 +113,7 @@ def test_integer_layers_are_bit_exact_against_numpy(
 
         monkeypatch.setattr(quantize_package, "integer_layout", lambda mod: mod)
     mod, shapes = float_model(kind)
-    target = make_target(preset)
+    target = get(preset)
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
     quantize_for = ARM if activations == "int8" else target
     q = quantize(mod, quantize_for, JobOptions(quantize="int8", weight_scale=weight_scale), samples)
@@ -166,7 +166,7 @@ def test_residual_blocks_keep_8_bit_tensors_between_kernels_bit_exact_against_nu
     entry. The float steps are a multiply and an add that LLVM fuses into one FMA (scales.fma32), and
     numpy does the same, bit for bit."""
     mod, shapes = residual_model()
-    target = make_target("x86-host")
+    target = get("x86-host")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
     q = quantize(mod, target, JobOptions(quantize=f"int{bits}"), samples)
     first, second, third = q.layers
@@ -201,23 +201,22 @@ def test_residual_blocks_keep_8_bit_tensors_between_kernels_bit_exact_against_nu
 def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
-    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8"), samples)
+    q = quantize(mod, get("x86-host"), JobOptions(quantize="int8"), samples)
 
-    def asm(target_json: dict) -> str:
-        target = tvm.target.Target(target_json)
+    def asm(target) -> str:
         lowered, _ = schedule(fuse(q.mod, target), target)
         return build(lowered, target, None).mod.imports[0].inspect_source("asm")
 
-    vnni = asm(get("x86-avx512-vnni").spec)
+    vnni = asm(get("x86-avx512-vnni"))
     assert vnni.count("vpdpbusd") >= 16
-    avx2 = asm(get("x86-avx2").spec)
+    avx2 = asm(get("x86-avx2"))
     assert "vpdpbusd" not in avx2 and "zmm" not in avx2
 
 
 def test_power2_scales_are_powers_of_two_and_requantize_by_shift():
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
-    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8", weight_scale="power2"), samples)
+    q = quantize(mod, get("x86-host"), JobOptions(quantize="int8", weight_scale="power2"), samples)
     for r in q.layers:
         assert is_power_of_two(r.input.scale) and is_power_of_two(r.weight_scale)
         if r.output is not None:
@@ -225,7 +224,7 @@ def test_power2_scales_are_powers_of_two_and_requantize_by_shift():
     script = q.mod.script()
     assert "R.right_shift" in script and "int64" not in script  # no float multiply
     # And in max mode the same model requantizes with a float32 multiply, no shift
-    q = quantize(mod, make_target("x86-host"), JobOptions(quantize="int8", weight_scale="max"), samples)
+    q = quantize(mod, get("x86-host"), JobOptions(quantize="int8", weight_scale="max"), samples)
     assert [r.requantize for r in q.layers] == ["float32 multiply", "float"]
     assert "R.right_shift" not in q.mod.script()
 
@@ -298,15 +297,15 @@ def test_int8_conv_uses_sdot_on_arm_with_dot_product():
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
 
-    def asm(mcpu: str) -> tuple[str, dict]:
-        target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": mcpu})
+    def asm(board: str) -> tuple[str, dict]:
+        target = get(board)
         q = quantize(mod, target, JobOptions(quantize="int8"), samples)
         assert all(r.input.dtype == "int8" and r.input.zero_point == 0 for r in q.layers)
         lowered, labels = schedule(fuse(q.mod, target), target)
         return build(lowered, target, None).mod.imports[0].inspect_source("asm"), labels
 
-    a76, labels = asm("cortex-a76")
+    a76, labels = asm("rpi5")  # Cortex-A76
     assert "default rule: int8 conv2d NHWC (sdot)" in labels.values()
     assert len(re.findall(r"\bsdot\s+v\d+\.4s", a76)) >= 4
-    a72, _ = asm("cortex-a72")
+    a72, _ = asm("rpi4")  # Cortex-A72
     assert "sdot" not in a72

@@ -14,7 +14,7 @@ from webapp.pipeline.passes.rewrites import channels_last, fold_with_numpy, main
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
-from webapp.targets import make_target
+from webapp.targets import get
 
 RNG = np.random.default_rng(7)
 
@@ -32,7 +32,7 @@ def save(nodes, inputs: dict, weights: dict, path, out: tuple) -> None:
 
 
 def run_both(path, inputs: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    target = make_target("x86-host")
+    target = get("x86-host")
     optimized = optimize(import_model(path).mod, target, path.parent)
     lowered, labels = schedule(optimized.fused, target)
     vm = relax.VirtualMachine(build(lowered, target, None), tvm.cpu())

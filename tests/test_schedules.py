@@ -16,7 +16,7 @@ from webapp.pipeline.stages import bench
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
-from webapp.targets import kind_of, make_target
+from webapp.targets import get
 
 HEAVY = re.compile(r"conv2d|matmul")
 
@@ -36,7 +36,7 @@ def scheduled_and_naive(example_path, target, tmp_path):
 
 def lanes_of(target) -> int:
     """float32 lanes of the target's vectors, as the target describes them."""
-    return kind_of(target).vector_shape(target)[0]
+    return target.vector_shape()[0]
 
 
 @pytest.mark.slow
@@ -46,7 +46,7 @@ def test_default_rules_compute_what_the_naive_build_computes(config, tmp_path, n
     from webapp.jobs.worker import ensure_example_files
 
     pt2_path, _ = ensure_example_files(config, name)
-    labels, (scheduled, naive) = scheduled_and_naive(pt2_path, make_target(preset), tmp_path)
+    labels, (scheduled, naive) = scheduled_and_naive(pt2_path, get(preset), tmp_path)
     for ours, reference in zip(scheduled, naive, strict=True):
         scale = float(np.abs(reference).max()) or 1.0
         np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5 * scale)
@@ -56,7 +56,7 @@ def test_default_rules_compute_what_the_naive_build_computes(config, tmp_path, n
 
 
 def test_arm64_cross_build_compiles_with_neon(example_files, tmp_path):
-    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a76"})
+    target = get("rpi5")  # Cortex-A76
     model = import_model(example_files / "cnn-small.onnx")
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     assert any(v == "default rule: conv2d NHWC" for v in labels.values())
@@ -70,7 +70,7 @@ def test_small_kernels_run_on_one_thread_and_large_ones_in_parallel(example_file
     threads costs more than they save); cnn-small's convolutions (0.9-2.4 MFLOP) keep theirs."""
     from webapp.pipeline.rules.common import small
 
-    target = make_target("x86-host")
+    target = get("x86-host")
     for name, parallel_kernels in (("mlp", set()), ("cnn-small", {"conv2d", "conv2d1", "conv2d2"})):
         model = import_model(example_files / f"{name}.onnx")
         lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
@@ -111,7 +111,7 @@ def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tm
     )
     path = tmp_path / "dw.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
-    target = make_target(preset)
+    target = get(preset)
     model = import_model(path)
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     conv = next(name for name in labels if "conv2d" in name)
@@ -141,7 +141,7 @@ def test_every_example_cross_builds_for_the_raspberry_pis_on_the_default_rules(
     """Built, not run (tests/test_devices.py runs them on the emulated boards): NEON code from a rule."""
     from webapp.jobs.worker import ensure_example_files
 
-    target = make_target(preset)
+    target = get(preset)
     model = import_model(ensure_example_files(config, name)[0])
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     heavy = {k: v for k, v in labels.items() if HEAVY.search(k)}
@@ -165,9 +165,7 @@ def test_grouped_conv2d_has_its_rule_and_matches_the_naive_build(tmp_path):
     torch.manual_seed(0)
     ep = torch.export.export(Grouped().eval(), (torch.randn(1, 32, 20, 20),))
     torch.export.save(ep, tmp_path / "grouped.pt2")
-    labels, (scheduled, naive) = scheduled_and_naive(
-        tmp_path / "grouped.pt2", make_target("x86-host"), tmp_path
-    )
+    labels, (scheduled, naive) = scheduled_and_naive(tmp_path / "grouped.pt2", get("x86-host"), tmp_path)
     assert "default rule: grouped conv2d" in labels.values(), labels
     np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-4, atol=1e-5)
 
@@ -190,7 +188,7 @@ def test_an_image_input_transposes_to_channels_last_in_vectors_of_columns(tmp_pa
     torch.manual_seed(0)
     ep = torch.export.export(Stem().eval(), (torch.randn(1, 3, 24, 32),))
     torch.export.save(ep, tmp_path / "stem.pt2")
-    target = make_target(preset)
+    target = get(preset)
     model = import_model(tmp_path / "stem.pt2")
     lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
     transpose = next(name for name in labels if "transpose" in name)
@@ -209,11 +207,11 @@ def test_register_tiles_are_on_the_stack_not_in_the_workspace_pool(example_files
     the runtime's workspace pool at every tile: a call in the body of each parallel loop. The
     playground's build (webapp.pipeline.passes.lowering) puts them on the stack, so no parallel loop and no
     kernel without a large buffer calls the pool, and both builds compute the same, bit for bit."""
-    target = make_target("x86-host")
+    target = get("x86-host")
     model = import_model(example_files / "cnn-small.onnx")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
     ours = build(lowered, target, None)
-    default = tvm.compile(lowered, target=target, relax_pipeline=None)
+    default = tvm.compile(lowered, target=target.tvm, relax_pipeline=None)
 
     def pool_users(executable) -> set[str]:
         code = executable.mod.imports[0].inspect_source("ll")

@@ -38,18 +38,17 @@ def test_api_lists_every_preset_with_its_kind_and_where_it_runs(client):
 @pytest.mark.parametrize("name", list(targets.TARGETS))
 def test_each_preset_makes_a_tvm_target_of_its_own_kind(name):
     preset = targets.get(name)
-    tvm_target = preset.tvm_target()
-    assert targets.kind_of(tvm_target) is type(preset)
+    tvm_target = preset.tvm
+    assert tvm_target.kind.name == (preset.runtime if preset.gpu else "llvm")
     cpu = tvm_target.host if preset.gpu else tvm_target  # a GPU build's host code runs on this CPU
     assert int(cpu.attrs["num-cores"]) >= 1
-    assert preset.arch in preset.device_name(tvm_target)
+    assert preset.arch in preset.device_name()
 
 
 def test_kinds_answer_vector_shape_and_activation_dtype():
-    assert X86.vector_shape(targets.make_target("x86-avx2")) == (8, 16)
-    assert X86.vector_shape(targets.make_target("x86-generic")) == (4, 16)
-    assert targets.kind_of(A76.tvm_target()) is Arm
-    assert Arm.vector_shape(A76.tvm_target()) == (4, 32)
+    assert targets.get("x86-avx2").vector_shape() == (8, 16)
+    assert targets.get("x86-generic").vector_shape() == (4, 16)
+    assert isinstance(A76, Arm) and A76.vector_shape() == (4, 32)
     assert X86.activation_dtype == "uint8" and Arm.activation_dtype == "int8"
     assert not A76.can_run_here and "not run" in A76.runs_on
 
@@ -64,9 +63,8 @@ import json
 from webapp import targets
 from webapp.pipeline.rules.common import simd
 host = targets.get("x86-host")
-t = host.tvm_target()
-print(json.dumps({"mcpu": str(t.attrs["mcpu"]), "key": host.database_key(), "lanes": simd(t)[0],
-                  "dot": type(host).dot_instruction(t), "title": host.title}))
+print(json.dumps({"mcpu": str(host.tvm.attrs["mcpu"]), "key": host.database_key(),
+                  "lanes": simd(host)[0], "dot": host.dot_instruction(), "title": host.title}))
 """
 
 
@@ -115,7 +113,7 @@ def test_an_x86_preset_whose_instructions_this_cpu_lacks_is_built_not_timed(monk
     assert not future.can_run_here
     assert future.runs_on == "nowhere here: this server's CPU lacks avx99_made_up (built, not run)"
     assert targets.get("x86-generic").can_run_here  # SSE2 needs nothing beyond x86-64
-    measured = benchmark_job({}, None, None, future, future.tvm_target(), lambda f: None)
+    measured = benchmark_job({}, None, None, future, lambda f: None)
     assert measured["benchmarks"] == [] and measured["not_timed"] == (
         "compiled for x86-future; this server's CPU lacks avx99_made_up (built, not run), "
         "so nothing was timed"
@@ -138,9 +136,8 @@ def test_arm_kind_cross_compiles_an_aarch64_library(tmp_path):
     from webapp.pipeline.passes.legalize import fuse
     from webapp.pipeline.stages.build import build, schedule
 
-    tvm_target = A76.tvm_target()
-    lowered, labels = schedule(fuse(tvm.IRModule({"main": add_relu}), tvm_target), tvm_target)
-    build(lowered, tvm_target, tmp_path / "model.so")
+    lowered, labels = schedule(fuse(tvm.IRModule({"main": add_relu}), A76), A76)
+    build(lowered, A76, tmp_path / "model.so")
     header = (tmp_path / "model.so").read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 0xB7  # EM_AARCH64
 

@@ -129,12 +129,12 @@ class Progress:
 @dataclass
 class Context:
     """One job as every stage sees it, made once by the runner: what was asked (job.json), the target
-    preset that answers every question about the target (webapp.targets) and its TVM target, and the
-    records the stages write (result.json, progress.json). A stage is `stage(ctx, report, *inputs)`."""
+    preset that answers every question about the target (webapp.targets; its TVM target is
+    `target.tvm`), and the records the stages write (result.json, progress.json). A stage is
+    `stage(ctx, report, *inputs)`."""
 
     job: Job
     target: Target
-    tvm_target: object  # tvm.target.Target
     results: Results
     progress: Progress
 
@@ -142,7 +142,7 @@ class Context:
     def open(cls, job_dir: Path, stages: tuple[str, ...]) -> Context:
         job = Job.load(job_dir)
         target = get_target(job.options.target)
-        return cls(job, target, target.tvm_target(), Results(job_dir), Progress(job_dir, stages))
+        return cls(job, target, Results(job_dir), Progress(job_dir, stages))
 
     @property
     def dir(self) -> Path:

@@ -31,26 +31,9 @@ def get(name: str) -> Target:
     return TARGETS[name]
 
 
-def make_target(name: str):
-    """The TVM target of a preset."""
-    return TARGETS[name].tvm_target()
-
-
 def host() -> Target:
     """This machine's CPU: where calibration and other measurements run, whatever the job's target."""
     return TARGETS[HOST]
-
-
-def host_target():
-    return host().tvm_target()
-
-
-def kind_of(tvm_target) -> type[Target]:
-    """The kind a TVM target belongs to."""
-    for cls in KINDS:
-        if cls.matches(tvm_target):
-            return cls
-    raise ValueError(f"No target kind handles {tvm_target}")
 
 
 def target_json(tvm_target) -> dict:

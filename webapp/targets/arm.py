@@ -14,14 +14,7 @@ class Arm(LLVMCPU):
     dot_instructions = (("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),)
     int8_mnemonics = {"sdot": "sdot"}
 
-    @classmethod
-    def matches(cls, tvm_target) -> bool:
-        return tvm_target.kind.name == "llvm" and str(tvm_target.attrs.get("mtriple", "")).startswith(
-            ("aarch64", "arm64")
-        )
-
-    @classmethod
-    def vector_shape(cls, tvm_target) -> tuple[int, int]:
+    def vector_shape(self) -> tuple[int, int]:
         return 4, 32  # NEON: 128-bit vectors, 32 registers
 
     def tvm_target(self):

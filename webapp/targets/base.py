@@ -1,10 +1,11 @@
 """What every kind of target answers, and the part shared by the LLVM CPU kinds.
 
 A target kind is a class; a preset is an instance of it (a name, a title and a TVM target dict).
-The pipeline asks the kind, never a target string: which TVM target, which device runs and times
-the code, which passes lower it, how wide its vectors are, which 8-bit activations its dot product
-takes, how the library is linked, and whether it can run here at all. TVM is imported inside the
-methods, so the web process can list presets without loading it.
+The pipeline is handed the preset and asks it, never a target string: its TVM target (`tvm`), which
+device runs and times the code, which schedule-rule family and rewrites it takes, which passes lower
+it, how wide its vectors are, which dot-product instruction and 8-bit activations its int8 kernels
+use, how the library is linked, what its device code is written in, and whether it can run here at
+all. TVM is imported inside the methods, so the web process can list presets without loading it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 
@@ -25,7 +27,10 @@ class Target:
 
     kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on
-    gpu: ClassVar[bool] = False  # scheduled by the GPU rules (webapp.pipeline.rules.gpu)
+    gpu: ClassVar[bool] = False  # its kernels run on GPU threads, launched by host code on this CPU
+    # its schedule-rule family, by name (webapp.pipeline.rules.schedules.FAMILIES): the first rule
+    # of the family that fits a kernel schedules it
+    rule_family: ClassVar[str] = ""
     no_quantization: ClassVar[str] = ""  # why quantized builds are refused for the kind, if they are
     rewrites: ClassVar[tuple[str, ...]] = ()  # the project's Relax rewrites it runs first, by name
 
@@ -62,18 +67,23 @@ class Target:
 
     # --- what the sandboxed pipeline asks ---
     def tvm_target(self):
+        """A new TVM target for the preset."""
         raise NotImplementedError
 
-    @classmethod
-    def matches(cls, tvm_target) -> bool:
-        """Whether a TVM target is of this kind (the one place a target's strings are read)."""
-        raise NotImplementedError
+    @cached_property
+    def tvm(self):
+        """The preset's TVM target, made once per process: what the pipeline hands TVM."""
+        return self.tvm_target()
+
+    def register_tensor_intrinsics(self) -> None:
+        """Makes TVM's own tensor intrinsics for the kind known to MetaSchedule before tuning."""
 
 
 class LLVMCPU(Target):
     """A CPU that TVM's LLVM back end compiles for, scheduled by the project's default rules."""
 
     cross_compiler: ClassVar[str | None] = None  # g++ for another architecture, None: the system's
+    rule_family = "cpu"
 
     def tvm_target(self):
         import tvm
@@ -84,39 +94,54 @@ class LLVMCPU(Target):
         spec.setdefault("num-cores", int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1))
         return tvm.target.Target(spec)
 
-    @classmethod
-    def device(cls):
+    def device(self):
         import tvm
 
         return tvm.cpu(0)
 
-    @classmethod
-    def device_name(cls, tvm_target) -> str:
-        return f"{cls.arch} CPU ({tvm_target.attrs.get('mcpu', 'generic')})"
+    def device_name(self) -> str:
+        return f"{self.arch} CPU ({self.tvm.attrs.get('mcpu', 'generic')})"
+
+    def register_tensor_intrinsics(self) -> None:
+        """TVM's x86 and Arm tensor intrinsics, without `import tvm.s_tir.tensor_intrin`.
+
+        MetaSchedule imports that package whenever it creates a TuneContext; it parses every CUDA
+        intrinsic too, 25-35 s on 2 cores, which CPU targets never use. A package object already in
+        sys.modules makes that import a no-op, and its __path__ still lets the CPU submodules load.
+        """
+        import importlib
+        import sys
+        import types
+        from pathlib import Path
+
+        import tvm
+
+        name = "tvm.s_tir.tensor_intrin"
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
+            sys.modules[name] = package
+        for submodule in ("x86", "arm_cpu"):
+            importlib.import_module(f"{name}.{submodule}")
 
     # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
     # fast math, float convolutions channels last, transposed weights computed with numpy, and
     # 3x3 convolutions by Winograd.
     rewrites: ClassVar[tuple[str, ...]] = ("fast_math", "channels_last", "fold_with_numpy", "winograd")
 
-    @classmethod
-    def legalize_passes(cls, tvm_target) -> list:
+    def legalize_passes(self) -> list:
         """TVM's passes from Relax (after the rewrites) to fused TIR kernels (before scheduling)."""
         from tvm.relax.backend import cpu_generic
 
-        return cpu_generic.library_dispatch_passes(tvm_target) + cpu_generic.legalize_passes(tvm_target)
+        return cpu_generic.library_dispatch_passes(self.tvm) + cpu_generic.legalize_passes(self.tvm)
 
-    @classmethod
-    def lower_passes(cls, tvm_target) -> list:
+    def lower_passes(self) -> list:
         """Scheduled kernels -> a module ready for tvm.compile(..., relax_pipeline=None)."""
         from tvm.relax.backend import cpu_generic
 
-        return cpu_generic.pipeline.dataflow_lower_passes(tvm_target) + cpu_generic.finalize_passes(
-            tvm_target
-        )
+        return cpu_generic.pipeline.dataflow_lower_passes(self.tvm) + cpu_generic.finalize_passes(self.tvm)
 
-    @classmethod
-    def vector_shape(cls, tvm_target) -> tuple[int, int]:
+    def vector_shape(self) -> tuple[int, int]:
         """(float32 lanes per vector register, number of vector registers)."""
         raise NotImplementedError
 
@@ -128,32 +153,29 @@ class LLVMCPU(Target):
     # the target has (None: it has none, and the products are widened first).
     int8_mnemonics: ClassVar[dict[str | None, str]] = {}
 
-    @classmethod
-    def dot_instruction(cls, tvm_target, channels: int | None = None) -> str | None:
+    def dot_instruction(self, channels: int | None = None) -> str | None:
         """The integer dot-product instruction the target has (a dot_instructions name), if any: the
         widest whose lanes divide `channels` when given."""
         return next(
             (
                 name
-                for name, lanes, _, _, feature in cls.dot_instructions
-                if has_feature(tvm_target, feature) and (channels is None or channels % lanes == 0)
+                for name, lanes, _, _, feature in self.dot_instructions
+                if has_feature(self.tvm, feature) and (channels is None or channels % lanes == 0)
             ),
             None,
         )
 
-    @classmethod
-    def int8_mnemonic(cls, tvm_target) -> str | None:
+    def int8_mnemonic(self) -> str | None:
         """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""
-        return cls.int8_mnemonics.get(cls.dot_instruction(tvm_target))
+        return self.int8_mnemonics.get(self.dot_instruction())
 
-    @classmethod
-    def export_library(cls, executable, path: str) -> None:
-        if cls.cross_compiler is None:
+    def export_library(self, executable, path: str) -> None:
+        if self.cross_compiler is None:
             executable.export_library(path)
             return
         from tvm.support import cc
 
-        executable.export_library(path, fcompile=cc.cross_compiler(cls.cross_compiler))
+        executable.export_library(path, fcompile=cc.cross_compiler(self.cross_compiler))
 
 
 def has_feature(tvm_target, feature: str) -> bool:

@@ -18,9 +18,13 @@ from webapp.targets.base import Target
 
 class GPU(Target):
     gpu: ClassVar[bool] = True
+    rule_family = "gpu"
     runtime: ClassVar[str] = ""  # TVM's target kind and device name ("cuda", "opencl", ...)
     language: ClassVar[str] = ""  # what the device module is written in
+    lexer: ClassVar[str] = ""  # the Pygments lexer that colours it (webapp.web.code)
     source_suffix: ClassVar[str] = ""  # of the whole device module's download: device.<suffix>
+    binaries: ClassVar[bool] = False  # its device code is also assembled here (CUDA: PTX and SASS)
+    int8_dot: ClassVar[str | None] = None  # the integer dot product its int8 rule uses (CUDA: dp4a)
     device_word: ClassVar[str] = ""  # the device the server lacks, in words: "CUDA GPU"
     activation_dtype: ClassVar[str] = "int8"  # quantized activations (dp4a multiplies int8 by int8)
 
@@ -51,45 +55,35 @@ class GPU(Target):
     def tvm_target(self):
         import tvm
 
-        from webapp.targets import host_target
+        from webapp.targets import host
 
-        return tvm.target.Target(self.spec, host=host_target())
+        return tvm.target.Target(self.spec, host=host().tvm)
 
-    @classmethod
-    def matches(cls, tvm_target) -> bool:
-        return tvm_target.kind.name == cls.runtime
-
-    @classmethod
-    def device(cls):
+    def device(self):
         import tvm
 
-        return tvm.device(cls.runtime, 0)
+        return tvm.device(self.runtime, 0)
 
-    @classmethod
-    def device_name(cls, tvm_target) -> str:
-        return f"{cls.device_word} ({tvm_target.attrs.get('arch', cls.runtime)})"
+    def device_name(self) -> str:
+        return f"{self.device_word} ({self.tvm.attrs.get('arch', self.runtime)})"
 
-    @classmethod
-    def backend(cls):
+    def backend(self):
         from tvm.relax.backend.gpu_generic import pipeline
 
         return pipeline
 
-    @classmethod
-    def legalize_passes(cls, tvm_target) -> list:
+    def legalize_passes(self) -> list:
         """TVM's pipeline for the kind up to fused kernels, without its dlight scheduling (the
         project's GPU rules schedule, dlight's among them)."""
-        backend = cls.backend()
-        legalize = [p for p in backend.legalize_passes(tvm_target) if p.info.name != "ApplyDefaultSchedule"]
-        return backend.library_dispatch_passes(tvm_target) + legalize
+        backend = self.backend()
+        legalize = [p for p in backend.legalize_passes(self.tvm) if p.info.name != "ApplyDefaultSchedule"]
+        return backend.library_dispatch_passes(self.tvm) + legalize
 
-    @classmethod
-    def lower_passes(cls, tvm_target) -> list:
-        backend = cls.backend()
-        return backend.dataflow_lower_passes(tvm_target) + backend.finalize_passes(tvm_target)
+    def lower_passes(self) -> list:
+        backend = self.backend()
+        return backend.dataflow_lower_passes(self.tvm) + backend.finalize_passes(self.tvm)
 
-    @classmethod
-    def export_library(cls, executable, path: str) -> None:
+    def export_library(self, executable, path: str) -> None:
         executable.export_library(path)
 
 
@@ -97,15 +91,17 @@ class CUDA(GPU):
     kind = "cuda"
     runtime = "cuda"
     language = "CUDA C"
+    lexer = "cuda"
     source_suffix = "cu"
+    binaries = True
+    int8_dot = "dp4a"
     device_word = "CUDA GPU"
 
     @property
     def can_run_here(self) -> bool:
         return cuda_devices() > 0
 
-    @classmethod
-    def backend(cls):
+    def backend(self):
         from tvm.relax.backend.cuda import pipeline
 
         return pipeline
@@ -115,6 +111,7 @@ class OpenCL(GPU):
     kind = "opencl"
     runtime = "opencl"
     language = "OpenCL C"
+    lexer = "c"  # OpenCL C, as Pygments colours it
     source_suffix = "cl"
     device_word = "OpenCL device in TVM's runtime"
 
@@ -123,6 +120,7 @@ class Metal(GPU):
     kind = "metal"
     runtime = "metal"
     language = "Metal Shading Language"
+    lexer = "cpp"  # Pygments has no Metal lexer; MSL is C++
     source_suffix = "metal"
     device_word = "Apple GPU (Metal)"
 
@@ -131,6 +129,7 @@ class WebGPU(GPU):
     kind = "webgpu"
     runtime = "webgpu"
     language = "WGSL"
+    lexer = "wgsl"
     source_suffix = "wgsl"
     device_word = "browser with WebGPU"
     no_quantization = (

@@ -48,16 +48,10 @@ class X86(LLVMCPU):
         where = self.runs_on.removeprefix("nowhere here: ")
         return f"compiled for {self.name}; {where}, so nothing was timed"
 
-    @classmethod
-    def matches(cls, tvm_target) -> bool:
-        triple = str(tvm_target.attrs.get("mtriple", ""))
-        return tvm_target.kind.name == "llvm" and (triple.startswith("x86_64") or not triple)
-
-    @classmethod
-    def vector_shape(cls, tvm_target) -> tuple[int, int]:
-        if has_feature(tvm_target, "avx512f"):
+    def vector_shape(self) -> tuple[int, int]:
+        if has_feature(self.tvm, "avx512f"):
             return 16, 32
-        if has_feature(tvm_target, "avx2") or has_feature(tvm_target, "avx"):
+        if has_feature(self.tvm, "avx2") or has_feature(self.tvm, "avx"):
             return 8, 16
         return 4, 16  # SSE2, the x86-64 baseline
 

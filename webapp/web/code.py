@@ -12,8 +12,6 @@ from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import (
-    CLexer,
-    CppLexer,
     CudaLexer,
     DiffLexer,
     GasLexer,
@@ -21,10 +19,11 @@ from pygments.lexers import (
     PtxLexer,
     PythonLexer,
     TextLexer,
-    WgslLexer,
+    find_lexer_class_by_name,
 )
 
 from webapp.naming import natural_key
+from webapp.targets import KINDS
 
 MAX_SHOWN_BYTES = (
     400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
@@ -48,8 +47,8 @@ VIEWS = {
 KERNEL_VIEWS = ("tir", "llvm", "asm", "device", "ptx", "sass")
 DEVICE_VIEWS = ("device", "ptx", "sass")
 WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
-# the device code's language -> its lexer (the device view's default is CUDA C)
-DEVICE_LEXERS = {"OpenCL C": CLexer, "Metal Shading Language": CppLexer, "WGSL": WgslLexer}
+# the device code's language -> its lexer, as each GPU kind of target names it (webapp.targets)
+DEVICE_LEXERS = {kind.language: find_lexer_class_by_name(kind.lexer) for kind in KINDS if kind.gpu}
 LEXERS = {*(lexer for _, lexer, _ in VIEWS.values()), *DEVICE_LEXERS.values(), DiffLexer}
 
 

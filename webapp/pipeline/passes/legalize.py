@@ -7,7 +7,7 @@ import tvm
 
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy
 from webapp.pipeline.passes.winograd import winograd
-from webapp.targets import kind_of
+from webapp.targets import Target
 
 REWRITES = {
     "fast_math": fast_math,
@@ -17,13 +17,12 @@ REWRITES = {
 }
 
 
-def legalize_passes(tvm_target) -> list:
-    kind = kind_of(tvm_target)
-    return [REWRITES[name] for name in kind.rewrites] + kind.legalize_passes(tvm_target)
+def legalize_passes(target: Target) -> list:
+    return [REWRITES[name] for name in target.rewrites] + target.legalize_passes()
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target, trace=None) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target: Target, trace=None) -> tvm.IRModule:
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
     without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
-    with target, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
+    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
         return tvm.transform.Sequential(legalize_passes(target))(mod)

@@ -15,15 +15,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-DEVICE_KINDS = ("cuda", "opencl", "metal", "webgpu")
+from webapp.targets import Target
+
 TOOL_TIMEOUT_S = 300
 
 
-def device_module(host):
+def device_module(host, target: Target):
     """The device module a GPU build's host module imports (None for a CPU build)."""
-    if host is None:
+    if host is None or not target.gpu:
         return None
-    return next((m for m in host.imports if m.kind in DEVICE_KINDS), None)
+    return next((m for m in host.imports if m.kind == target.runtime), None)
 
 
 def functions(source: str) -> dict[str, str]:
@@ -146,24 +147,22 @@ def kernel_resources(kernel: str, resources: dict[str, dict]) -> dict | None:
 # ---------------------------------------------------------------- the inspect stage's part
 
 
-def write_device_code(host, tvm_target, kernels: list[str], job_dir: Path) -> dict | None:
+def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -> dict | None:
     """files/device.<suffix> (and for CUDA device.ptx, device.sass), views/kernels/<k>.device (.ptx,
     .sass); returns results["device_code"]: the language, the files, and per kernel its device
     functions and (CUDA) ptxas resources. None for a CPU build."""
-    from webapp.targets import kind_of
-
-    target_kind, module = kind_of(tvm_target), device_module(host)
-    if module is None or not target_kind.gpu:
+    module = device_module(host, target)
+    if module is None:
         return None
     source = module.inspect_source()
     files, views = job_dir / "files", job_dir / "views" / "kernels"
-    whole = f"device.{target_kind.source_suffix}"
+    whole = f"device.{target.source_suffix}"
     (files / whole).write_text(source)
     parts = {"device": (functions(source), whole)}
-    out = {"language": target_kind.language, "kind": target_kind.kind, "file": whole, "kernels": {}}
+    out = {"language": target.language, "kind": target.kind, "file": whole, "kernels": {}}
     resources: dict[str, dict] = {}
-    if target_kind.kind == "cuda":
-        sm = str(tvm_target.attrs["arch"])
+    if target.binaries:
+        sm = str(target.spec["arch"])
         try:
             ptx, sass, report = cuda_binaries(source, sm)
         except ToolError as exc:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextvars
 
 import numpy as np
-import tvm
 from tvm import s_tir, tirx
 
-from webapp.targets import kind_of
+from webapp.targets import Target
 
 
 def extent(sch: s_tir.Schedule, loop) -> int:
@@ -59,9 +58,9 @@ def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
 PREPROC = "meta_schedule.layout_rewrite_preproc"  # blocks SplitLayoutRewritePreproc moves out
 
 
-def simd(target: tvm.target.Target) -> tuple[int, int]:
-    """(float32 lanes per vector register, number of vector registers): the target's kind says."""
-    return kind_of(target).vector_shape(target)
+def simd(target: Target) -> tuple[int, int]:
+    """(float32 lanes per vector register, number of vector registers): the target says."""
+    return target.vector_shape()
 
 
 def loops_below(sch: s_tir.Schedule, block, loop) -> list:

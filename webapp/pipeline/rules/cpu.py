@@ -459,7 +459,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     # Pooling and depthwise convolutions have a window per output, not a row: dlight would serialize
     # them in NHWC. dlight's loops are parallel: a small kernel's one reduction goes to windowed too.
     if not pooling and "conv2d" not in name and not (serial_kernel.get() and len(main) == 1):
-        scheduled = Reduction().apply(sch.mod["main"], target, False)
+        scheduled = Reduction().apply(sch.mod["main"], target.tvm, False)
         if scheduled is not None:
             return scheduled, "default rule: row reduction"
     if len(main) != 1:

@@ -120,7 +120,7 @@ def permutation(perm: list[int]):
 def int8_dp4a(sch: s_tir.Schedule, target) -> str | None:
     """int8 x int8 -> int32 convolutions and matmuls on CUDA: a thread per output, the innermost
     reduction (the channels, in the NHWC / HWIO layout the quantizer picks) four at a time."""
-    if target.kind.name != "cuda":
+    if target.int8_dot != "dp4a":
         return None
     main, producers = one_reduction(sch)
     if main is None:
@@ -220,7 +220,7 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
 
 def from_dlight(rule, label: str):
     def apply(sch: s_tir.Schedule, target):
-        scheduled = rule.apply(sch.mod["main"], target, False)
+        scheduled = rule.apply(sch.mod["main"], target.tvm, False)
         if isinstance(scheduled, list):
             scheduled = scheduled[0] if scheduled else None
         return None if scheduled is None else (scheduled, label)

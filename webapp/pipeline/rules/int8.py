@@ -21,17 +21,12 @@ from webapp.pipeline.rules.common import (
     vector_width,
 )
 from webapp.pipeline.rules.cpu import conv_block, index_vars, nhwc_input_and_accumulator
-from webapp.targets import KINDS, kind_of
+from webapp.targets import KINDS
 
 # Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
 # instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
 # products of 8-bit values.
 DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
-
-
-def dot_instruction(target, channels: int | None = None) -> str | None:
-    """The integer dot-product instruction the target has (a DOT_INSTRUCTIONS key), if any."""
-    return kind_of(target).dot_instruction(target, channels)
 
 
 def register_dot(kind: str) -> str:
@@ -95,7 +90,7 @@ def register_dots() -> None:
 def multiplies_for_dot(stmt, target) -> bool:
     """Whether the block multiplies what the target's dot-product instruction does: its activation
     dtype (uint8 on x86, int8 on Arm) by int8 weights, into int32."""
-    kind = dot_instruction(target)
+    kind = target.dot_instruction()
     dtypes = tuple(str(r.source.dtype) for r in (*stmt.reads, *stmt.writes))
     return kind is not None and dtypes == (DOT_INSTRUCTIONS[kind][1], "int8", "int32")
 
@@ -118,7 +113,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     stmt = sch.get(conv)
     data, weight = stmt.reads[0].source, stmt.reads[1].source
     ic, oc = int(weight.shape[2]), int(weight.shape[3])
-    kind = dot_instruction(target, oc)
+    kind = target.dot_instruction(oc)
     if int(data.shape[3]) != ic or kind is None or ic % 4:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]
@@ -184,7 +179,7 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     stmt = sch.get(conv)
     data, weight = stmt.reads[0].source, stmt.reads[1].source
     oc, ic = int(weight.shape[0]), int(weight.shape[1])
-    kind = dot_instruction(target, oc)
+    kind = target.dot_instruction(oc)
     if int(data.shape[1]) != ic or kind is None or ic % 4:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]
@@ -247,7 +242,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
         return None
     k, n = int(b.shape[0]), int(b.shape[1])
-    kind = dot_instruction(target, n)
+    kind = target.dot_instruction(n)
     if k % 4 or kind is None:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]

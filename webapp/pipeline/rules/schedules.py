@@ -1,6 +1,6 @@
 """Default schedules: each kernel scheduled by the first rule of its target's family that fits (the CPU
-float and int8 rules, or the GPU rules), labelled with that rule; the design spaces tuning searches;
-the weight repacking split into kernels of their own."""
+float and int8 rules, or the GPU rules: FAMILIES, which a target names), labelled with that rule; the
+design spaces tuning searches; the weight repacking split into kernels of their own."""
 
 from __future__ import annotations
 
@@ -11,22 +11,26 @@ from webapp.pipeline.rules import gpu as gpu_rules
 from webapp.pipeline.rules.common import PREPROC, serial_kernel, small, space_choices
 from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, elementwise, matmul, reduction, winograd
 from webapp.pipeline.rules.int8 import conv2d_int8, conv2d_nhwc_int8, matmul_int8
-from webapp.targets import kind_of
+from webapp.targets import Target
 
 SCHEDULE_ATTR = "playground.schedule"
 TVM_KERNEL = "TVM's own kernel"  # the label of a kernel TVM scheduled itself (its GPU sort and scan)
 
-RULES = (
-    conv2d_nhwc_int8,
-    conv2d_int8,
-    matmul_int8,
-    winograd,
-    conv2d_nhwc,
-    conv2d,
-    matmul,
-    reduction,
-    elementwise,
-)
+# The rule families, by the name a target gives (Target.rule_family): each in the order it is tried.
+FAMILIES = {
+    "cpu": (
+        conv2d_nhwc_int8,
+        conv2d_int8,
+        matmul_int8,
+        winograd,
+        conv2d_nhwc,
+        conv2d,
+        matmul,
+        reduction,
+        elementwise,
+    ),
+    "gpu": gpu_rules.RULES,
+}
 
 
 # The choices a tuning design space fixes, per rule; MetaSchedule samples the register tile's other
@@ -37,7 +41,7 @@ SPACES = {
 }
 
 
-def design_spaces(sch: s_tir.Schedule, target) -> list[s_tir.Schedule]:
+def design_spaces(sch: s_tir.Schedule, target: Target) -> list[s_tir.Schedule]:
     """MetaSchedule's design spaces for a kernel that a rule of SPACES schedules (the int8 kernels, on
     the target's dot-product instruction, which MetaSchedule's own rules do not use): one copy of
     `sch` per choice the rule takes, []  when no such rule fits (webapp.pipeline.stages.tune)."""
@@ -52,7 +56,7 @@ def design_spaces(sch: s_tir.Schedule, target) -> list[s_tir.Schedule]:
         serial_kernel.reset(serial)
 
 
-def in_space(sch: s_tir.Schedule, target, rule, chosen: dict) -> s_tir.Schedule | None:
+def in_space(sch: s_tir.Schedule, target: Target, rule, chosen: dict) -> s_tir.Schedule | None:
     """A copy of `sch` scheduled by `rule` with the choices `chosen`; None when it does not fit."""
     space, copy = space_choices.set(chosen), sch.copy()
     try:
@@ -70,29 +74,27 @@ def failure(rule, error: Exception) -> str:
     return f"{rule.__name__} rule failed: {reason[:100]}"
 
 
-def schedule_kernel(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
-    """The kernel scheduled by the first rule that fits, labelled; unchanged (labelled naive) when
-    none does. A rule that raises, whatever the error (TVM refusing its schedule, or a bug of the
-    rule's own), leaves the kernel to the next rule, and the label says so, e.g.
-    "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build."""
-    rules = RULES
-    if kind_of(target).gpu:
-        if gpu_rules.bound_already(func):
-            return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
-        rules = gpu_rules.RULES
+def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
+    """The kernel scheduled by the first rule of the target's family that fits, labelled; unchanged
+    (labelled naive) when none does. A rule that raises, whatever the error (TVM refusing its
+    schedule, or a bug of the rule's own), leaves the kernel to the next rule, and the label says so,
+    e.g. "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build.
+    A kernel TVM bound to GPU threads itself (its sort, scan) keeps TVM's schedule."""
+    if target.gpu and gpu_rules.bound_already(func):
+        return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
     try:
         probe = s_tir.Schedule(func)
         probe.get_sblock("root")
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
-    serial = serial_kernel.set(not kind_of(target).gpu and small(probe))
+    serial = serial_kernel.set(not target.gpu and small(probe))
     try:
-        return first_rule(func, target, rules)
+        return first_rule(func, target, FAMILIES[target.rule_family])
     finally:
         serial_kernel.reset(serial)
 
 
-def first_rule(func: tirx.PrimFunc, target, rules) -> tirx.PrimFunc:
+def first_rule(func: tirx.PrimFunc, target: Target, rules) -> tirx.PrimFunc:
     failures = []
     for rule in rules:
         try:
@@ -118,10 +120,8 @@ def is_scheduled(func) -> bool:
     return bool(func.attrs and func.attrs.get("tirx.is_scheduled"))
 
 
-@tvm.transform.module_pass(opt_level=0, name="PlaygroundDefaultSchedules")
-def default_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def default_schedules(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
     """Schedules every kernel not scheduled yet (tuned kernels keep their schedule)."""
-    target = tvm.target.Target.current(allow_none=False)
     updates = {
         gv: schedule_kernel(func, target)
         for gv, func in mod.functions_items()

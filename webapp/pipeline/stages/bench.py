@@ -392,7 +392,7 @@ def cpu_reference(references: dict[str, Path], inputs: dict[str, np.ndarray], th
 def cpu_name() -> str:
     from webapp import targets
 
-    return targets.host().device_name(targets.host_target())
+    return targets.host().device_name()
 
 
 def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
@@ -444,21 +444,21 @@ def benchmark_stage(ctx, report, model, built) -> None:
     references on the target's device, each build's kernel profile (the kernel table's times, and
     the graphs coloured by them)."""
     shown = next(key for key, ex in built.executables.items() if ex is built.executable)
-    measured = benchmark_job(built.executables, model, ctx.job, ctx.target, ctx.tvm_target, report, shown)
+    measured = benchmark_job(built.executables, model, ctx.job, ctx.target, report, shown)
     kernels = timed_kernels(ctx.results.data.get("kernels", []), measured.get("profiles", []))
     time_graphs(ctx.dir, kernels)
     write_model_explorer(ctx.dir)
     ctx.results.save(**measured, kernels=kernels)
 
 
-def benchmark_job(executables: dict, model, job, target, tvm_target, report, shown=None) -> dict:
+def benchmark_job(executables: dict, model, job, target, report, shown=None) -> dict:
     """The builds against the frameworks' references on the target's device, on a random input (a
     held-out image for an example with a dataset), accuracy on the dataset where there is one, and
     each build's kernel profile; `shown`, the build whose kernels the page lists (model.so)."""
     if (target.gpu and not device_present(target)) or (not target.gpu and not target.can_run_here):
         return {"benchmarks": [], "fidelity": [], "not_timed": target.no_device_line()}
     inputs = job_inputs(model, job)
-    device = target.device_name(tvm_target)
+    device = target.device_name()
     budget = job.bench_budget_s
     dev = target.device()
     reference = "int8" if model.prequantized else "fp32"  # ONNX Runtime runs the quantized file itself

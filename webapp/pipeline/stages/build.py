@@ -20,19 +20,19 @@ from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.rules import schedules
 from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
-from webapp.targets import kind_of
+from webapp.targets import Target
 
 
 def schedule(
     fused: tvm.IRModule,
-    target: tvm.target.Target,
+    target: Target,
     tuning_dir: Path | None = None,
     default_rules: bool = True,
     keep_tuned: set[str] | None = None,
 ) -> tuple[tvm.IRModule, dict[str, str]]:
     """The fused module lowered for the VM, and each kernel's schedule label. With `keep_tuned`, only
     those kernels take their record; the others go to the default rules."""
-    with target, tvm.transform.PassContext(opt_level=3):
+    with target.tvm, tvm.transform.PassContext(opt_level=3):
         mod = fused
         if tuning_dir is not None:
             with open_database(tuning_dir)[0]:
@@ -46,7 +46,7 @@ def schedule(
                 else:
                     mod[gv] = fused[gv.name_hint]
         if default_rules:
-            mod = schedules.default_schedules(mod)
+            mod = schedules.default_schedules(mod, target)
             # Weight repacking blocks become their own kernels, which FoldConstant runs once, here.
             mod = schedules.split_weight_repacking(mod)
             mod = relax.transform.FoldConstant()(mod)
@@ -57,13 +57,13 @@ def schedule(
             for gv, f in mod.functions_items():
                 if gv.name_hint.endswith("_weight_prepack"):
                     mod[gv] = f.without_attr("tirx.is_scheduled").without_attr(schedules.SCHEDULE_ATTR)
-            mod = schedules.default_schedules(mod)
+            mod = schedules.default_schedules(mod, target)
         labels = schedules.labels(mod)
-        lowered = tvm.transform.Sequential(kind_of(target).lower_passes(target))(mod)
+        lowered = tvm.transform.Sequential(target.lower_passes())(mod)
     return lowered, labels
 
 
-def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
+def compile_relax(mod: tvm.IRModule, target: Target):
     """A Relax module as imported (before legalization) compiled on the default rules, keeping no
     views: for the quantize stage's calibration and per-layer runs. Returns (executable, labels)."""
     lowered, labels = schedule(fuse(mod, target), target)
@@ -160,17 +160,17 @@ def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) 
     }
 
 
-def build(lowered: tvm.IRModule, target: tvm.target.Target, out: Path | None):
+def build(lowered: tvm.IRModule, target: Target, out: Path | None):
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None."""
-    executable = tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=lowering.PIPELINE)
+    executable = tvm.compile(lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE)
     if out is not None:
         export(executable, target, out)
     return executable
 
 
-def export(executable, target: tvm.target.Target, out: Path) -> None:
+def export(executable, target: Target, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    kind_of(target).export_library(executable, str(out))
+    target.export_library(executable, str(out))
 
 
 # ---------------------------------------------------------------- the stage
@@ -247,7 +247,7 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
             for name in ("database_workload.json", "database_tuning_record.json"):
                 shutil.copyfile(tuning_dir / name, library.parent / name)
         tuned_exe = build(tuned, target, None)
-        dev = kind_of(target).device()
+        dev = target.device()
         # Only the kernels with a record are compared (timing all 257 of DenseNet-121 took 13 s).
         with_record = {name for name, label in tuned_labels.items() if label == "tuned"}
         tuned_s = kernel_seconds(tuned_exe, tuned, dev, with_record)
@@ -287,7 +287,7 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
 
 def build_stage(ctx, report, model, optimized, quantized) -> Built:
     records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
-    built = build_job(optimized.fused, quantized, ctx.tvm_target, records, ctx.dir, report, model.layers)
+    built = build_job(optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers)
     # the quantized variants again: a variant that failed to build is recorded as failed
     quantization = quantized.to_json() if quantized else {}
     ctx.results.save(**built.to_json(ctx.dir / "files" / "model.so"), **quantization)

@@ -432,6 +432,6 @@ def import_stage(ctx, report) -> ImportedModel:
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / "views" / "imported.py").write_text(model.mod.script())
     ctx.results.save(
-        model=model.to_json(), target={"preset": ctx.target.name, "tvm": target_json(ctx.tvm_target)}
+        model=model.to_json(), target={"preset": ctx.target.name, "tvm": target_json(ctx.target.tvm)}
     )
     return model

@@ -17,6 +17,7 @@ from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.optimize import relax_script
+from webapp.targets import Target
 
 DEVICE_VIEWS = (".device", ".ptx", ".sass")  # views/kernels/<kernel>.<view> of a GPU build
 
@@ -80,7 +81,7 @@ def inspect_build(
     executable,
     job_dir: Path,
     labels: dict[str, str],
-    tvm_target,
+    target: Target,
     report=lambda f: None,
     graphs: dict | None = None,
     fusion=None,
@@ -128,7 +129,7 @@ def inspect_build(
             }
         )
     report(0.8)
-    device = write_device_code(host, tvm_target, [k["name"] for k in kernels], job_dir)
+    device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
         resources = device["kernels"][k["name"]].get("resources")
@@ -244,7 +245,7 @@ def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:
         built.executable,
         ctx.dir,
         built.labels,
-        ctx.tvm_target,
+        ctx.target,
         report,
         graphs,
         fusion,

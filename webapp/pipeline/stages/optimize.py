@@ -13,7 +13,7 @@ from tvm import relax
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.pipeline.reports.graphs import draw_graphs
-from webapp.targets import kind_of
+from webapp.targets import Target
 
 # Passes whose module we keep for the graph views.
 FUSION_PASS = "FuseTIR"
@@ -103,7 +103,7 @@ def batch_norm_in_training_mode(mod: tvm.IRModule) -> bool:
 
 def optimize(
     mod: tvm.IRModule,
-    target: tvm.target.Target,
+    target: Target,
     job_dir: Path,
     report=lambda f: None,
     layer_of: dict[str, str] | None = None,
@@ -111,9 +111,8 @@ def optimize(
     pass_dir = job_dir / "views" / "passes"
     pass_dir.mkdir(parents=True, exist_ok=True)
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
-    with target, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
-        kind = kind_of(target)
-        pipeline = legalize_passes(target) + kind.lower_passes(target)
+    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
+        pipeline = legalize_passes(target) + target.lower_passes()
         lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))
 
     passes, previous, fused = [], relax_script(mod), None
@@ -344,7 +343,7 @@ class GroupMatch:
 def optimize_stage(ctx, report, model) -> Optimized:
     """The optimized model, its passes kept, and its graphs drawn at once: the page shows them while
     the job goes on."""
-    optimized = optimize(model.mod, ctx.tvm_target, ctx.dir, report, model.layers)
+    optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers)
     graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion)
     ctx.results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
     return optimized

@@ -70,7 +70,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
             continue
         expected[name] = torch_outputs(out) if name == "pytorch" else flatten_outputs(out)
     report(0.3)
-    host, dev = targets.host_target(), targets.host().device()
+    host, dev = targets.host().tvm, targets.host().device()
     for q in quantized.variants if quantized else []:  # the same integer model, built for this server
         from tvm import relax
 

@@ -24,30 +24,11 @@ from tvm.s_tir import meta_schedule as ms
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages.inspect import kernel_flop
+from webapp.targets import Target
 
 
 class TuningCancelled(Exception):
     pass
-
-
-def import_cpu_tensor_intrinsics() -> None:
-    """Register the x86 and Arm tensor intrinsics without `import tvm.s_tir.tensor_intrin`.
-
-    MetaSchedule imports that package whenever it creates a TuneContext; it parses every CUDA
-    intrinsic too, 25-35 s on 2 cores, which CPU targets never use. A package object already in
-    sys.modules makes that import a no-op, and its __path__ still lets the CPU submodules load.
-    """
-    import importlib
-    import sys
-    import types
-
-    name = "tvm.s_tir.tensor_intrin"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
-        sys.modules[name] = package
-    for submodule in ("x86", "arm_cpu"):
-        importlib.import_module(f"{name}.{submodule}")
 
 
 @dataclass
@@ -173,12 +154,12 @@ def best_seconds(db: ms.database.Database, mod: tvm.IRModule) -> float | None:
     return sum(secs) / len(secs)
 
 
-def extract_tasks(modules: dict[str, tvm.IRModule], target: tvm.target.Target) -> list[tuple[str, object]]:
+def extract_tasks(modules: dict[str, tvm.IRModule], target: Target) -> list[tuple[str, object]]:
     """(variant, task) for the kernels of `modules` (variant -> fused module: "fp32", and a quantized
     job's variants), each workload once, under the first variant that has it."""
     tasks, seen = [], set()
     for variant, mod in modules.items():
-        for task in ms.relax_integration.extract_tasks(mod, target):
+        for task in ms.relax_integration.extract_tasks(mod, target.tvm):
             key = tvm_ffi.structural_hash(task.dispatched[0])
             if key not in seen:
                 seen.add(key)
@@ -186,7 +167,7 @@ def extract_tasks(modules: dict[str, tvm.IRModule], target: tvm.target.Target) -
     return tasks
 
 
-def tune_contexts(tasks, target, work_dir: Path, strategy) -> tuple[list, list[float]]:
+def tune_contexts(tasks, target: Target, work_dir: Path, strategy) -> tuple[list, list[float]]:
     """One TuneContext per task: MetaSchedule's own design space (its schedule rules for the target),
     or where a rule of schedules.SPACES fits (the int8 kernels, on the project's dot-product
     intrinsics, which MetaSchedule's CPU rules never use) that rule's spaces, with the register
@@ -214,7 +195,7 @@ def tune_contexts(tasks, target, work_dir: Path, strategy) -> tuple[list, list[f
 
 def tune(
     fused: tvm.IRModule,
-    target: tvm.target.Target,
+    target: Target,
     work_dir: Path,
     trials: int,
     report: Callable[[float, dict], None],
@@ -224,8 +205,7 @@ def tune(
     """MetaSchedule on the kernels of `fused` and of a quantized job's builds (`quantized`: variant ->
     its fused module); the tasks are numbered in the order of extract_tasks."""
     started = time.monotonic()
-    if target.kind.name == "llvm":
-        import_cpu_tensor_intrinsics()
+    target.register_tensor_intrinsics()
     work_dir.mkdir(parents=True, exist_ok=True)
     variants = extract_tasks({"fp32": fused, **(quantized or {})}, target)
     tasks = [task for _, task in variants]
@@ -382,9 +362,9 @@ def tunes(ctx) -> bool:
 
 def tune_stage(ctx, report, optimized, quantized) -> Tuned:
     # the first quantized variant's kernels too (a sweep's others share its workloads)
-    qfused = {q.variant: fuse(q.mod, ctx.tvm_target) for q in quantized.variants[:1]} if quantized else None
+    qfused = {q.variant: fuse(q.mod, ctx.target) for q in quantized.variants[:1]} if quantized else None
     cancelled = (ctx.dir / "cancel").exists
     trials = ctx.options.tune_trials
-    tuned = tune(optimized.fused, ctx.tvm_target, ctx.dir / "tuning", trials, report, cancelled, qfused)
+    tuned = tune(optimized.fused, ctx.target, ctx.dir / "tuning", trials, report, cancelled, qfused)
     ctx.results.save(tuning=tuned.to_json())
     return tuned

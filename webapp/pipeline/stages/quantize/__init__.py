@@ -20,7 +20,7 @@ from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layer
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.stages.quantize.scales import ActQuant, is_power_of_two
-from webapp.targets import host, host_target, kind_of
+from webapp.targets import Target, host
 
 
 @dataclass
@@ -95,12 +95,6 @@ QUANTIZE_OPTIONS = (
 
 def scales_power2(*scales) -> bool:
     return all(is_power_of_two(s) for s in scales)
-
-
-def activation_dtype(target: tvm.target.Target) -> str:
-    """The 8-bit activations the target's dot product multiplies by int8 weights (its kind says:
-    uint8 for x86 VNNI, int8 for Arm sdot)."""
-    return kind_of(target).activation_dtype
 
 
 def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
@@ -182,7 +176,7 @@ def observe(
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
     tensors = list(dict.fromkeys(t for layer in quantized for t in (layer.data, layer.out)))
     # The float model returning those tensors as well, run on this machine whatever the target.
-    executable, _ = compile_relax(with_outputs(func, tensors), host_target())
+    executable, _ = compile_relax(with_outputs(func, tensors), host())
     report(0.2)
     runs = run_all(executable, samples)
     n_out = len(runs[0]) - len(tensors)
@@ -201,7 +195,7 @@ def given_act(scale: float, zero_point: int, dtype: str, target_dtype: str) -> A
 
 def quantize(
     mod: tvm.IRModule,
-    target: tvm.target.Target,
+    target: Target,
     options: JobOptions,
     samples: list[dict[str, np.ndarray]],
     report=lambda f: None,
@@ -215,7 +209,7 @@ def quantize(
     if options.calibration != "global":
         stats = {t: gather(float_of[t]) for t in tensors}
     report(0.5)
-    dtype = activation_dtype(target)
+    dtype = target.activation_dtype  # the 8-bit activations its int8 kernels multiply
     acts = {}
     for t in tensors:
         if t in observed.given:  # the pre-quantized model's own scale
@@ -254,7 +248,7 @@ def layer_errors(func, layers, acts, options, sample, float_of) -> list[dict]:
     from webapp.pipeline.stages.build import compile_relax
 
     exposed = Realizer(func, layers, acts, options, expose=True)
-    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host_target())
+    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]
     return [

@@ -13,7 +13,7 @@ import numpy as np
 from webapp.catalog import CALIBRATION_MODES
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
-from webapp.pipeline.stages.quantize import Quantized, activation_dtype, observe, quantize
+from webapp.pipeline.stages.quantize import Quantized, observe, quantize
 from webapp.pipeline.stages.quantize.scales import pack_bits
 
 
@@ -95,7 +95,7 @@ def quantize_job(
         samples if calibrating else samples[:1],
         lambda f: report(f * share),
         pre,
-        activation_dtype(target),
+        target.activation_dtype,
     )
     job = QuantizedJob([], options.quantize == "sweep")
     for i, (name, opts) in enumerate(variants):
@@ -137,7 +137,7 @@ def quantizes(ctx, model) -> bool:
 def quantize_stage(ctx, report, model) -> QuantizedJob:
     job = ctx.job
     quantized = quantize_job(
-        model, ctx.tvm_target, ctx.options, ctx.dir, job.calibration_data, job.dataset, report
+        model, ctx.target, ctx.options, ctx.dir, job.calibration_data, job.dataset, report
     )
     ctx.results.save(**quantized.to_json())
     return quantized
