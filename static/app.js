@@ -286,7 +286,7 @@ async function setupGraphView(root) {
     details.appendChild(table);
     if (k) {
       const p = document.createElement("p"); p.className = "code-links"; p.append("Code of this kernel: ");
-      [["tir", "TIR"], ["llvm", "LLVM IR"], ["asm", "assembly"]].forEach(([v, label], i) => {
+      JSON.parse(root.dataset.kernelLinks).forEach(([v, label], i) => {
         const a = document.createElement("a"); a.href = codeLink(v, kernelName, id); a.textContent = label;
         a.dataset.view = v; a.dataset.kernel = kernelName; a.dataset.node = id; a.className = "to-code";
         if (i) p.append(" · "); p.appendChild(a);

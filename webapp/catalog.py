@@ -64,6 +64,46 @@ EXAMPLES: dict[str, Example] = {
 # board is not this server, runs after them in a sandbox of its own: webapp/pipeline/stages/remote.py).
 STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote")
 
+
+@dataclass(frozen=True)
+class CodeView:
+    """A text the code panel shows: written by the inspect stage (webapp/pipeline/stages/inspect.py,
+    the device code by webapp/pipeline/reports/device_code.py) at `path` in the job folder, read and
+    coloured by webapp/web/code.py, listed by the compare page and the graph viewer's kernel links."""
+
+    title: str
+    lexer: str  # the Pygments lexer's name (a device view's lexer is its target kind's)
+    path: str | None  # relative to the job folder; "{kernel}" in it: one file per kernel
+    whole: str | None = None  # the file of the whole module, where it has one
+    device: bool = False  # a GPU build's device code (results["device_code"]["views"] says which)
+    graph_link: str | None = None  # the graph viewer links a kernel to this view, under this word
+
+    @property
+    def per_kernel(self) -> bool:
+        return bool(self.path and "{kernel}" in self.path)
+
+
+# The code views, in the order the page offers them.
+CODE_VIEWS = {
+    "relax-imported": CodeView("Relax IR, imported", "python", "views/imported.py"),
+    "relax-quantized": CodeView("Relax IR, quantized (integer layers)", "python", "views/quantized.py"),
+    "relax-optimized": CodeView("Relax IR, optimized", "python", "views/optimized.py"),
+    "passes": CodeView("IR after each pass", "python", None),
+    "tir": CodeView("TIR of a kernel", "python", "views/kernels/{kernel}.tir.py", graph_link="TIR"),
+    "llvm": CodeView("LLVM IR", "llvm", "views/kernels/{kernel}.ll", "files/module.ll", graph_link="LLVM IR"),
+    "asm": CodeView("Assembly", "gas", "views/kernels/{kernel}.s", "files/module.s", graph_link="assembly"),
+    "device": CodeView("Device code", "cuda", "views/kernels/{kernel}.device", device=True),
+    "ptx": CodeView("PTX", "ptx", "views/kernels/{kernel}.ptx", device=True),
+    "sass": CodeView("SASS", "gas", "views/kernels/{kernel}.sass", device=True),
+    "bytecode": CodeView("VM bytecode", "text", "views/bytecode.txt"),
+}
+
+
+def code_file(view: str, kernel: str = "") -> str:
+    """Where a code view's text is, relative to the job folder (a kernel's, for a per-kernel view)."""
+    return CODE_VIEWS[view].path.format(kernel=kernel)
+
+
 # "sweep": every bit-width (and int8 with every calibration mode) in one job, side by side
 QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1", "sweep")
 CALIBRATION_MODES = ("max", "percentile", "kl", "global")

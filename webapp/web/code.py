@@ -11,17 +11,9 @@ from pathlib import Path
 from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import (
-    CudaLexer,
-    DiffLexer,
-    GasLexer,
-    LlvmLexer,
-    PtxLexer,
-    PythonLexer,
-    TextLexer,
-    find_lexer_class_by_name,
-)
+from pygments.lexers import get_lexer_by_name
 
+from webapp.catalog import CODE_VIEWS
 from webapp.naming import natural_key
 from webapp.targets import KINDS
 
@@ -29,27 +21,12 @@ MAX_SHOWN_BYTES = (
     400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
 )
 
-# view name -> (title, lexer, path template relative to the job folder)
-VIEWS = {
-    "relax-imported": ("Relax IR, imported", PythonLexer, "views/imported.py"),
-    "relax-quantized": ("Relax IR, quantized (integer layers)", PythonLexer, "views/quantized.py"),
-    "relax-optimized": ("Relax IR, optimized", PythonLexer, "views/optimized.py"),
-    "passes": ("IR after each pass", PythonLexer, None),
-    "tir": ("TIR of a kernel", PythonLexer, "views/kernels/{kernel}.tir.py"),
-    "llvm": ("LLVM IR", LlvmLexer, "views/kernels/{kernel}.ll"),
-    "asm": ("Assembly", GasLexer, "views/kernels/{kernel}.s"),
-    # a GPU build's device code (results["device_code"] says which of these it has)
-    "device": ("Device code", CudaLexer, "views/kernels/{kernel}.device"),
-    "ptx": ("PTX", PtxLexer, "views/kernels/{kernel}.ptx"),
-    "sass": ("SASS", GasLexer, "views/kernels/{kernel}.sass"),
-    "bytecode": ("VM bytecode", TextLexer, "views/bytecode.txt"),
-}
-KERNEL_VIEWS = ("tir", "llvm", "asm", "device", "ptx", "sass")
-DEVICE_VIEWS = ("device", "ptx", "sass")
-WHOLE_MODULE = {"llvm": "files/module.ll", "asm": "files/module.s"}
-# the device code's language -> its lexer, as each GPU kind of target names it (webapp.targets)
-DEVICE_LEXERS = {kind.language: find_lexer_class_by_name(kind.lexer) for kind in KINDS if kind.gpu}
-LEXERS = {*(lexer for _, lexer, _ in VIEWS.values()), *DEVICE_LEXERS.values(), DiffLexer}
+# The code views (webapp.catalog.CODE_VIEWS): those with a text per kernel, and a GPU build's device code
+KERNEL_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.per_kernel)
+DEVICE_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.device)
+WHOLE_MODULE = {name: v.whole for name, v in CODE_VIEWS.items() if v.whole}
+# the device code's language -> its lexer's name, as each GPU kind of target says (webapp.targets)
+DEVICE_LEXERS = {kind.language: kind.lexer for kind in KINDS if kind.gpu}
 
 
 def available_views(results: dict) -> dict[str, str]:
@@ -57,7 +34,8 @@ def available_views(results: dict) -> dict[str, str]:
     the device code views of a GPU build (the LLVM IR and assembly are then its host side)."""
     device = results.get("device_code") or {}
     out = {}
-    for name, (title, _, _) in VIEWS.items():
+    for name, code_view in CODE_VIEWS.items():
+        title = code_view.title
         if name == "relax-quantized" and not results.get("quantization"):
             continue
         if name in DEVICE_VIEWS and name not in device.get("views", ()):
@@ -116,9 +94,9 @@ def read_text(path: Path | None) -> tuple[str, bool]:
 
 @lru_cache(maxsize=64)
 def highlighted(text: str, lexer_name: str, numbered: bool = False, marked: tuple[int, ...] = ()) -> Markup:
-    """Pygments' HTML; `numbered` adds line numbers (beside the text: a copy takes the code alone),
-    `marked` highlights those lines (1-based)."""
-    lexer = {c.__name__: c for c in LEXERS}[lexer_name]()
+    """Pygments' HTML, coloured by the lexer of that name; `numbered` adds line numbers (beside the
+    text: a copy takes the code alone), `marked` highlights those lines (1-based)."""
+    lexer = get_lexer_by_name(lexer_name)
     formatter = HtmlFormatter(
         cssclass="code", linenos="table" if numbered else False, hl_lines=list(marked), lineanchors="L"
     )
@@ -188,8 +166,7 @@ def code_view(
     views = available_views(results)
     if view not in views:
         view = "relax-imported"
-    _, lexer, template = VIEWS[view]
-    title = views[view]
+    lexer, template, title = CODE_VIEWS[view].lexer, CODE_VIEWS[view].path, views[view]
     if view == "device":
         lexer = DEVICE_LEXERS.get(results["device_code"]["language"], lexer)
     modules = whole_module(results)
@@ -218,7 +195,7 @@ def code_view(
             else read_text(safe_job_file(job_dir, "views/imported.py"))
         )
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
-        lexer = DiffLexer
+        lexer = "diff"
     loop = None
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
@@ -237,7 +214,7 @@ def code_view(
         "diff": diff,
         "truncated": truncated,
         "download": download,
-        "html": highlighted(text, lexer.__name__, numbered, marked) if text else None,
+        "html": highlighted(text, lexer, numbered, marked) if text else None,
         "hot_loop": loop,
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from webapp.web.code import KERNEL_VIEWS, VIEWS, available_views, filter_asm, read_text, safe_job_file
+from webapp.catalog import CODE_VIEWS
+from webapp.web.code import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 
 OPTION_ORDER = ("target", "quantize", "calibration", "weight_scale", "weight_granularity", "tune_trials")
 
@@ -98,7 +99,7 @@ def code_diff(
     default the same name)."""
     views = available_views(job_a["results"]) | available_views(job_b["results"])
     view = view if view in views and view != "passes" else "relax-optimized"
-    template = VIEWS[view][2]
+    template = CODE_VIEWS[view].path
     texts = []
     for job_dir, kernel in ((dir_a, kernel_a), (dir_b, kernel_b)):
         rel = template.format(kernel=kernel) if view in KERNEL_VIEWS else template
@@ -116,6 +117,7 @@ def code_diff(
     )
     return {
         "view": view,
+        "per_kernel": view in KERNEL_VIEWS,
         "views": {k: v for k, v in views.items() if k != "passes"},
         "kernels": [[k["name"] for k in job["results"].get("kernels", [])] for job in (job_a, job_b)],
         "text": diff,

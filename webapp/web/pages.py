@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 
 from webapp.catalog import (
     CALIBRATION_MODES,
+    CODE_VIEWS,
     EXAMPLES,
     QUANTIZE_MODES,
     TARGETS,
@@ -268,6 +269,8 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "code": requested_code_view(job),
         "chart": bench_chart(job["results"]),
         "files": downloadable(job),
+        # the code views a graph node's kernel links to (the graph viewer's script reads them)
+        "kernel_links": [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link],
     }
     parts = []
     for name in PARTS:
@@ -385,7 +388,7 @@ def compare_json(a: str, b: str):
 @bp.get("/compare/<a>/<b>")
 def compare_page(a: str, b: str):
     comparison, diff = requested_comparison(a, b)
-    html = highlighted(diff["text"], "DiffLexer") if diff["text"] else None
+    html = highlighted(diff["text"], "diff") if diff["text"] else None
     return render_template("compare.html", c=comparison, diff=diff, diff_html=html)
 
 

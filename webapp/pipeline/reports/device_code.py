@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from webapp.catalog import code_file
 from webapp.targets import Target
 
 TOOL_TIMEOUT_S = 300
@@ -155,7 +156,7 @@ def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -
     if module is None:
         return None
     source = module.inspect_source()
-    files, views = job_dir / "files", job_dir / "views" / "kernels"
+    files = job_dir / "files"
     whole = f"device.{target.source_suffix}"
     (files / whole).write_text(source)
     parts = {"device": (functions(source), whole)}
@@ -179,7 +180,7 @@ def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -
         entry = {}
         for view, (funcs, _) in parts.items():
             names = of_kernel(kernel, funcs)
-            (views / f"{kernel}.{view}").write_text("\n".join(funcs[n] for n in names))
+            (job_dir / code_file(view, kernel)).write_text("\n".join(funcs[n] for n in names))
             entry.setdefault("functions", names)
         if resources:
             entry["resources"] = kernel_resources(kernel, resources)

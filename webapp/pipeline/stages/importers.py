@@ -13,6 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
@@ -430,7 +431,7 @@ def import_stage(ctx, report) -> ImportedModel:
     """The model as Relax, its imported IR kept for the code view."""
     model = import_model(ctx.job.model, ctx.options.input_shapes)
     (ctx.dir / "views").mkdir(exist_ok=True)
-    (ctx.dir / "views" / "imported.py").write_text(model.mod.script())
+    (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     ctx.results.save(
         model=model.to_json(), target={"preset": ctx.target.name, "tvm": target_json(ctx.target.tvm)}
     )

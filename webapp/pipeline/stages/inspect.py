@@ -13,13 +13,14 @@ from pathlib import Path
 
 import tvm
 
+from webapp.catalog import CODE_VIEWS, code_file
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.optimize import relax_script
 from webapp.targets import Target
 
-DEVICE_VIEWS = (".device", ".ptx", ".sass")  # views/kernels/<kernel>.<view> of a GPU build
+CODE_SUFFIXES = {Path(v.path).suffix for v in CODE_VIEWS.values() if v.path}  # the texts ir.zip holds
 
 
 # ---------------------------------------------------------------- graph
@@ -101,8 +102,8 @@ def inspect_build(
     host = host_code_module(executable)
     ll = host.inspect_source("ll") if host is not None else ""
     asm = host.inspect_source("s") if host is not None else ""
-    (files / "module.ll").write_text(ll)
-    (files / "module.s").write_text(asm)
+    (job_dir / CODE_VIEWS["llvm"].whole).write_text(ll)
+    (job_dir / CODE_VIEWS["asm"].whole).write_text(asm)
     report(0.6)
 
     kernels = []
@@ -113,9 +114,9 @@ def inspect_build(
             continue
         name = gv.name_hint
         kernel_ll, kernel_asm = code.kernel_code(name)
-        (views / "kernels" / f"{name}.tir.py").write_text(func.script())
-        (views / "kernels" / f"{name}.ll").write_text(kernel_ll)
-        (views / "kernels" / f"{name}.s").write_text(kernel_asm)
+        (job_dir / code_file("tir", name)).write_text(func.script())
+        (job_dir / code_file("llvm", name)).write_text(kernel_ll)
+        (job_dir / code_file("asm", name)).write_text(kernel_asm)
         kernels.append(
             {
                 "name": name,
@@ -137,8 +138,8 @@ def inspect_build(
         k.update({"gpu": resources} if resources else {})
     report(0.9)
 
-    (views / "optimized.py").write_text(relax_script(lowered))
-    (views / "bytecode.txt").write_text(executable.as_text())
+    (job_dir / code_file("relax-optimized")).write_text(relax_script(lowered))
+    (job_dir / code_file("bytecode")).write_text(executable.as_text())
     write_ir_zip(job_dir)
     return {
         "graphs": graphs,
@@ -225,12 +226,13 @@ def write_ir_zip(job_dir: Path) -> None:
     """Every IR text of the job in one download."""
     with zipfile.ZipFile(job_dir / "files" / "ir.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for path in sorted((job_dir / "views").rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".ll", ".s", ".txt", *DEVICE_VIEWS):
+            if path.is_file() and path.suffix in CODE_SUFFIXES:
                 z.write(path, path.relative_to(job_dir / "views"))
         for path in sorted((job_dir / "files").glob("device.*")):
             z.write(path, path.name)
-        for name in ("module.ll", "module.s"):
-            z.write(job_dir / "files" / name, name)
+        for view in CODE_VIEWS.values():
+            if view.whole:
+                z.write(job_dir / view.whole, Path(view.whole).name)
 
 
 def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from webapp.catalog import CALIBRATION_MODES
+from webapp.catalog import CALIBRATION_MODES, code_file
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.stages.quantize import Quantized, observe, quantize
@@ -108,7 +108,7 @@ def quantize_job(
             job.fail(name, "quantize", exc)
     if not job.variants:
         raise StageError("Every variant failed: " + "; ".join(f["message"] for f in job.failed))
-    (job_dir / "views" / "quantized.py").write_text(job.variants[0].mod.script())
+    (job_dir / code_file("relax-quantized")).write_text(job.variants[0].mod.script())
     return job
 
 
