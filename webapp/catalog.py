@@ -6,6 +6,7 @@ pipeline turns them into models and TVM targets.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from webapp.targets import TARGETS  # noqa: F401  (the target presets, one module per kind)
@@ -101,7 +102,17 @@ CODE_VIEWS = {
 
 def code_file(view: str, kernel: str = "") -> str:
     """Where a code view's text is, relative to the job folder (a kernel's, for a per-kernel view)."""
-    return CODE_VIEWS[view].path.format(kernel=kernel)
+    return CODE_VIEWS[view].path.format(kernel=file_stem(kernel))
+
+
+def file_stem(name: str, limit: int = 120) -> str:
+    """A kernel's name as a file name: whole when short; else its start and a hash of all of it, as
+    a long fused chain's name (one word per op) outgrows the file system's 255 bytes. The page and
+    the JSON keep the full name."""
+    if len(name.encode()) <= limit:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    return f"{name.encode()[: limit - 13].decode(errors='ignore')}-{digest}"
 
 
 # "sweep": every bit-width (and int8 with every calibration mode) in one job, side by side

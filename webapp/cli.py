@@ -232,6 +232,8 @@ def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> i
     for s in progress["stages"]:
         secs = f"{s['seconds']:.1f} s" if s.get("seconds") is not None else ""
         print(f"  {s['name']:<10} {s['status']:<8} {secs}")
+        if s.get("status") == "failed" and s.get("error"):  # a step the job went on without
+            print(f"             {s['error']}")
     if error:
         print(f"error: failed at the {error['stage']} stage: {error['message']}", file=sys.stderr)
         print(f"(full log: {out / 'log.txt'})", file=sys.stderr)

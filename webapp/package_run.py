@@ -41,8 +41,13 @@ def make_inputs(meta: dict, given: dict) -> dict[str, np.ndarray]:
             out[spec["name"]] = value.astype(spec["dtype"])
         elif spec["dtype"].startswith("float"):
             out[spec["name"]] = rng.standard_normal(spec["shape"]).astype(spec["dtype"])
-        else:
-            out[spec["name"]] = rng.integers(0, 10, spec["shape"]).astype(spec["dtype"])
+        elif (spec.get("values") or {}).get("fill") is not None:  # e.g. a Slice's starts or ends
+            out[spec["name"]] = np.broadcast_to(np.asarray(spec["values"]["fill"]), spec["shape"]).astype(
+                spec["dtype"]
+            )
+        else:  # token ids below the table's rows, where the model says
+            high = (spec.get("values") or {}).get("high") or 10
+            out[spec["name"]] = rng.integers(0, high, spec["shape"]).astype(spec["dtype"])
     unknown = sorted(set(given) - set(out))
     if unknown:
         raise SystemExit(f"error: --inputs has {', '.join(unknown)}; the model's inputs are {', '.join(out)}")

@@ -71,6 +71,11 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     write_json_atomic(job_dir / "job.json", spec)
 
 
+def finished_failing(stage: dict) -> bool:
+    """A stage the job goes on without (the benchmark): failed, with its own message."""
+    return stage.get("status") == "failed" and isinstance(stage.get("error"), str)
+
+
 def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | None:
     """After the sandbox exits: None if every stage is done, else the error to record, on the stage
     that failed. A limit that ended the run is named in preference to what the pipeline said."""
@@ -83,10 +88,10 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
         returncode == 0
         and not limit
         and not recorded
-        and all(s.get("status") in ("done", "skipped") for s in stages)
+        and all(s.get("status") in ("done", "skipped") or finished_failing(s) for s in stages)
     ):
         return None
-    unfinished = [s for s in stages if s.get("status") not in ("done", "skipped")]
+    unfinished = [s for s in stages if s.get("status") not in ("done", "skipped") and not finished_failing(s)]
     stage = (recorded or {}).get("stage") or (unfinished[0]["name"] if unfinished else STAGES[-1])
     message = (
         limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."

@@ -84,12 +84,21 @@ class Progress:
             write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
             self.last_write = time.monotonic()
 
-    def run_stage(self, name: str, fn):
+    def run_stage(self, name: str, fn, required: bool = True):
         """fn(report) with its status, seconds and progress recorded; a failure ends the job with its
-        message on this stage."""
+        message on this stage, or, for a stage not `required`, marks the stage failed with its message
+        (the stage's "error") and the job goes on."""
         self.start(name)
         try:
             out = fn(lambda fraction, detail=None: self.report(name, fraction, detail))
+        except Exception as exc:
+            traceback.print_exc()
+            if required:
+                self.finish(name, "failed", error_message(exc))
+                raise SystemExit(1) from None
+            self.stage(name)["error"] = error_message(exc)
+            self.finish(name, "failed")
+            return None
         except BaseException as exc:
             traceback.print_exc()
             self.finish(name, "failed", error_message(exc))
@@ -152,12 +161,14 @@ class Context:
     def options(self) -> JobOptions:
         return self.job.options
 
-    def stage(self, name: str, stage, *inputs, when: bool = True):
+    def stage(self, name: str, stage, *inputs, when: bool = True, required: bool = True):
         """Runs stage(ctx, report, *inputs) as the stage `name` (its status, seconds and progress
-        recorded; a failure ends the job), or records it skipped when `when` is false."""
+        recorded; a failure ends the job, unless the stage is not `required`: then it is marked failed
+        with its message, and the job keeps what the stages before it made), or records it skipped
+        when `when` is false."""
         if not when:
             return self.skip(name)
-        return self.progress.run_stage(name, lambda report: stage(self, report, *inputs))
+        return self.progress.run_stage(name, lambda report: stage(self, report, *inputs), required)
 
     def skip(self, name: str) -> None:
         self.progress.skip(name)

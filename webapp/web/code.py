@@ -13,7 +13,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
-from webapp.catalog import CODE_VIEWS
+from webapp.catalog import CODE_VIEWS, code_file
 from webapp.naming import natural_key
 from webapp.targets import KINDS
 
@@ -176,7 +176,7 @@ def code_view(
     if view in KERNEL_VIEWS:
         if kernel not in kernels and not (kernel == MODULE and view in modules):
             kernel = kernels[0] if kernels else ""
-        rel = modules[view] if kernel == MODULE else template.format(kernel=kernel) if kernel else ""
+        rel = modules[view] if kernel == MODULE else code_file(view, kernel) if kernel else ""
         download = modules.get(view, "").removeprefix("files/") or None
     elif view == "passes":
         indexes = [p["index"] for p in passes]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from webapp.catalog import CODE_VIEWS
+from webapp.catalog import CODE_VIEWS, code_file
 from webapp.web.code import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 
 OPTION_ORDER = ("target", "quantize", "calibration", "weight_scale", "weight_granularity", "tune_trials")
@@ -102,7 +102,7 @@ def code_diff(
     template = CODE_VIEWS[view].path
     texts = []
     for job_dir, kernel in ((dir_a, kernel_a), (dir_b, kernel_b)):
-        rel = template.format(kernel=kernel) if view in KERNEL_VIEWS else template
+        rel = code_file(view, kernel) if view in KERNEL_VIEWS else template
         text, _ = read_text(
             safe_job_file(job_dir, rel) if rel and (kernel or view not in KERNEL_VIEWS) else None
         )

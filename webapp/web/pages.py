@@ -408,14 +408,15 @@ def files(job_id: str, name: str):
     _, store, _ = ctx()
     if name == "result.json":
         return result_json(job_id)
-    path = safe_job_file(store.job_dir(job_id), f"files/{name}")
+    # the pipeline's log (its output and tracebacks) is beside files/, shown as text
+    path = safe_job_file(store.job_dir(job_id), "log.txt" if name == "log.txt" else f"files/{name}")
     if path is None:
         abort(404)
-    inline = name.endswith(".svg")
+    shown = {"log.txt": "text/plain"} | ({name: "image/svg+xml"} if name.endswith(".svg") else {})
     resp = send_file(
         path,
-        mimetype="image/svg+xml" if inline else None,
-        as_attachment=not inline,
+        mimetype=shown.get(name),
+        as_attachment=name not in shown,
         download_name=name,
         max_age=0,
     )

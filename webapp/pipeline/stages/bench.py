@@ -25,17 +25,22 @@ def bench_threads() -> int:
 
 
 def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of the model's shapes and dtypes, the same for every runtime."""
+    """Random inputs of the model's shapes and dtypes, the same for every runtime; an integer input
+    holds the values its use in the model allows (TensorSpec.values: ids below the table's rows, a
+    Slice's starts and ends), else 0 to 9."""
     rng = np.random.default_rng(seed)
     inputs = {}
     for spec in specs:
-        dtype = np.dtype(spec.dtype)
+        dtype, values = np.dtype(spec.dtype), spec.values
         if dtype.kind == "f":
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
         elif dtype.kind == "b":
             inputs[spec.name] = rng.integers(0, 2, spec.shape).astype(dtype)
+        elif values is not None and values.fill is not None:
+            inputs[spec.name] = np.broadcast_to(np.asarray(values.fill, dtype), spec.shape).copy()
         else:
-            inputs[spec.name] = rng.integers(0, 10, spec.shape).astype(dtype)
+            high = values.high if values is not None and values.high else 10
+            inputs[spec.name] = rng.integers(0, high, spec.shape).astype(dtype)
     return inputs
 
 

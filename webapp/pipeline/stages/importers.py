@@ -15,7 +15,8 @@ from tvm import relax
 
 from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
-from webapp.pipeline.errors import StageError
+from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 from webapp.targets import target_json
 
@@ -25,9 +26,11 @@ class TensorSpec:
     name: str
     shape: list  # ints; a string for a dimension with no fixed size
     dtype: str
+    values: Values | None = None  # an integer input's values, where the model's use of it says
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": self.shape, "dtype": self.dtype}
+        out = {"name": self.name, "shape": self.shape, "dtype": self.dtype}
+        return out | ({"values": vars(self.values)} if self.values else {})
 
 
 @dataclass
@@ -41,11 +44,13 @@ class ImportedModel:
     layers: dict[str, str] = field(default_factory=dict)  # Relax var name -> the source layer it came from
     # a model quantized by another tool: its form, its scales by Relax var name, what runs in float
     prequantized: dict | None = None
+    warnings: list[str] = field(default_factory=list)  # what a checker found that did not stop it
 
     def to_json(self) -> dict:
         pre = self.prequantized
         return {
             "framework": self.framework,
+            "warnings": self.warnings,
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [s.to_json() for s in self.outputs],
             "param_count": self.param_count,
@@ -142,11 +147,12 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
             "and an upload is one file. Save it with the weights inside: "
             "onnx.save_model(model, path, save_as_external_data=False)."
         )
+    warnings = []
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
+    except onnx.checker.ValidationError as e:  # ONNX Runtime and TVM run many such files: a warning
         first_line = str(e).strip().splitlines()[0]
-        raise StageError(f"The ONNX model is not valid: {first_line}") from e
+        warnings.append(f"ONNX's checker finds the model not valid: {first_line}")
 
     # Many exporters list the weights as graph inputs too: the real inputs are the rest.
     initializers = {t.name for t in model.graph.initializer}
@@ -159,6 +165,9 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     check_input_names(inputs, input_shapes)
     for spec in inputs:
         spec.shape = fixed_shape(spec, input_shapes)
+    integer = [s.name for s in inputs if s.dtype.startswith(("int", "uint"))]
+    for spec in inputs:
+        spec.values = onnx_input_values(model, integer).get(spec.name) if integer else None
 
     ops: dict[str, int] = {}
     for node in model.graph.node:
@@ -174,16 +183,22 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
 
     # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
     layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & set(ops), clip_op=pre is not None)
-    with layers.onnx():
-        mod = from_onnx(
-            model,
-            shape_dict={s.name: s.shape for s in inputs},
-            dtype_dict={s.name: s.dtype for s in inputs},
-            keep_params_in_input=False,
-        )
+    try:
+        with layers.onnx():
+            mod = from_onnx(
+                model,
+                shape_dict={s.name: s.shape for s in inputs},
+                dtype_dict={s.name: s.dtype for s in inputs},
+                keep_params_in_input=False,
+            )
+    except Exception as e:
+        if not warnings:
+            raise
+        raise StageError(f"TVM could not import the model ({error_message(e)}); {warnings[0]}") from e
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
+    imported.warnings = warnings
     if pre is not None:
         imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
     return imported
@@ -362,8 +377,10 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
         mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True)
     mod = bind_symbolic_dims(mod, fixed)
     layer_of = layers.of_vars(mod)
+    integer = [s.name for s in inputs if s.dtype.startswith(("int", "uint"))]
+    values = torch_input_values(ep, integer) if integer else {}
     for spec in inputs:
-        spec.shape = fixed[spec.name]
+        spec.shape, spec.values = fixed[spec.name], values.get(spec.name)
     param_count = sum(int(t.numel()) for t in ep.state_dict.values()) + sum(
         int(t.numel()) for t in ep.constants.values() if isinstance(t, torch.Tensor)
     )
