@@ -4,7 +4,10 @@ shipped/shared tuning records (default rules for kernels without one), all with
 the same harness (webapp/pipeline/stages/bench.py) and thread count. Prints medians, each one's ratio to
 PyTorch and to ONNX Runtime, and GFLOP/s as a share of this machine's sgemm peak measured in the same run.
 
-    .venv/bin/python benchmarks/cpu_models.py [--models mlp,cnn-small] [--json out.json]
+    .venv/bin/python benchmarks/cpu_models.py [--models mlp,cnn-small] [--json out.json] [--record]
+
+--record appends the run to benchmarks/results/cpu_models.json (benchmarks/tables.py renders it into
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import record_run
 
 from webapp.catalog import EXAMPLES
 from webapp.cli import compile_locally
@@ -56,6 +61,9 @@ def main() -> int:
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument(
+        "--record", action="store_true", help="append this run to benchmarks/results/cpu_models.json"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # A fresh data folder: TVM "with records" means the records shipped with the project.
@@ -77,6 +85,11 @@ def main() -> int:
             print_row(rows[-1])
     if args.json:
         args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
+    if args.record and not rows:
+        print("no model was measured: nothing recorded", file=sys.stderr)
+    elif args.record:
+        data = {"target": args.target, "budget_s": args.budget, "sgemm_peak_gflops": peak, "rows": rows}
+        print(f"recorded in {record_run('cpu_models', config.bench_threads, data)}")
     return 0
 
 

@@ -3,6 +3,10 @@ pipeline, webapp.cli.compile_locally, the same call as `tvm-playground compile`)
 job's wall time. Models are built-in example names or model files.
 
     .venv/bin/python benchmarks/job_time.py [--models resnet50,model.onnx] [--runs 1] [--json out.json]
+        [--record]
+
+--record appends the run (its jobs) to benchmarks/results/job_time.json (benchmarks/tables.py renders it
+into docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+
+from record import record_run
 
 from webapp.cli import compile_locally
 from webapp.config import Config
@@ -41,6 +47,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="jobs per model; medians are printed")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the job folders here (a new or empty folder)")
+    parser.add_argument(
+        "--record", action="store_true", help="append this run to benchmarks/results/job_time.json"
+    )
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,6 +74,9 @@ def main() -> int:
             )
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))
+    if args.record:
+        data = {"target": args.target, "jobs": runs}
+        print(f"recorded in {record_run('job_time', config.bench_threads, data)}")
     return 0
 
 

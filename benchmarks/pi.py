@@ -20,7 +20,10 @@ All figures are emulated (QEMU on this host's CPU): use them for ratios measured
 as predictions of a real Pi.
 
     .venv/bin/python benchmarks/pi.py [--models mlp,cnn-small] [--boards rpi4,rpi5] [--threads 2]
-        [--budget 3] [--rootfs PATH] [--out benchmarks/pi.json]
+        [--budget 3] [--rootfs PATH] [--out benchmarks/pi.json] [--record]
+
+--record also appends the run to benchmarks/results/pi.json (benchmarks/tables.py renders it into
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from record import host_cpu, record_run
 
 from webapp.catalog import EXAMPLES
 from webapp.cli import compile_locally
@@ -91,13 +95,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def host_cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def qemu_version() -> str:
@@ -323,6 +320,7 @@ def main() -> int:
         help="the arm64 root file system (built, or given the onnxruntime extra, if needed)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "pi.json", help="JSON written here")
+    parser.add_argument("--record", action="store_true", help="append this run to benchmarks/results/pi.json")
     args = parser.parse_args()
     names = [n for m in args.models for n in m.split(",") if n]
     boards = [b for m in args.boards for b in m.split(",") if b]
@@ -367,6 +365,9 @@ def main() -> int:
     }
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.out}")
+    if args.record:
+        data = {k: v for k, v in report.items() if k not in ("host_cpu", "threads")}
+        print(f"recorded in {record_run('pi', args.threads, data)}")
     return 0
 
 

@@ -15,6 +15,10 @@ let a slow spell in one loop move MobileNetV2's int8 ratio from 0.83x to 1.51x b
 run TVM int8 took 2.14 ms and ONNX Runtime int8 2.54 ms.
 
     .venv/bin/python benchmarks/quantized.py [--models resnet18,resnet50,mobilenet-v2,transformer-block]
+        [--json out.json] [--record]
+
+--record appends the run to benchmarks/results/quantized.json (benchmarks/tables.py renders it into
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from cpu_models import sgemm_peak_gflops
+from record import record_run
 
 from webapp.config import Config
 
@@ -115,6 +120,9 @@ def main() -> int:
     parser.add_argument("--models", default="resnet18,resnet50,mobilenet-v2,transformer-block")
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument(
+        "--record", action="store_true", help="append this run to benchmarks/results/quantized.json"
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,6 +154,9 @@ def main() -> int:
             )
     if args.json:
         args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
+    if args.record:
+        data = {"budget_s": args.budget, "sgemm_peak_gflops": peak, "rows": rows}
+        print(f"recorded in {record_run('quantized', config.bench_threads, data)}")
     return 0
 
 
