@@ -75,18 +75,33 @@ def benchmark_summary(results: dict) -> dict:
     }
 
 
-def why_no_speedup(results: dict) -> str:
+def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float) -> str:
+    """What was measured (the quantized build N times slower than fp32, or about as fast) and why:
+    what the generated code multiplies with, as the instruction counts of the assembly show."""
+    ratio = quant_ms / fp32_ms
+    measured = (
+        f"{variant} took {quant_ms:.3g} ms against fp32's {fp32_ms:.3g} ms, {ratio:.2f}× as long"
+        if ratio > 1.05
+        else f"{variant} took {quant_ms:.3g} ms against fp32's {fp32_ms:.3g} ms, about as long"
+    )
     instructions = results.get("instructions") or {}
     if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
+        widened = instructions.get("vpmaddwd", 0) + instructions.get("vpmaddubsw", 0)
+        how = (
+            f" ({widened} vpmaddwd / vpmaddubsw in the assembly: 16-bit products, then added in pairs)"
+            if widened
+            else ""
+        )
         return (
-            "the generated code has no integer dot-product instruction (vpdpbusd / sdot / dp4a): this target "
-            "lacks AVX-512 VNNI or Arm dot product, so 8-bit products are widened and multiplied one "
-            "by one, no faster than float FMAs"
+            f"{measured}. The generated code has no integer dot-product instruction (vpdpbusd / sdot / "
+            f"dp4a): this target lacks AVX-512 VNNI or Arm dot product, so the 8-bit values are widened "
+            f"before they are multiplied{how}, which takes more instructions per multiply-add than the "
+            "float kernels' FMAs, on top of converting activations to 8 bits and back"
         )
     return (
-        "the integer kernels are fast, but this model is small: converting activations to 8 bits "
-        "and back around the layers that stay in float costs about as much as the arithmetic "
-        "saved (the kernel table under Code shows which kernels are integer)"
+        f"{measured}. The integer kernels use the dot-product instruction, but this model is small: "
+        "converting activations to 8 bits and back around the layers that stay in float costs about "
+        "as much as the arithmetic saved (the kernel table under Code shows which kernels are integer)"
     )
 
 
@@ -119,7 +134,7 @@ def quantization_summary(results: dict) -> dict:
         "fp32_ms": fp32_ms,
         "quant_ms": quant_ms,
         "speedup": speedup,
-        "why_no_speedup": why_no_speedup(results)
+        "why_no_speedup": why_no_speedup(results, variant, fp32_ms, quant_ms)
         if speedup is not None and speedup < NO_SPEEDUP_BELOW
         else None,
         "fp32_top1": fp32_top1,
