@@ -119,3 +119,31 @@ def test_a_file_the_onnx_checker_rejects_but_onnx_runtime_runs_is_a_warning(clie
     assert any(b["runtime"] == "onnxruntime" for b in job["results"]["benchmarks"])
     page = client.get(f"/r/{job['id']}").get_data(as_text=True)
     assert "w in initializer but not in graph input" in page
+
+
+def test_bool_masks_that_plain_tvm_cannot_compile_build_and_match_pytorch(client, tmp_path):
+    """The attention masks of packed sequences, as Hugging Face models compute them: a cumulative sum
+    of a bool tensor (PyTorch: int64 counts; TVM's importer types it bool) and bools compared with
+    `==`. Plain tvm.compile fails on both ("Check failed: t.MatchesCode(kDLFloat)")."""
+    import torch
+
+    class PackedMask(torch.nn.Module):
+        def forward(self, x, segment_starts):
+            starts = segment_starts != 0
+            segment = starts.cumsum(-1)  # which packed sequence each token is in
+            same = segment[:, :, None] == segment[:, None, :]
+            both = starts[:, :, None] == starts[:, None, :]
+            return (x @ x.transpose(-1, -2)) * same.float() + both.float()
+
+    x, starts = torch.randn(1, 16, 8), torch.tensor([[1, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0]])
+    path = tmp_path / "packed.pt2"
+    torch.export.save(torch.export.export(PackedMask(), (x, starts)), str(path))
+    resp = client.post(
+        "/api/jobs",
+        data={"target": "x86-host", "model": (io.BytesIO(path.read_bytes()), "packed.pt2")},
+        content_type="multipart/form-data",
+    )
+    job = wait_for_job(client, resp.get_json()["id"])
+    assert job["status"] == "done", job.get("error")
+    fidelity = [f for f in job["results"]["fidelity"] if f["reference"] == "pytorch"]
+    assert fidelity and fidelity[0]["max_abs_err"] < 1e-4, fidelity

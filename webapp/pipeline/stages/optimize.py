@@ -12,6 +12,7 @@ from tvm import relax
 
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
+from webapp.pipeline.passes.tvm_gaps import around_tvm_gaps
 from webapp.pipeline.reports.graphs import draw_graphs
 from webapp.targets import Target
 
@@ -77,7 +78,7 @@ def canonical(mod: tvm.IRModule) -> tvm.IRModule:
     if not batch_norm_in_training_mode(mod):  # both passes compute any batch norm as in inference
         mod = relax.transform.FoldBatchnormToConv2D()(mod)
         mod = relax.transform.DecomposeOpsForInference()(mod)
-    mod = without_dropout(mod)
+    mod = around_tvm_gaps(mod)  # dropout, bool comparisons and sums, as plain TVM fails on them
     mod = fold_with_numpy(mod)  # the batch norms' arithmetic on constants, fast
     # FoldConstant tries each op by legalizing it; a dynamic_strided_slice's legalization emits a
     # shape function that FoldConstant (a function pass) never adds to the module, leaving a call to
@@ -86,36 +87,6 @@ def canonical(mod: tvm.IRModule) -> tvm.IRModule:
         skip_ops=[op for op in tvm.ir.Op.list_op_names() if op not in SHAPE_FUNCTION_OPS]
     )(mod)
     return relax.transform.FoldConstant()(mod)
-
-
-def without_dropout(mod: tvm.IRModule) -> tvm.IRModule:
-    """Dropout as at inference, its input itself: gone, with the tuple it returned (its output and
-    mask), which ConvertLayout cannot take (SqueezeNet's int8 failed on it, and its float build
-    stayed in NCHW)."""
-    dropout = tvm.ir.Op.get("relax.nn.dropout")
-
-    @relax.expr_functor.mutator
-    class Identity(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if isinstance(call.op, tvm.ir.Op) and call.op.same_as(dropout):
-                return relax.Tuple([call.args[0], call.args[0]])
-            return call
-
-    found = any(
-        isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op) and b.value.op.same_as(dropout)
-        for func in mod.functions.values()
-        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr)
-        for block in func.body.blocks
-        for b in block.bindings
-    )
-    if not found:
-        return mod
-    out = mod.clone()
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            out[gv] = Identity().visit_expr(func)
-    return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(out))
 
 
 def batch_norm_in_training_mode(mod: tvm.IRModule) -> bool:
