@@ -147,3 +147,34 @@ def test_bool_masks_that_plain_tvm_cannot_compile_build_and_match_pytorch(client
     assert job["status"] == "done", job.get("error")
     fidelity = [f for f in job["results"]["fidelity"] if f["reference"] == "pytorch"]
     assert fidelity and fidelity[0]["max_abs_err"] < 1e-4, fidelity
+
+
+def test_a_kernel_tvm_cannot_compile_is_named_with_its_schedule(tmp_path):
+    """Without the project's rewrite (passes/tvm_gaps.py), TVM's code generation fails on bools
+    compared with ==: the build's error names the kernel that fails and how it was scheduled."""
+    import pytest
+    import tvm
+    from tvm.script import relax as R
+
+    from webapp.pipeline.passes.legalize import fuse
+    from webapp.pipeline.stages.build import KernelBuildError, build, schedule
+    from webapp.targets import get
+
+    @tvm.script.ir_module
+    class Masks:
+        @R.function
+        def main(a: R.Tensor((4, 16), "bool"), b: R.Tensor((4, 16), "bool")):
+            with R.dataflow():
+                same = R.equal(a, b)
+                out = R.astype(same, "float32")
+                R.output(out)
+            return out
+
+    target = get("x86-host")
+    lowered, labels = schedule(fuse(Masks, target), target)
+    with pytest.raises(KernelBuildError) as failed:
+        build(lowered, target, None)
+    (kernel,) = failed.value.kernels
+    assert "equal" in kernel and labels[kernel] in str(failed.value)
+    assert str(failed.value).startswith(f"TVM could not compile the kernel {kernel} (")
+    assert "fcmp" in str(failed.value)  # LLVM compares the bools as floats

@@ -38,6 +38,10 @@ def available_views(results: dict) -> dict[str, str]:
         title = code_view.title
         if name == "relax-quantized" and not results.get("quantization"):
             continue
+        if name == "passes" and not results.get("passes"):  # a job that failed before optimize's end
+            continue
+        if (code_view.per_kernel or name in ("relax-optimized", "bytecode")) and not results.get("kernels"):
+            continue  # written by the inspect stage, which a failed job did not reach
         if name in DEVICE_VIEWS and name not in device.get("views", ()):
             continue
         if name == "device" and device:

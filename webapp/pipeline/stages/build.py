@@ -14,7 +14,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from webapp.pipeline.errors import StageError
+from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes import lowering
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.rules import schedules
@@ -160,9 +160,54 @@ def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) 
     }
 
 
+class KernelBuildError(StageError):
+    """TVM failed to compile these kernels of the model (each alone fails too)."""
+
+    def __init__(self, kernels: dict[str, str], labels: dict[str, str]):
+        self.kernels, self.labels = kernels, labels
+        super().__init__(self.describe({}))
+
+    def describe(self, layers: dict[str, list[str]]) -> str:
+        """The failing kernels with their schedule and the source layers they compute."""
+        parts = []
+        for name, message in list(self.kernels.items())[:3]:
+            where = ", ".join(layers.get(name, [])[:4])
+            parts.append(
+                f"the kernel {name} ({self.labels.get(name, 'naive')}"
+                + (f"; source layers {where}" if where else "")
+                + f"): {message}"
+            )
+        more = f" (and {len(self.kernels) - 3} more kernels)" if len(self.kernels) > 3 else ""
+        return "TVM could not compile " + "; ".join(parts) + more
+
+
+def failing_kernels(lowered: tvm.IRModule, target: Target) -> dict[str, str]:
+    """Each kernel that fails to compile on its own -> TVM's message: which kernel a failed build
+    was stopped by."""
+    failed = {}
+    for gv, func in lowered.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        alone = tvm.IRModule({gv.name_hint: func.with_attr("global_symbol", gv.name_hint)})
+        try:
+            tvm.tirx.build(alone, target=target.tvm, pipeline=lowering.PIPELINE)
+        except Exception as exc:  # noqa: BLE001 - the message is what is reported
+            failed[gv.name_hint] = error_message(exc)
+    return failed
+
+
 def build(lowered: tvm.IRModule, target: Target, out: Path | None):
-    """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None."""
-    executable = tvm.compile(lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE)
+    """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None. A
+    build TVM fails raises KernelBuildError naming the kernels that fail, where it finds them."""
+    try:
+        executable = tvm.compile(
+            lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE
+        )
+    except Exception:
+        failed = failing_kernels(lowered, target)
+        if failed:
+            raise KernelBuildError(failed, schedules.labels(lowered)) from None
+        raise
     if out is not None:
         export(executable, target, out)
     return executable
@@ -287,7 +332,10 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
 
 def build_stage(ctx, report, model, optimized, quantized) -> Built:
     records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
-    built = build_job(optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers)
+    try:
+        built = build_job(optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers)
+    except KernelBuildError as exc:  # named with the source layers its kernels compute
+        raise StageError(exc.describe(optimized.fusion.layers() if optimized.fusion else {})) from exc
     # the quantized variants again: a variant that failed to build is recorded as failed
     quantization = quantized.to_json() if quantized else {}
     ctx.results.save(**built.to_json(ctx.dir / "files" / "model.so"), **quantization)
