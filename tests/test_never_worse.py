@@ -178,3 +178,22 @@ def test_a_kernel_tvm_cannot_compile_is_named_with_its_schedule(tmp_path):
     assert "equal" in kernel and labels[kernel] in str(failed.value)
     assert str(failed.value).startswith(f"TVM could not compile the kernel {kernel} (")
     assert "fcmp" in str(failed.value)  # LLVM compares the bools as floats
+
+
+def test_a_pass_that_fails_is_named(example_files, tmp_path, monkeypatch):
+    import pytest
+    import tvm
+
+    from webapp.pipeline.errors import StageError
+    from webapp.pipeline.passes import legalize
+    from webapp.pipeline.stages.importers import import_model
+    from webapp.pipeline.stages.optimize import optimize
+    from webapp.targets import get
+
+    @tvm.transform.module_pass(opt_level=0, name="BrokenRewrite")
+    def broken(mod, _ctx):
+        raise ValueError("no such layout")
+
+    monkeypatch.setitem(legalize.REWRITES, "fast_math", broken)
+    with pytest.raises(StageError, match=r"^TVM's pass BrokenRewrite failed \(after \d+ passes that ran\): "):
+        optimize(import_model(example_files / "mlp.onnx").mod, get("x86-host"), tmp_path)

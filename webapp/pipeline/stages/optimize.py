@@ -10,6 +10,7 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.pipeline.passes.tvm_gaps import around_tvm_gaps
@@ -58,10 +59,13 @@ class CaptureTopLevelPasses:
         self.depth = 0
         self.started: list[float] = []
         self.snapshots: list[tuple[str, float, tvm.IRModule]] = []
+        self.running = ""  # the top-level pass running now: the one a failure names
 
     def run_before_pass(self, mod, info):
         self.depth += 1
         self.started.append(time.perf_counter())
+        if self.depth <= 3 and info.name not in ("sequential", "_pipeline"):
+            self.running = info.name
 
     def run_after_pass(self, mod, info):
         depth, started = self.depth, self.started.pop()
@@ -115,7 +119,13 @@ def optimize(
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
     with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
         pipeline = legalize_passes(target) + target.lower_passes()
-        lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))
+        try:
+            lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))
+        except Exception as exc:
+            if not capture.running:
+                raise
+            done = f" (after {len(capture.snapshots)} passes that ran)" if capture.snapshots else ""
+            raise StageError(f"TVM's pass {capture.running} failed{done}: {error_message(exc)}") from exc
 
     passes, previous, fused = [], relax_script(mod), None
     for i, (name, seconds, snapshot) in enumerate(capture.snapshots):
