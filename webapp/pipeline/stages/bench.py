@@ -180,14 +180,37 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
 
 
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
-    """The inspect stage's kernels with each one's ms per run and share of the kernels' time, from the profile
-    of the build the page shows, slowest first (a kernel the VM never calls, last, with None)."""
+    """The inspect stage's kernels with each one's share of the kernels' time, from the profile of the
+    build the page shows, and its ms: that share of the build's benchmark median (benchmark_ms), so
+    the kernels' ms add up to the benchmark's figure; slowest first (a kernel the VM never calls,
+    last, with None)."""
     shown = next((p for p in profiles if p.get("shown")), {})
     if "kernels" not in shown:  # the profile failed: the kernels stay as they were
         return kernels
-    times = shown["kernels"]
-    rows = [{**k, **{f: times.get(k["name"], {}).get(f) for f in ("ms", "share")}} for k in kernels]
+    times, whole = shown["kernels"], shown.get("benchmark_ms")
+    rows = []
+    for k in kernels:
+        share = times.get(k["name"], {}).get("share")
+        ms = None if share is None else share * whole if whole else times[k["name"]]["ms"]
+        rows.append({**k, "ms": ms, "share": share})
     return sorted(rows, key=lambda k: -(k["ms"] or 0))
+
+
+def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned: bool) -> dict:
+    """A profile with its build's benchmark median (benchmark_ms: what its kernels' ms are scaled to)
+    and the share of a run the hooked kernels took (kernels_of_run, their ms over a run's without the
+    hook: below 1 the VM's own work, above 1 the hook's own cost)."""
+    if "kernels" not in profile:
+        return profile
+    median = next(
+        (
+            b["median_ms"]
+            for b in benchmarks
+            if (b["runtime"], b["variant"], b["tuned"]) == ("tvm", variant, tuned)
+        ),
+        None,
+    )
+    return profile | {"benchmark_ms": median, "kernels_of_run": profile["kernels_ms"] / profile["run_ms"]}
 
 
 def profile_or_why(executable, inputs: dict[str, np.ndarray], dev) -> dict:
@@ -475,7 +498,7 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
             "variant": variant,
             "tuned": tuned,
             "shown": (variant, tuned) == shown,
-            **profile_or_why(ex, inputs, dev),
+            **with_benchmark_ms(profile_or_why(ex, inputs, dev), results["benchmarks"], variant, tuned),
         }
         for (variant, tuned), ex in sorted(executables.items())
     ]
