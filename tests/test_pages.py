@@ -849,7 +849,8 @@ def test_live_fragment_sends_the_sections_that_changed_then_stops_polling(app, w
     update_job(app, job_id, with_facts(partial), "running", running)
     live = web.get(f"/r/{job_id}/live", query_string=versions).get_data(as_text=True)
     swapped = re.findall(r'<div id="part-([a-z]+)" class="part" hx-swap-oob="true">', live)
-    assert swapped == ["head", "summary"]  # the head now shows the TVM target too
+    # the head now shows the TVM target too, and the code section the IR of the stages done so far
+    assert swapped == ["head", "summary", "code"] and 'id="code-so-far"' in live
     assert 'id="summary"' in live and 'id="param-count">1,234<' in live
     versions.update(part_versions(live))
     again = web.get(f"/r/{job_id}/live", query_string=versions).get_data(as_text=True)

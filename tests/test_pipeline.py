@@ -206,7 +206,7 @@ def test_every_kernel_of_resnet50_lists_its_source_layers(config, example_files,
     calls = [n for n in graph["nodes"] if n["label"].startswith("fused_conv2d") and n["kind"] == "kernel"]
     by_kernel: dict[str, list[list[str]]] = {}
     for n in calls:
-        by_kernel.setdefault(n["label"], []).append(optimized.fusion.site_layers(n["var"]))
+        by_kernel.setdefault(n["label"], []).append(optimized.fusion.site_layers(n["binding"]))
     shared = next(sites for sites in by_kernel.values() if len(sites) > 1)
     assert all(site for site in shared) and len({tuple(site) for site in shared}) == len(shared)
 

@@ -58,42 +58,43 @@ def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
     for param in func.params:
         producer[param] = (add_node(kind="input", label=param.name, type=type_json(param.ty)), param.ty)
 
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            var, value = binding.var, binding.value
-            if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
-                src = producer[value.tuple_value]
-                producer[var] = src if isinstance(src, tuple) else src[int(value.index)]
-                producer[var] = (producer[var][0], var.ty)
-                continue
-            if isinstance(value, relax.Tuple):
-                producer[var] = list(sources(value))
-                continue
-            if isinstance(value, relax.Var) and value in producer:
-                producer[var] = producer[value]
-                continue
-            if not isinstance(value, relax.Call):
-                continue
-            op, args = value.op, list(value.args)
-            if isinstance(op, tvm.ir.Op) and op.name in CALL_TIR_OPS:
-                label, kind = args[0].name_hint, "kernel"
-                args = list(args[1].fields) if isinstance(args[1], relax.Tuple) else [args[1]]
-            elif isinstance(op, tvm.ir.Op):
-                label, kind = op.name.removeprefix("relax."), "op"
-            elif isinstance(op, tvm.ir.GlobalVar):
-                label, kind = op.name_hint, "kernel"
-            else:
-                label, kind = str(op), "op"
-            inputs = list(sources(relax.Tuple(args)))
-            if not inputs and any(isinstance(a, tvm.ir.Constant) or a in constant_vars for a in args):
-                constant_vars.add(var)
-                constant_ops.append(label)
-                continue
-            weights = [type_json(a.ty) for a in args if isinstance(a, tvm.ir.Constant) or a in constant_vars]
-            nid = add_node(kind=kind, label=label, var=var.name, type=type_json(var.ty), weights=weights)
-            for src_id, src_ty in inputs:
-                edges.append({"src": src_id, "dst": nid, "type": type_json(src_ty)})
-            producer[var] = (nid, var.ty)
+    for place, binding in enumerate(b for block in func.body.blocks for b in block.bindings):
+        var, value = binding.var, binding.value
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in producer:
+            src = producer[value.tuple_value]
+            producer[var] = src if isinstance(src, tuple) else src[int(value.index)]
+            producer[var] = (producer[var][0], var.ty)
+            continue
+        if isinstance(value, relax.Tuple):
+            producer[var] = list(sources(value))
+            continue
+        if isinstance(value, relax.Var) and value in producer:
+            producer[var] = producer[value]
+            continue
+        if not isinstance(value, relax.Call):
+            continue
+        op, args = value.op, list(value.args)
+        if isinstance(op, tvm.ir.Op) and op.name in CALL_TIR_OPS:
+            label, kind = args[0].name_hint, "kernel"
+            args = list(args[1].fields) if isinstance(args[1], relax.Tuple) else [args[1]]
+        elif isinstance(op, tvm.ir.Op):
+            label, kind = op.name.removeprefix("relax."), "op"
+        elif isinstance(op, tvm.ir.GlobalVar):
+            label, kind = op.name_hint, "kernel"
+        else:
+            label, kind = str(op), "op"
+        inputs = list(sources(relax.Tuple(args)))
+        if not inputs and any(isinstance(a, tvm.ir.Constant) or a in constant_vars for a in args):
+            constant_vars.add(var)
+            constant_ops.append(label)
+            continue
+        weights = [type_json(a.ty) for a in args if isinstance(a, tvm.ir.Constant) or a in constant_vars]
+        nid = add_node(
+            kind=kind, label=label, var=var.name, binding=place, type=type_json(var.ty), weights=weights
+        )
+        for src_id, src_ty in inputs:
+            edges.append({"src": src_id, "dst": nid, "type": type_json(src_ty)})
+        producer[var] = (nid, var.ty)
 
     out = add_node(kind="output", label="output", type=type_json(func.ret_ty))
     for src_id, src_ty in sources(func.body.body):
@@ -194,9 +195,9 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
     computing it; each fused node names the source layers of its call."""
     call_of = {}  # an imported var -> the id of the fused node computing it
     for node in fused["nodes"]:
-        if "var" in node:
-            node["layers"] = fusion.site_layers(node["var"])
-            call_of.update(dict.fromkeys(fusion.sites.get(node["var"], []), node["id"]))
+        if "binding" in node:  # by place: a fused main's var names repeat
+            node["layers"] = fusion.site_layers(node["binding"])
+            call_of.update(dict.fromkeys(fusion.sites.get(node["binding"], []), node["id"]))
     calls = {n["id"]: n for n in fused["nodes"]}
     by_layer = {layer: n for n in fused["nodes"] for layer in n.get("layers", [])}
     inputs = {}

@@ -256,8 +256,7 @@ def build_job(
     for i, q in enumerate(list(quantized.variants)):
         report((1 + i) / (1 + len(quantized.variants)))
         try:
-            layers = layer_of or {}  # the quantized layers' vars stand for the float ones they replace
-            trace = FusionTrace(q.mod, layers | {v: layers[o] for v, o in q.origin.items() if o in layers})
+            trace = FusionTrace(q.mod, {})  # its vars stand for the float model's (q.origin)
             qfused = fuse(q.mod, target, trace)
             variant = build_variant(q.variant, qfused, target, tuning_dir, library if shown is None else None)
         except Exception as exc:  # in a sweep the other variants go on
@@ -269,7 +268,7 @@ def build_job(
         built.record_check += variant.record_check
         if shown is None:
             shown = variant
-            built.fused, built.fusion = qfused, trace.fusion()
+            built.fused, built.fusion = qfused, trace.fusion().through(q.origin, layer_of or {})
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")

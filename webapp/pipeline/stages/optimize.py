@@ -149,11 +149,16 @@ class Fusion:
     """Which kernel each binding of the imported model went into, and which went into each call."""
 
     kernel_of: dict[str, str]  # a var of the imported main -> its kernel
-    sites: dict[str, list[str]]  # a var of the fused main -> the imported vars its call computes
+    # a call of the fused main, by its place among main's bindings (names repeat there: two "lv"), ->
+    # the imported vars it computes
+    sites: dict[int, list[str]]
     layer_of: dict[str, str]  # a var of the imported main -> its source layer (ImportedModel.layers)
+    by_kernel: dict[str, list[str]] | None = None  # layers(), where through() knows it better
 
     def layers(self) -> dict[str, list[str]]:
         """kernel -> the source layers fused into it (of every call of it), in the model's order."""
+        if self.by_kernel is not None:
+            return self.by_kernel
         out: dict[str, list[str]] = {}
         for var, layer in self.layer_of.items():
             kernel = self.kernel_of.get(var)
@@ -161,9 +166,27 @@ class Fusion:
                 out[kernel].append(layer)
         return out
 
-    def site_layers(self, var: str) -> list[str]:
-        """The source layers of one call in the fused main."""
-        site = set(self.sites.get(var, []))
+    def through(self, origin: dict[str, list[str]], layer_of: dict[str, str]) -> Fusion:
+        """This fusion of a module made from another (the quantized model from the float one) in
+        that module's names: `origin` maps each var here to the vars it computes there. A var there
+        computed in several kernels (a layer's input quantized in the one before) is the last's."""
+        kernel_of: dict[str, str] = {}
+        by_kernel: dict[str, list[str]] = {}
+        for var, computes in origin.items():  # in the order they were made
+            for there in computes if var in self.kernel_of else []:
+                kernel_of[there] = self.kernel_of[var]
+                layers = by_kernel.setdefault(self.kernel_of[var], [])
+                if there in layer_of and layer_of[there] not in layers:
+                    layers.append(layer_of[there])
+        sites = {
+            place: list(dict.fromkeys(there for v in group for there in origin.get(v, [])))
+            for place, group in self.sites.items()
+        }
+        return Fusion(kernel_of, sites, layer_of, by_kernel)
+
+    def site_layers(self, binding: int) -> list[str]:
+        """The source layers of one call in the fused main (the binding at that place)."""
+        site = set(self.sites.get(binding, []))
         return list(dict.fromkeys(layer for v, layer in self.layer_of.items() if v in site))
 
 
@@ -234,9 +257,10 @@ class FusionTrace:
         # By name from here, the imported function's vars only: their names are unique (the
         # importer's block builder), and a var a pass made may have taken one of them.
         imported = {b.var for b in bindings}
+        place = {b.var: i for i, b in enumerate(main_bindings(self.after))}
         return Fusion(
             {v.name: k for v, k in kernel_of.items() if v in imported},
-            {v.name: [g.name for g in group if g in imported] for v, group in sites.items()},
+            {place[v]: [g.name for g in group if g in imported] for v, group in sites.items() if v in place},
             self.layer_of,
         )
 

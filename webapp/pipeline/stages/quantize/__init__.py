@@ -37,7 +37,7 @@ class Quantized:
     float_bytes: int = 0  # the same weights in float32
 
     variant: str = ""  # its name in the job: "int8", or in a sweep e.g. "int8 kl"
-    origin: dict = field(default_factory=dict)  # a var of mod made for a layer -> the float var it replaced
+    origin: dict = field(default_factory=dict)  # a var of mod -> the vars of the float model it computes
 
     @property
     def mode(self) -> str:

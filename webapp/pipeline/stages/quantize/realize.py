@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import tvm
 from tvm import relax
 from tvm.relax import op as R
 
@@ -87,13 +88,21 @@ class Realizer:
         self.floats: dict = {}  # original Var -> its float32 value in the new function
         self.quants: dict = {}  # original Var -> its 8-bit value (uint8, or int8 on Arm)
         self.report: list[LayerQuant] = []
-        self.origin: dict[str, str] = {}  # a var this emits for a quantized layer -> the layer's head var
-        self.current: str | None = None  # the head var of the layer being emitted
+        # each var this emits -> the vars of the float model it computes (a layer: its head and what
+        # it absorbed; a quantization: the var quantized; a float op: its own), as the layer map reads
+        self.origin: dict[str, list[str]] = {}
+        self.current: list[str] | None = None  # what the vars emitted now compute
 
     def emit(self, expr, name: str = "q"):
+        """`expr` bound to a var named after `name`, its nested calls first (each a var of its own): a
+        name the block builder chose itself ("lv", "lv1", ...) could be a var name of the float model,
+        which the layer map (webapp.pipeline.stages.optimize.Fusion) reads as that var."""
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            args = [self.emit(a, f"{name}_in") if isinstance(a, relax.Call) else a for a in expr.args]
+            expr = relax.Call(expr.op, args, expr.attrs, expr.ty_args)
         var = self.bb.emit(expr, name_hint=name)
         if self.current is not None:
-            self.origin[var.name] = self.current
+            self.origin[var.name] = list(self.current)
         return var
 
     def float_value(self, var):
@@ -107,6 +116,18 @@ class Realizer:
         return self.floats[var]
 
     def quant_value(self, var):
+        """`var` in 8 bits. The quantizing ops belong to what computed `var` (they fuse into its kernel),
+        not to the layer that reads it; a model input's to its first reader."""
+        if var in self.quants:
+            return self.quants[var]
+        reader = self.current  # a model input is quantized for the layer reading it (its head alone)
+        self.current = (reader or [])[:1] if var in self.func.params else [var.name]
+        try:
+            return self.quantize(var)
+        finally:
+            self.current = reader
+
+    def quantize(self, var):
         if var not in self.quants:
             p, x = self.acts[var], self.float_value(var)
             # floor(x * (1 / scale) + zero point + 1/2): round half up, which vectorizes (for
@@ -127,15 +148,16 @@ class Realizer:
                     self.floats[p] = p
                 for b in bindings(func):
                     if b.var in self.layers:
-                        self.current = b.var.name
+                        self.current = [b.var.name]
                         self.layer(self.layers[b.var])
-                        self.current = None
                     elif b.var not in self.absorbed:
+                        self.current = [b.var.name]
                         value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
                         self.floats[b.var] = self.emit(value, b.var.name)
                         if self.stored_in_8_bits(b.var):  # e.g. a residual add feeding the next layer
                             self.quant_value(b.var)
                             del self.floats[b.var]  # its float readers dequantize the 8 bits
+                    self.current = None
                 body = func.body.body
                 if self.expose:
                     body = relax.Tuple([body, *[r.layer.out for r in self.report]])
@@ -221,6 +243,8 @@ class Realizer:
         if np.any(bias_q):
             acc = self.emit(R.add(acc, const(bias_q.reshape(shape), "int32")), "acc")
 
+        # from here on the layer computes what it absorbed too (its bias add, its ReLU)
+        self.current = [*(self.current or []), *(v.name for v in layer.absorbed)]
         to_quant, to_float = self.readers_quantized(layer.out)
         # Requantized straight from the accumulator when only quantized layers read the result;
         # otherwise the kernel writes float32 and the readers that want 8 bits quantize that.
