@@ -175,6 +175,35 @@ def test_failed_job_page_names_the_stage_and_the_reason(page, live_server, examp
     expect(page.locator(".stage[data-stage=import] .status")).to_have_text("failed")
 
 
+def test_a_benchmark_that_cannot_run_leaves_a_done_job_with_its_reason(page, live_server, tmp_path):
+    """A Slice whose starts and ends come in through an Add (random values: an end before its start):
+    the job is done, the benchmark stage failed with its reason, the code and the log are there."""
+    nodes = [
+        helper.make_node("Add", ["starts", "zero"], ["s"]),
+        helper.make_node("Add", ["ends", "zero"], ["e"]),
+        helper.make_node("Slice", ["x", "s", "e", "axes"], ["sl"]),
+        helper.make_node("ReduceSum", ["sl"], ["y"], keepdims=0),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in ("starts", "ends")]
+    inits = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("zero", 0), ("axes", 1))]
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "slice.onnx"
+    onnx.save(model, str(path))
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(path))
+    page.click("#submit")
+    expect(page.locator("#job-status")).to_have_text("done", timeout=120_000)
+    expect(page.locator(".stage[data-stage=benchmark] .status")).to_have_text("failed")
+    expect(page.locator("#benchmark-failed")).to_contain_text("The benchmark could not run")
+    expect(page.locator("#code")).to_be_visible()
+    log = page.request.get(page.url.split("?")[0].split("#")[0] + "/files/log.txt")
+    assert log.ok and "Traceback" in log.text()
+
+
 @pytest.mark.isa
 def test_bits_sweep_of_the_digits_example_from_the_form(page, live_server):
     """One click: fp32 and every bit-width on the trained digits CNN; the page shows accuracy and
