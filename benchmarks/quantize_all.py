@@ -88,9 +88,9 @@ def main() -> int:
     args = parser.parse_args()
     config = Config.from_env()
     models = light_models()
-    for name in EXAMPLES:
+    for name in EXAMPLES:  # an example of a light model's name (resnet50) comes in its own row
         ensure_example_files(config, name)
-        models[name] = config.examples_dir / f"{name}.onnx"
+        models[f"{name} (example)" if name in models else name] = config.examples_dir / f"{name}.onnx"
     chosen = args.models.split(",") if args.models else list(models)
     bad = 0
     print(f"{'model':<18} {'target':<9} {'int8 layers':>11} {'SQNR dB':>8} {'s':>6}  verdict")

@@ -196,7 +196,17 @@ def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
         return f"CPU time limit reached ({config.cpu_limit_s} CPU seconds)."
     if sig == signal.SIGXFSZ:
         return f"Output size limit reached (no file may exceed {config.output_limit_mb} MB)."
-    memory_words = ("MemoryError", "bad_alloc", "Cannot allocate memory", "out of memory", "Out of memory")
+    # what an allocation refused by the address-space limit looks like; a C extension's import that
+    # fails to allocate may also end in CPython's "SystemError: error return without exception set"
+    # (import torch under 600 MB, one run in several)
+    memory_words = (
+        "MemoryError",
+        "bad_alloc",
+        "Cannot allocate memory",
+        "out of memory",
+        "Out of memory",
+        "error return without exception set",
+    )
     if any(w in log_tail for w in memory_words):
         return f"Memory limit reached ({config.memory_limit_mb} MB of address space)."
     if "Resource temporarily unavailable" in log_tail or "can't start new thread" in log_tail:
