@@ -174,17 +174,20 @@ def peaks(runs: list[dict]) -> str:
 # ---------------------------------------------------------------- cpu_models.py
 
 
+def per_model(latest: list[dict]):
+    """Each model of the latest runs: its name, its row in each run (None where it failed), the rows
+    it has, and figure(key), that figure's median over them."""
+    for model in names(r for run in latest for r in run.get("rows", [])):
+        mine = [row_of(run, model=model) for run in latest]
+        present = [r for r in mine if r]
+        yield model, mine, present, lambda key, present=present: med(r.get(key) for r in present)
+
+
 def render_cpu_models(runs: list[dict]) -> str:
     latest, *earlier = groups(runs, ("target",))
     n = len(latest)
     rows = []
-    for model in names(r for run in latest for r in run.get("rows", [])):
-        mine = [row_of(run, model=model) for run in latest]
-        present = [r for r in mine if r]
-
-        def figure(key: str, present=present):
-            return med(r.get(key) for r in present)
-
+    for model, mine, present, figure in per_model(latest):
         kept = [r["tvm_records_ms"] for r in present if r.get("tvm_records_ms") is not None]
         if kept:
             records = ms(med(kept)) + ("" if len(kept) == len(present) else f" ({len(kept)} of {n} runs)")
@@ -228,17 +231,27 @@ def render_cpu_models(runs: list[dict]) -> str:
         "default, % of sgemm",
     ]
     target = listed(r.get("target", "x86-host") for r in latest)
-    text = (
-        f"{where(latest, f', target {target}')}{peaks(latest)}. {medians(n).capitalize()}, in ms; ratios "
-        "per run, then their median.\n\n" + table(header, rows)
+    earlier_ratio = ratio_history(earlier, "tvm_default_ms", "onnxruntime_ms", "default / ORT")
+    return ratio_table(latest, f", target {target}", header, rows) + earlier_ratio
+
+
+def ratio_table(latest: list[dict], extra: str, header: list, rows: list) -> str:
+    """Where the runs are from, the sgemm reference, and the table of their medians and ratios."""
+    return (
+        f"{where(latest, extra)}{peaks(latest)}. {medians(len(latest)).capitalize()}, in ms; ratios per "
+        "run, then their median.\n\n" + table(header, rows)
     )
+
+
+def ratio_history(earlier: list[list[dict]], num: str, den: str, what: str) -> str:
+    """A line per earlier commit: each model's median of num / den over its runs."""
     models = names(r for g in earlier for run in g for r in run.get("rows", []))
 
-    def default_over_ort(g, model):
+    def ratio(g, model):
         found = [row_of(run, model=model) for run in g]
-        return times(med(r and div(r.get("tvm_default_ms"), r.get("onnxruntime_ms")) for r in found))
+        return times(med(r and div(r.get(num), r.get(den)) for r in found))
 
-    return text + history(earlier, models, str, default_over_ort, "default / ORT")
+    return history(earlier, models, str, ratio, what)
 
 
 # ---------------------------------------------------------------- quantized.py
@@ -248,13 +261,7 @@ def render_quantized(runs: list[dict]) -> str:
     latest, *earlier = groups(runs)
     n = len(latest)
     rows = []
-    for model in names(r for run in latest for r in run.get("rows", [])):
-        mine = [row_of(run, model=model) for run in latest]
-        present = [r for r in mine if r]
-
-        def figure(key: str, present=present):
-            return med(r.get(key) for r in present)
-
+    for model, mine, _, figure in per_model(latest):
         fp32 = [r and div(r.get("tvm_fp32_ms"), r.get("ort_fp32_ms")) for r in mine]
         int8 = [r and div(r.get("tvm_int8_ms"), r.get("ort_int8_ms")) for r in mine]
         sqnr = (figure("tvm_int8_sqnr_db"), figure("ort_int8_sqnr_db"))
@@ -284,17 +291,8 @@ def render_quantized(runs: list[dict]) -> str:
         "median",
         "int8 SQNR TVM / ORT",
     ]
-    text = (
-        f"{where(latest)}{peaks(latest)}. {medians(n).capitalize()}, in ms; ratios per run, then their "
-        "median.\n\n" + table(header, rows)
-    )
-    models = names(r for g in earlier for run in g for r in run.get("rows", []))
-
-    def int8_ratio(g, model):
-        found = [row_of(run, model=model) for run in g]
-        return times(med(r and div(r.get("tvm_int8_ms"), r.get("ort_int8_ms")) for r in found))
-
-    return text + history(earlier, models, str, int8_ratio, "TVM/ORT int8")
+    earlier_ratio = ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
+    return ratio_table(latest, "", header, rows) + earlier_ratio
 
 
 # ---------------------------------------------------------------- pi.py
