@@ -206,6 +206,8 @@ def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
         "out of memory",
         "Out of memory",
         "error return without exception set",
+        "cannot allocate memory",  # glibc's thread-local data, then abort
+        "failed to map segment",  # a shared library dlopen could not map
     )
     if any(w in log_tail for w in memory_words):
         return f"Memory limit reached ({config.memory_limit_mb} MB of address space)."
