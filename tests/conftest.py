@@ -10,10 +10,15 @@ import pytest
 from werkzeug.serving import make_server
 
 from webapp import create_app
+from webapp.catalog import EXAMPLES
 from webapp.config import Config
 from webapp.jobs.queue import JobQueue
 
 ROOT = Path(__file__).resolve().parent.parent
+# The examples written in plain PyTorch, and the Hugging Face transformers (tests/test_transformers.py:
+# each is 120-270 MB and takes tens of seconds a build, so the tests over every example take the others)
+TRANSFORMERS = [name for name, e in EXAMPLES.items() if e.transformers]
+CLASSIC = [name for name, e in EXAMPLES.items() if not e.transformers]
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

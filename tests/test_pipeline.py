@@ -11,7 +11,7 @@ import tvm
 from onnx import TensorProto, helper
 from tvm import relax
 
-from webapp.catalog import EXAMPLES
+from tests.conftest import CLASSIC
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.reports.graphs import relax_graph
 from webapp.pipeline.stages import bench
@@ -151,7 +151,7 @@ def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):
 
 @pytest.mark.slow
 # digits-cnn is trained when its files are first written: no records are shipped for it
-@pytest.mark.parametrize("name", [name for name in EXAMPLES if name != "digits-cnn"])
+@pytest.mark.parametrize("name", [name for name in CLASSIC if name != "digits-cnn"])
 def test_shipped_records_compute_what_the_naive_build_computes(config, tmp_path, name):
     """Every kernel the shipped records schedule gives the same outputs as TVM's naive build."""
     from webapp.jobs.tuning_db import RECORDS, SHIPPED_DIR, WORKLOADS, database_key

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tests.conftest import run_here_or_skip
-from webapp.catalog import EXAMPLES
+from tests.conftest import CLASSIC, run_here_or_skip
 from webapp.pipeline.stages import bench
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
@@ -41,7 +40,7 @@ def lanes_of(target) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["x86-host", "x86-avx2", "x86-generic"])
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", CLASSIC)
 def test_default_rules_compute_what_the_naive_build_computes(config, tmp_path, name, preset):
     from webapp.jobs.worker import ensure_example_files
 
@@ -134,7 +133,7 @@ def test_nhwc_depthwise_conv_reads_its_input_in_place_and_matches_onnxruntime(tm
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["rpi4", "rpi5"])
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", CLASSIC)
 def test_every_example_cross_builds_for_the_raspberry_pis_on_the_default_rules(
     config, tmp_path, name, preset
 ):

@@ -20,6 +20,8 @@ class Example:
     input_shape: tuple[int, ...]
     classifier: bool = True
     dataset: str | None = None  # labelled data the example is trained and measured on
+    vocabulary: int | None = None  # the input is token ids below this, not floats
+    transformers: bool = False  # a Hugging Face model, exported as people export them (dynamo ONNX)
 
 
 EXAMPLES: dict[str, Example] = {
@@ -56,6 +58,48 @@ EXAMPLES: dict[str, Example] = {
             "shows real top-1 accuracy on the 540 held-out images, for fp32 and quantized.",
             (1, 1, 8, 8),
             dataset="digits",
+        ),
+        # Hugging Face models (transformers) built from their configs with random weights, 4 layers
+        # each: the architectures people bring, small enough to compile in well under a minute.
+        Example(
+            "bert",
+            "BERT (4 layers)",
+            "Hugging Face BertModel at BERT-base width (768, 12 heads), 4 layers; 128 tokens in, "
+            "hidden states out.",
+            (1, 128),
+            classifier=False,
+            vocabulary=30522,
+            transformers=True,
+        ),
+        Example(
+            "vit",
+            "ViT (4 layers)",
+            "Hugging Face ViTModel at ViT-base width (768, 16x16 patches), 4 layers; 224x224 RGB "
+            "input, 197 tokens' hidden states out.",
+            (1, 3, 224, 224),
+            classifier=False,
+            transformers=True,
+        ),
+        Example(
+            "gpt2",
+            "GPT-2 (4 layers)",
+            "Hugging Face GPT2LMHeadModel at GPT-2 small width (768), 4 layers, its LM head over the "
+            "50,257-word vocabulary (tied to the embedding); 64 tokens in, logits out.",
+            (1, 64),
+            classifier=False,
+            vocabulary=50257,
+            transformers=True,
+        ),
+        Example(
+            "llama",
+            "Llama (4 layers)",
+            "Hugging Face LlamaForCausalLM, width 512, 8 query and 4 key-value heads (grouped-query "
+            "attention), RMSNorm, SiLU MLP, rotary embeddings, 4 layers, 32,000-word vocabulary; 64 "
+            "tokens in, logits out.",
+            (1, 64),
+            classifier=False,
+            vocabulary=32000,
+            transformers=True,
         ),
     ]
 }

@@ -14,7 +14,8 @@ def error_message(exc: BaseException) -> str:
     """A short message for an unexpected error: its type and first lines, never a traceback."""
     if isinstance(exc, StageError):
         return str(exc)
-    if isinstance(exc, MemoryError) or "bad_alloc" in str(exc) or "Cannot allocate memory" in str(exc) or near_limit():
+    words = ("bad_alloc", "Cannot allocate memory")
+    if isinstance(exc, MemoryError) or any(w in str(exc) for w in words) or near_limit():
         limit = os.environ.get("PLAYGROUND_MEMORY_LIMIT_MB")
         return f"Out of memory: the job reached its memory limit ({limit} MB)." if limit else "Out of memory."
     lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith(("  File", "Traceback"))]

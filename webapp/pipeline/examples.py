@@ -202,6 +202,43 @@ def train_digits(model: nn.Module, epochs: int = 40) -> nn.Module:
     return model
 
 
+class LastOutput(nn.Module):
+    """A Hugging Face model returning one tensor of its output (`key`), as an exporter wants it."""
+
+    def __init__(self, model: nn.Module, key: str):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x):
+        return getattr(self.model(x, return_dict=True), self.key)
+
+
+def hugging_face(name: str) -> nn.Module:
+    """The transformers examples, from their configs with random (seeded) weights."""
+    import transformers as hf
+
+    if name == "bert":
+        return LastOutput(
+            hf.BertModel(hf.BertConfig(num_hidden_layers=4), add_pooling_layer=False), "last_hidden_state"
+        )
+    if name == "vit":
+        return LastOutput(
+            hf.ViTModel(hf.ViTConfig(num_hidden_layers=4), add_pooling_layer=False), "last_hidden_state"
+        )
+    if name == "gpt2":
+        return LastOutput(hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=4, use_cache=False)), "logits")
+    config = hf.LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        use_cache=False,
+    )
+    return LastOutput(hf.LlamaForCausalLM(config), "logits")
+
+
 BUILDERS = {
     "mlp": MLP,
     "cnn-small": SmallCNN,
@@ -210,6 +247,7 @@ BUILDERS = {
     "mobilenet-v2": MobileNetV2,
     "transformer-block": TransformerBlock,
     "digits-cnn": DigitsCNN,
+    **{name: lambda name=name: hugging_face(name) for name in ("bert", "vit", "gpt2", "llama")},
 }
 
 
@@ -227,7 +265,10 @@ def build_example(name: str) -> nn.Module:
 
 
 def example_input(name: str) -> torch.Tensor:
-    return torch.randn(*EXAMPLES[name].input_shape, generator=torch.Generator().manual_seed(1))
+    example, generator = EXAMPLES[name], torch.Generator().manual_seed(1)
+    if example.vocabulary:
+        return torch.randint(0, example.vocabulary, example.input_shape, generator=generator)
+    return torch.randn(*example.input_shape, generator=generator)
 
 
 def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
@@ -238,15 +279,26 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     pt2_tmp, onnx_tmp = out_dir / f".{name}.partial.pt2", out_dir / f".{name}.partial.onnx"
     with torch.no_grad():
         torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
-        torch.onnx.export(
-            model,
-            (x,),
-            str(onnx_tmp),
-            dynamo=False,
-            input_names=["input"],
-            output_names=["output"],
-            opset_version=17,
-        )
+        if EXAMPLES[name].transformers:  # as Hugging Face models are exported today; weights inside
+            torch.onnx.export(
+                model,
+                (x,),
+                str(onnx_tmp),
+                dynamo=True,
+                external_data=False,
+                input_names=["input"],
+                output_names=["output"],
+            )
+        else:
+            torch.onnx.export(
+                model,
+                (x,),
+                str(onnx_tmp),
+                dynamo=False,
+                input_names=["input"],
+                output_names=["output"],
+                opset_version=17,
+            )
     # rename last, so a reader never sees a half-written file
     pt2_tmp.rename(pt2)
     onnx_tmp.rename(onnx_path)

@@ -313,8 +313,32 @@ def same_vars(indices: list, variables: list) -> bool:
     return all(i is not None and i.same_as(v) for i, v in zip(indices, variables, strict=True))
 
 
+# A matmul's register tile: at most 4 rows x 4 vectors of columns (AVX-512, NEON: 32 registers) or
+# 3 x 3 (AVX2: 16). Measured here (EPYC znver4, 2 threads, benchmarks/... mm shapes of BERT and ViT):
+# 4 x 4 to 8 x 3 all ran at 200-215 GFLOP/s under AVX-512; under AVX2 3 x 3 ran at 191-198, 2 x 4 at
+# 142-182, 6 x 2 at 105-180.
+MATMUL_ROWS = 4
+
+
+def tile_vectors(n: int, width: int, registers: int) -> int:
+    """Vectors of columns in a matmul's register tile: the most (4 with 32 registers, else 3) whose
+    tile pads `n` columns by at most 3%, else the one that pads it least (ViT's 197 keys: 13 vectors
+    of 16 in 1 x 16-column tiles, not 16 in 4 x 16)."""
+    options = range(min(4 if registers >= 32 else 3, -(-n // width)), 0, -1)
+    waste = {v: -(-n // (v * width)) * v * width - n for v in options}
+    fits = [v for v in options if waste[v] <= 0.03 * n]
+    return fits[0] if fits else min(options, key=lambda v: waste[v])
+
+
 def matmul(sch: s_tir.Schedule, target) -> str | None:
-    """Dense, matmul and batch matmul: C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k])."""
+    """Dense, matmul and batch matmul of any shape: C[.., i, j] += A[.., i, k] * B[.., k, j] (or
+    B[.., j, k], a weight stored transposed, as nn.Linear's and a tied LM head's). A register tile of
+    `rows` x `vectors` vectors of columns; B repacked as (.., N / block_n, K, block_n) panels, once
+    at build time where B is a weight; parallel over tiles with the panels outside the rows, so that
+    each panel is read from memory once and stays in the cache while the rows sweep it (an LM head's
+    154 MB weight is streamed once, not once per row tile). Rows and columns that do not divide into
+    tiles are padded (GPT-2's 50,257-word vocabulary, ViT's 197 tokens): the padded weight is made
+    with the repacking, the padded rows of A copied per call, the extra results never written."""
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
     if len(blocks) != 1:
         return None
@@ -323,48 +347,60 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     kinds = iter_kinds(stmt)
     if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
         return None
+    if any(str(r.source.dtype) != "float32" for r in (*stmt.reads, *stmt.writes)):
+        return None
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
     # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
     # operand (matrix x vector) has no such pair of axes.
     if len(a_idx) < 2 or len(b_idx) < 2 or not same_vars(a_idx[-2:], [i_var, k_var]):
         return None
-    b_last = b_idx[-1]
     if not (same_vars(b_idx[-2:], [k_var, j_var]) or same_vars(b_idx[-2:], [j_var, k_var])):
         return None
+    transposed = b_idx[-1].same_as(k_var)
     lanes, registers = simd(target)
     loops = sch.get_loops(block)
-    if len(loops) != len(kinds):
+    if len(loops) != len(kinds) or any(extent(sch, loop) < 1 for loop in loops):
         return None
-    *batch_loops, i_loop, j_loop, k_loop = loops
-    n = extent(sch, j_loop)
-    width = vector_width(n, lanes)
-    if not width:
-        return None
-    vectors = next((v for v in (4, 2, 1) if n % (v * width) == 0), 1)
-    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
+    m, n = extent(sch, loops[-3]), extent(sch, loops[-2])
+    width = lanes if n >= lanes else vector_width(n, lanes) or lanes
+    vectors = tile_vectors(n, width, registers)
     block_n = vectors * width
+    # the rest of the registers hold one row of B's vectors and a broadcast A value
+    rows = min(m, MATMUL_ROWS, max(1, (registers - vectors - 2) // vectors))
+    pad_m, pad_n = -(-m // rows) * rows, -(-n // block_n) * block_n
 
     epilogue = inline_epilogue(sch, block)
+    if (pad_m, pad_n) != (m, n):
+        sch.pad_einsum(block, [1] * len(batch) + [rows if pad_m != m else 1, block_n if pad_n != n else 1, 1])
+        if epilogue is None:  # the copy of the padded result into the output
+            epilogue = sch.get_consumers(block)[0]
+        else:
+            sch.compute_inline(sch.get_consumers(block)[0])
     # B repacked as (.., N / block_n, K, block_n): each tile streams one contiguous panel.
-    pack = sch.cache_read(block, 1, "global")
-    if b_last.same_as(j_var):
-        sch.transform_layout(
-            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)
-        )
+    if pad_n != n:  # pad_einsum's copy of B, padded with zeros, becomes the repacking
+        padded_b = sch.get(block).reads[1].source
+        pack = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(padded_b))
     else:
-        sch.transform_layout(
-            block, ("read", 1), lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)
-        )
+        pack = sch.cache_read(block, 1, "global")
+    if transposed:
+        layout = lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)  # noqa: E731
+    else:
+        layout = lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)  # noqa: E731
+    sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
+    for producer in sch.get_producers(block):  # A's padded rows: a copy, in parallel
+        if not sch.get(producer).same_as(sch.get(pack)):
+            parallel(sch, sch.get_loops(producer)[0])
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
 
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
     i_o, i_i = sch.split(i_loop, [None, rows])
     j_o, j_v, j_l = sch.split(j_loop, [None, vectors, width])
-    sch.reorder(*batch_loops, i_o, j_o, k_loop, i_i, j_v, j_l)
-    parallel(sch, sch.fuse(*batch_loops, i_o, j_o))
+    sch.reorder(*batch_loops, j_o, i_o, k_loop, i_i, j_v, j_l)
+    parallel(sch, sch.fuse(*batch_loops, j_o, i_o))
     tile = sch.get_loops(block)[0]
     sch.reverse_compute_at(epilogue, tile)
     sch.unroll(i_i)
