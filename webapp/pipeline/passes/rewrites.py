@@ -4,9 +4,8 @@ failure.
 
 Fast math: `erf`, `exp`, `tanh` and softmax become TVM's fast approximations (topi.fast_erf, ...:
 clamped polynomials that vectorize, where LLVM calls libm once per element; GELU's erf was half the
-transformer block's time); `power(x, 2)` and `power(x, 3)` become products (GPT-2's tanh GELU cubes
-its input: 3.6 ms of its 48 here, calling powf per element). Every job's fidelity figures include
-the approximation.
+transformer block's time), GELU, sigmoid and SiLU first written with them (Expansions), and
+`power(x, 2 or 3)` as products. Every job's fidelity figures include the approximation.
 
 Channels last: float conv2d goes from NCHW / OIHW to NHWC / HWIO, with TVM's ConvertLayout: the ops
 between two convolutions (bias, batch norm, ReLU, residual adds, pooling) follow the layout, so the
@@ -35,35 +34,54 @@ LOOKAHEAD = 8  # bindings ConvertLayout may insert before the one it rewrites (t
 
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundFastMath")
 def fast_math(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """TVM's FastMathTransform, on a model it can take (it fails on a call of an extern function)."""
-    try:
-        mod = relax.transform.FastMathTransform()(mod)
-    except Exception:  # noqa: BLE001 - the exact functions instead
-        traceback.print_exc()
-    out = mod.clone()
+    """Activations written out in the functions FastMathTransform replaces (Expansions), then TVM's
+    FastMathTransform, on a model it can take (it fails on a call of an extern function)."""
+    expanded = mod.clone()
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            out[gv] = SmallPowers().visit_expr(func)
-    return out
+            expanded[gv] = Expansions().visit_expr(func)
+    try:
+        return relax.transform.FastMathTransform()(expanded)
+    except Exception:  # noqa: BLE001 - the exact functions instead
+        traceback.print_exc()
+        return expanded
 
 
 @relax.expr_functor.mutator
-class SmallPowers(relax.PyExprMutator):
-    """power(x, 2) as x * x, power(x, 3) as x * x * x (a float x, the exponent a scalar constant)."""
+class Expansions(relax.PyExprMutator):
+    """On float tensors: GELU (erf and tanh forms), sigmoid and SiLU written with erf, tanh and exp,
+    which FastMathTransform then replaces (legalized whole, they call libm's erff / expf once per
+    element: ViT's GELU took a fifth of its feed-forward matmul's time, Llama's SiLU as much);
+    power(x, 2) and power(x, 3) as products (GPT-2's tanh GELU cubes its input: 3.6 ms of its 48
+    here, calling powf per element)."""
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.power"):
+        if not isinstance(call.op, tvm.ir.Op) or not call.args:
             return call
-        x, exponent = call.args
-        dtype = str(getattr(x.ty, "dtype", ""))
-        if not dtype.startswith("float") or not isinstance(exponent, tvm.ir.Constant):
+        x, dtype = call.args[0], str(getattr(call.args[0].ty, "dtype", ""))
+        if not dtype.startswith("float"):
             return call
-        value = exponent.value.numpy()
-        if value.size != 1 or float(value.reshape(-1)[0]) not in (2.0, 3.0):
-            return call
-        square = relax.op.multiply(x, x)
-        return square if float(value.reshape(-1)[0]) == 2.0 else relax.op.multiply(square, x)
+        op, name = relax.op, call.op.name
+
+        def c(value: float):
+            return relax.const(value, dtype)
+
+        if name == "relax.power" and isinstance(call.args[1], tvm.ir.Constant):
+            value = call.args[1].value.numpy()
+            if value.size == 1 and float(value.reshape(-1)[0]) in (2.0, 3.0):
+                square = op.multiply(x, x)
+                return square if float(value.reshape(-1)[0]) == 2.0 else op.multiply(square, x)
+        if name == "relax.nn.gelu":
+            return op.multiply(x, op.add(c(0.5), op.multiply(op.erf(op.multiply(x, c(0.5**0.5))), c(0.5))))
+        if name == "relax.nn.gelu_tanh":
+            cube = op.multiply(op.multiply(x, x), x)
+            inner = op.multiply(op.add(x, op.multiply(cube, c(0.044715))), c((2 / np.pi) ** 0.5))
+            return op.multiply(x, op.add(c(0.5), op.multiply(op.tanh(inner), c(0.5))))
+        if name in ("relax.sigmoid", "relax.nn.silu"):
+            sigmoid = op.divide(c(1.0), op.add(c(1.0), op.exp(op.negative(x))))
+            return sigmoid if name == "relax.sigmoid" else op.multiply(x, sigmoid)
+        return call
 
 
 def static_shape(ty) -> list[int] | None:

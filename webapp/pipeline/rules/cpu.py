@@ -313,11 +313,12 @@ def same_vars(indices: list, variables: list) -> bool:
     return all(i is not None and i.same_as(v) for i, v in zip(indices, variables, strict=True))
 
 
-# A matmul's register tile: at most 4 rows x 4 vectors of columns (AVX-512, NEON: 32 registers) or
-# 3 x 3 (AVX2: 16). Measured here (EPYC znver4, 2 threads, benchmarks/... mm shapes of BERT and ViT):
-# 4 x 4 to 8 x 3 all ran at 200-215 GFLOP/s under AVX-512; under AVX2 3 x 3 ran at 191-198, 2 x 4 at
-# 142-182, 6 x 2 at 105-180.
-MATMUL_ROWS = 4
+# A matmul's register tile: rows x vectors of columns, about 16 accumulators with 32 vector registers
+# (AVX-512, NEON: 4 x 4, 8 x 2, 16 x 1), 9 with 16 (AVX2: 3 x 3), the rest holding a row of B's vectors
+# and A's broadcast values. Measured here (EPYC znver4, 2 threads, BERT's and ViT's shapes): 4 x 4 to
+# 8 x 3 all ran at 200-215 GFLOP/s under AVX-512; under AVX2 3 x 3 at 191-198, 2 x 4 at 142-182.
+def accumulators(registers: int) -> int:
+    return 16 if registers >= 32 else 9
 
 
 def tile_vectors(n: int, width: int, registers: int) -> int:
@@ -367,7 +368,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     vectors = tile_vectors(n, width, registers)
     block_n = vectors * width
     # the rest of the registers hold one row of B's vectors and a broadcast A value
-    rows = min(m, MATMUL_ROWS, max(1, (registers - vectors - 2) // vectors))
+    rows = min(m, max(1, accumulators(registers) // vectors))
     pad_m, pad_n = -(-m // rows) * rows, -(-n // block_n) * block_n
 
     epilogue = inline_epilogue(sch, block)
@@ -389,9 +390,13 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
         layout = lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
-    for producer in sch.get_producers(block):  # A's padded rows: a copy, in parallel
+    for producer in sch.get_producers(block):  # A's padded rows: a copy, parallel over rows
         if not sch.get(producer).same_as(sch.get(pack)):
-            parallel(sch, sch.get_loops(producer)[0])
+            copy = sch.get_loops(producer)
+            parallel(sch, fuse(sch, copy[:-1]))
+            split = vector_split(sch, copy[-1], lanes)
+            if split:
+                sch.vectorize(split[1])
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
