@@ -197,7 +197,8 @@ async function setupGraphView(root) {
 
   // search
   const search = root.querySelector(".graph-search"), found = root.querySelector(".graph-found");
-  const text = (n) => [n.label, n.var, n.layer, n.kernel, ...(n.layers || [])].filter(Boolean).join(" ").toLowerCase();
+  const text = (n) => [n.label, n.var, n.layer, n.kernel, n.module, ...(n.layers || []), ...(n.kernels || [])]
+    .filter(Boolean).join(" ").toLowerCase();
   let matches = [], at = -1;
   const find = () => {
     svg.querySelectorAll("g.node.match").forEach((g) => g.classList.remove("match"));
@@ -268,12 +269,15 @@ async function setupGraphView(root) {
     g.classList.add("selected");
     if (centreIt) show(id);
     const kernelName = n.kind === "kernel" ? n.label : n.kernel, k = kernels[kernelName];
-    const rows = [["kind", n.kind], ["var", n.var], ["source layer", n.layer],
-      ["source layers", (n.layers || []).join(", ")], ["output", shapeText(n.type)],
+    const block = n.kind === "layer";
+    const rows = [["kind", block ? "block of the model (folded)" : n.kind], ["var", n.var], ["source layer", n.layer],
+      ["module", n.module], ["source layers", (n.layers || []).join(", ")],
+      ["operators", n.ops], ["kernels", (n.kernels || []).join(", ")], ["kernel calls, this block", block ? n.calls.length : null],
+      ["output", shapeText(n.type)],
       ["weights", (n.weights || []).map(shapeText).join(", ")], ["kernel", kernelName],
       ["schedule", k && k.schedule], ["kernel calls", k && k.calls],
       ["GFLOP per call", k && k.flop ? (k.flop / 1e9).toPrecision(3) : null],
-      ["time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
+      [block ? "time, this block" : "time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
       ["dtypes", k && k.dtypes],
       ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null]];
     details.hidden = false;
@@ -293,11 +297,13 @@ async function setupGraphView(root) {
       });
       details.appendChild(p);
     }
-    if (n.call) {
-      const a = document.createElement("a"); a.href = `${page}?graph=fused&node=${n.call}#graph`; a.textContent = "its kernel call in the fused graph";
-      a.className = "to-node"; a.dataset.graph = "fused"; a.dataset.node = n.call;
+    const links = [[n.call, "fused", "its kernel call in the fused graph"],
+      [block && n.first, "imported", "its operators before fusion (unfolded)"]];
+    links.filter(([to]) => to).forEach(([to, graphKey, words]) => {
+      const a = document.createElement("a"); a.href = `${page}?graph=${graphKey}&node=${to}#graph`; a.textContent = words;
+      a.className = "to-node"; a.dataset.graph = graphKey; a.dataset.node = to;
       const p = document.createElement("p"); p.append("See ", a, "."); details.appendChild(p);
-    }
+    });
     history.replaceState(null, "", `${page}?${new URLSearchParams({ graph: key, node: id })}#graph`);
   }
   root.select = (id) => select(id, true);

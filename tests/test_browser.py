@@ -364,3 +364,57 @@ def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page,
     page.click("#compare-code button")
     expect(page.locator("#compare-diff")).to_contain_text(f"{a}: relax-optimized")
     expect(page.locator("#compare-diff")).to_contain_text("R.vm.alloc_tensor")
+
+
+def test_a_model_with_repeated_blocks_shows_its_graph_folded_by_block(page, live_server, tmp_path):
+    """A PyTorch model of three numbered blocks, exported as Hugging Face models are (dynamo ONNX,
+    its module paths in the node metadata): the graph opens folded, one node per block, a block's
+    details name its operators and kernels and unfold to its operators before fusion."""
+    import torch
+    from torch import nn
+
+    class Blocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(16, 32)
+            self.layers = nn.ModuleList(
+                [nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(3)]
+            )
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for layer in self.layers:
+                x = x + layer(x)
+            return self.head(x)
+
+    path = tmp_path / "blocks.onnx"
+    torch.manual_seed(0)
+    torch.onnx.export(Blocks().eval(), (torch.randn(1, 8, 16),), str(path), dynamo=True, external_data=False)
+
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(path))
+    page.check("input[name=target][value=x86-host]")
+    page.click("#submit")
+    expect(page.locator("#job-status")).to_have_text("done", timeout=240_000)
+    graph = page.request.get(page.url + "/graph-layers.json").json()
+    blocks = [n["label"] for n in graph["nodes"] if n["kind"] == "layer"]
+    assert blocks == ["embed", "layers.0", "layers.1", "layers.2", "head"], blocks
+    result = page.request.get(page.url + ".json").json()["results"]
+    assert result["graphs"]["layers"]["nodes"] == len(graph["nodes"])
+    # each repeated block: its two Linear layers and GELU, in kernels of its own calls, timed
+    repeated = [n for n in graph["nodes"] if n["label"].startswith("layers.")]
+    assert all(n["ops"] >= 3 and n["calls"] and n["ms"] > 0 for n in repeated), repeated
+
+    # the page opens on the folded graph; find a block, its details, then unfold it
+    expect(page.locator("button.tab.active[data-tab=graph-layers]")).to_have_text(re.compile("By layer"))
+    view = page.locator("#graph-layers")
+    expect(view.locator(".panzoom svg g.node").first).to_be_visible()
+    view.locator(".graph-search").fill("layers.1")
+    view.locator(".graph-search").press("Enter")
+    details = view.locator(".node-details")
+    expect(details).to_contain_text("block of the model (folded)")
+    expect(details).to_contain_text("operators")
+    details.locator("a.to-node", has_text="before fusion").click()
+    expect(page.locator("button.tab.active[data-tab=graph-imported]")).to_be_visible()
+    expect(page.locator("#graph-imported .node-details")).to_contain_text("layers.1")

@@ -104,3 +104,31 @@ def test_an_encoder_maps_embeddings_attention_and_feed_forward_layers(client):
         sum(layer in (n.get("layers") or []) for n in fused["nodes"]) == 1 for layer in set(linear)
     )
     consistent(results, fused)
+
+
+def test_module_paths_fold_into_blocks():
+    """Numbered blocks fold at their number; the modules around them at the outermost level that
+    holds no block; the dynamo exporter's scopes give the chain of nested modules."""
+    from webapp.pipeline.reports.graphs import blocks_of
+    from webapp.pipeline.stages.importers import scope_path
+
+    paths = {
+        "model.embeddings.word_embeddings",
+        "model.embeddings",
+        "model.encoder.layer.0.attention.self",
+        "model.encoder.layer.0",
+        "model.encoder.layer.11.output.dense",
+        "model.pooler",
+    }
+    assert blocks_of(paths) == {
+        "model.embeddings.word_embeddings": "model.embeddings",
+        "model.embeddings": "model.embeddings",
+        "model.encoder.layer.0.attention.self": "model.encoder.layer.0",
+        "model.encoder.layer.0": "model.encoder.layer.0",
+        "model.encoder.layer.11.output.dense": "model.encoder.layer.11",
+        "model.pooler": "model.pooler",
+    }
+    scopes = "['', 'm', 'm.encoder', 'm.encoder.layer.0', 'm.encoder.layer.0.attention', 'linear']"
+    assert scope_path(scopes) == "m.encoder.layer.0.attention"
+    assert scope_path("['', 'm', 'linear_3']") == "m"
+    assert scope_path("not a list") == "" and scope_path(None) == ""

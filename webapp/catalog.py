@@ -110,6 +110,12 @@ EXAMPLES: dict[str, Example] = {
 STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote")
 
 
+# The graphs a job draws (webapp/pipeline/reports/graphs.py, views/graph-<key>.json and
+# files/graph-<key>.svg), by key, with the title of the page's tab; in the order of the tabs. "layers":
+# the model folded by block of modules, for a model whose exporter kept its module paths.
+GRAPHS = {"layers": "By layer", "imported": "Before fusion", "fused": "After fusion"}
+
+
 @dataclass(frozen=True)
 class CodeView:
     """A text the code panel shows: written by the inspect stage (webapp/pipeline/stages/inspect.py,

@@ -6,6 +6,7 @@ job is given."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import traceback
@@ -62,6 +63,15 @@ class Results:
         write_json_atomic(self.job_dir / "result.json", self.data)
 
 
+def failed(exc: BaseException) -> str:
+    """A stage's failure: its traceback in the log, then the message the user reads (last, where the
+    sandbox looks for a limit that ended the run: webapp.sandbox.describe_exit)."""
+    traceback.print_exc()
+    message = error_message(exc)
+    print(message, file=sys.stderr, flush=True)
+    return message
+
+
 class Progress:
     """progress.json: the stages' live status, as the job page shows it."""
 
@@ -92,16 +102,15 @@ class Progress:
         try:
             out = fn(lambda fraction, detail=None: self.report(name, fraction, detail))
         except Exception as exc:
-            traceback.print_exc()
+            message = failed(exc)
             if required:
-                self.finish(name, "failed", error_message(exc))
+                self.finish(name, "failed", message)
                 raise SystemExit(1) from None
-            self.stage(name)["error"] = error_message(exc)
+            self.stage(name)["error"] = message
             self.finish(name, "failed")
             return None
         except BaseException as exc:
-            traceback.print_exc()
-            self.finish(name, "failed", error_message(exc))
+            self.finish(name, "failed", failed(exc))
             raise SystemExit(1) from None
         self.finish(name)
         return out

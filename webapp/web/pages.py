@@ -27,6 +27,7 @@ from webapp.catalog import (
     CALIBRATION_MODES,
     CODE_VIEWS,
     EXAMPLES,
+    GRAPHS,
     QUANTIZE_MODES,
     TARGETS,
     WEIGHT_GRANULARITY,
@@ -51,7 +52,6 @@ FILE_HEADERS = {
 # The result page's sections, in order: each is one partial (templates/_<name>.html) that renders its
 # section, or nothing while the job has not measured what it shows. A running job's page polls
 # /r/<id>/live, which sends back the sections whose HTML changed.
-GRAPHS = ("imported", "fused")
 PARTS = (
     "head",
     "summary",
@@ -271,6 +271,7 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "files": downloadable(job),
         # the code views a graph node's kernel links to (the graph viewer's script reads them)
         "kernel_links": [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link],
+        "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
     }
     parts = []
     for name in PARTS:

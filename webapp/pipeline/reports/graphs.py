@@ -116,6 +116,7 @@ NODE_STYLE = {
     "output": 'shape=oval, style=filled, fillcolor="#d7ecff"',
     "op": 'shape=box, style="rounded,filled", fillcolor="#fff3c4"',
     "kernel": 'shape=box, style="rounded,filled", fillcolor="#d9f2d9"',
+    "layer": 'shape=box, style="rounded,filled", fillcolor="#e4e0f7"',
 }
 
 
@@ -133,6 +134,8 @@ def graph_dot(graph: dict, title: str) -> str:
         label = n["label"]
         if n["kind"] in ("input", "output"):
             label += "\n" + shape_text(n["type"])
+        elif n["kind"] == "layer":
+            label += f"\n{n['ops']} ops in {len(n['calls'])} kernel calls"
         elif n.get("weights"):
             label += "\nw: " + ", ".join(shape_text(w) for w in n["weights"][:2])
         lines.append(f"  {n['id']} [id={q(n['id'])}, label={q(label)}, {NODE_STYLE[n['kind']]}];")
@@ -166,17 +169,33 @@ def op_counts(graph: dict) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusion=None) -> dict:
+# The title drawn in each graph (webapp.catalog.GRAPHS has the keys, in order, and the tabs' titles)
+TITLES = {
+    "layers": "By layer (the model's modules, repeated blocks folded)",
+    "imported": "Imported (before fusion)",
+    "fused": "After operator fusion",
+}
+
+
+def draw_graphs(
+    imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusion=None, modules: dict | None = None
+) -> dict:
     """The graphs before and after fusion (JSON and SVG), as soon as optimize has fused the model;
     with `fusion` (optimize.Fusion) each imported node names its layer and kernel, and each call in
-    the fused graph its layers."""
+    the fused graph its layers. With the layers' module paths (`modules`, ImportedModel.modules) each
+    imported node names its module and block, and a third graph folds the model by block."""
     views, files = job_dir / "views", job_dir / "files"
     views.mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
     graphs, drawn = {}, {"imported": relax_graph(imported), "fused": relax_graph(fused)}
     if fusion:
         link_graphs(drawn["imported"], drawn["fused"], fusion)
-    for key, title in (("imported", "Imported (before fusion)"), ("fused", "After operator fusion")):
+    folded = layer_graph(drawn["imported"], modules or {})
+    if folded is not None:
+        drawn = {"layers": folded, **drawn}
+    for key, title in TITLES.items():
+        if key not in drawn:
+            continue
         graph = drawn[key]
         (views / f"graph-{key}.json").write_text(json.dumps(graph))
         svg_ok = render_svg(graph_dot(graph, title), files / f"graph-{key}.svg")
@@ -188,6 +207,90 @@ def draw_graphs(imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusi
             "ops": op_counts(graph),
         }
     return graphs
+
+
+def blocks_of(paths: set[str]) -> dict[str, str]:
+    """Module path -> the block it folds into: a repeated block (the path up to its first numbered
+    part: "encoder.layer.3.attention" -> "encoder.layer.3"), else the outermost module that holds no
+    repeated block ("embeddings.word_embeddings" -> "embeddings", "lm_head")."""
+    numbered = {}
+    for path in paths:
+        parts = path.split(".")
+        at = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        if at is not None:
+            numbered[path] = ".".join(parts[: at + 1])
+    holders = {".".join(b.split(".")[:i]) for b in numbered.values() for i in range(1, b.count(".") + 1)}
+    blocks = {}
+    for path in paths:
+        if path in numbered:
+            blocks[path] = numbered[path]
+            continue
+        prefixes = [".".join(path.split(".")[:i]) for i in range(1, path.count(".") + 2)]
+        blocks[path] = next((prefix for prefix in prefixes if prefix not in holders), path)
+    return blocks
+
+
+def layer_graph(imported: dict, modules: dict[str, str]) -> dict | None:
+    """The imported graph folded by block (blocks_of): a node per block, in the model's order, with
+    its operator count, kernels and kernel calls, and an edge where data crosses from one block to
+    another. An op of no known module is in the block of its first input's. None when fewer than half
+    the ops have a module (an exporter that keeps no module paths) or they make one block only."""
+    ops = [n for n in imported["nodes"] if n["kind"] in ("op", "kernel")]
+    known = {n["id"]: modules[n["layer"]] for n in ops if modules.get(n.get("layer"))}
+    if not ops or len(known) * 2 < len(ops):
+        return None
+    blocks = blocks_of(set(known.values()))
+    inputs: dict[str, list[str]] = {}
+    for e in imported["edges"]:
+        inputs.setdefault(e["dst"], []).append(e["src"])
+    block_of: dict[str, str] = {}  # imported node id -> block ("" for inputs and outputs)
+    for n in imported["nodes"]:
+        if n["kind"] in ("input", "output"):
+            block_of[n["id"]] = ""
+        elif n["id"] in known:
+            block_of[n["id"]] = blocks[known[n["id"]]]
+        else:
+            block_of[n["id"]] = next((block_of[i] for i in inputs.get(n["id"], []) if block_of.get(i)), "")
+        if n["id"] in known:
+            n.update(module=known[n["id"]], block=block_of[n["id"]])
+    if len({b for b in block_of.values() if b}) < 2:
+        return None
+    nodes, id_of = [], {}
+    for n in imported["nodes"]:
+        block = block_of[n["id"]]
+        if not block:  # an input or output, or an op of no block: a node of its own
+            id_of[n["id"]] = f"n{len(nodes)}"
+            nodes.append({**n, "id": id_of[n["id"]], "first": n["id"]})
+            continue
+        if block not in id_of:
+            id_of[block] = f"n{len(nodes)}"
+            nodes.append(
+                {
+                    "id": id_of[block],
+                    "kind": "layer",
+                    "label": block,
+                    "ops": 0,
+                    "kernels": [],
+                    "calls": [],
+                    "first": n["id"],
+                    "type": n.get("type"),
+                }  # fmt: skip
+            )
+        node = nodes[int(id_of[block][1:])]
+        id_of[n["id"]] = node["id"]
+        node["ops"] += 1
+        node["type"] = n.get("type")  # the block's last op's output
+        if n.get("kernel") and n["kernel"] not in node["kernels"]:
+            node["kernels"].append(n["kernel"])
+        if n.get("call") and n["call"] not in node["calls"]:
+            node["calls"].append(n["call"])
+    edges, seen = [], set()
+    for e in imported["edges"]:
+        src, dst = id_of[e["src"]], id_of[e["dst"]]
+        if src != dst and (src, dst) not in seen:
+            seen.add((src, dst))
+            edges.append({"src": src, "dst": dst, "type": e["type"]})
+    return {"nodes": nodes, "edges": edges, "constant_ops": []}
 
 
 def link_graphs(imported: dict, fused: dict, fusion) -> None:
@@ -221,8 +324,8 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
 
 
 def overlay_graphs(job_dir: Path, annotate) -> None:
-    """views/graph-*.json rewritten with annotate(imported, fused) (either may be None)."""
-    paths = [job_dir / "views" / f"graph-{key}.json" for key in ("imported", "fused")]
+    """views/graph-*.json rewritten with annotate(imported, fused, layers) (any may be None)."""
+    paths = [job_dir / "views" / f"graph-{key}.json" for key in ("imported", "fused", "layers")]
     graphs = [json.loads(p.read_text()) if p.is_file() else None for p in paths]
     annotate(*graphs)
     for path, graph in zip(paths, graphs, strict=True):
@@ -233,10 +336,11 @@ def overlay_graphs(job_dir: Path, annotate) -> None:
 def time_graphs(job_dir: Path, kernels: list[dict]) -> None:
     """Each kernel call of the graphs gains its time (ms) and share of the kernels' time, once the
     benchmark has timed the kernels: a kernel's figures over its calls (the calls of one kernel are
-    alike); an imported node has those of the call computing it."""
+    alike); an imported node has those of the call computing it, a block (the folded graph) those
+    of its kernel calls summed."""
     timed = {k["name"]: k for k in kernels if k.get("ms") is not None and k.get("calls")}
 
-    def annotate(imported, fused):
+    def annotate(imported, fused, layers=None):
         per_call = {}
         for node in fused["nodes"] if fused else []:
             k = timed.get(node["label"]) if node["kind"] == "kernel" else None
@@ -247,6 +351,10 @@ def time_graphs(job_dir: Path, kernels: list[dict]) -> None:
             call = per_call.get(node.get("call"))
             if call is not None:
                 node.update(ms=call["ms"], share=call["share"])
+        for node in layers["nodes"] if layers else []:
+            calls = [per_call[c] for c in node.get("calls", []) if c in per_call]
+            if calls:
+                node.update(ms=sum(c["ms"] for c in calls), share=sum(c["share"] for c in calls))
 
     overlay_graphs(job_dir, annotate)
 
@@ -266,7 +374,7 @@ def error_graphs(
         if row["layer"] == worst:
             worst_sources |= sources
 
-    def annotate(imported, fused):
+    def annotate(imported, fused, layers=None):
         for node in [*(imported or {}).get("nodes", []), *(fused or {}).get("nodes", [])]:
             sources = [node["layer"]] if node.get("layer") else node.get("layers", [])
             values = [sqnr[s] for s in sources if s in sqnr]
@@ -274,5 +382,12 @@ def error_graphs(
                 node["sqnr_db"] = min(values)
             if worst_sources & set(sources):
                 node["worst"] = True
+        for block in (layers or {}).get("nodes", []):  # a block: its layers' lowest, its worst
+            inside = [n for n in (imported or {}).get("nodes", []) if n.get("block") == block["label"]]
+            values = [n["sqnr_db"] for n in inside if n.get("sqnr_db") is not None]
+            if values:
+                block["sqnr_db"] = min(values)
+            if any(n.get("worst") for n in inside):
+                block["worst"] = True
 
     overlay_graphs(job_dir, annotate)

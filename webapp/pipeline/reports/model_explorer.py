@@ -70,7 +70,9 @@ def graph(key: str, g: dict) -> dict:
             {
                 "id": n["id"],
                 "label": n["label"],
-                "namespace": namespace(n.get("layer"))
+                "namespace": n["module"].replace(".", "/")  # a module path the exporter kept
+                if n.get("module")
+                else namespace(n.get("layer"))
                 if key == "imported"
                 else common_namespace(n.get("layers") or []),
                 "attrs": [{"key": k, "value": str(v)} for k, v in attrs.items() if v is not None],

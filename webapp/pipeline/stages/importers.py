@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import pickle
 import zipfile
@@ -42,6 +43,7 @@ class ImportedModel:
     param_count: int
     framework_ops: dict[str, int] = field(default_factory=dict)
     layers: dict[str, str] = field(default_factory=dict)  # Relax var name -> the source layer it came from
+    modules: dict[str, str] = field(default_factory=dict)  # source layer -> its module path, where known
     # a model quantized by another tool: its form, its scales by Relax var name, what runs in float
     prequantized: dict | None = None
     warnings: list[str] = field(default_factory=list)  # what a checker found that did not stop it
@@ -199,9 +201,43 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
     imported.warnings = warnings
+    imported.modules = onnx_modules(model)
     if pre is not None:
         imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
     return imported
+
+
+def onnx_modules(model) -> dict[str, str]:
+    """ONNX node name -> the PyTorch module path it was exported from ("encoder.layer.0.attention"):
+    the dynamo exporter's name scopes (node metadata), else the TorchScript exporter's node name
+    ("/encoder/layer.0/attention/MatMul"). Nodes of other exporters have none."""
+    out = {}
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        path = scope_path(meta.get("pkg.torch.onnx.name_scopes"))
+        if not path and node.name.startswith("/"):
+            path = ".".join(p for p in node.name.split("/")[:-1] if p)
+        if path:
+            out[node.name] = path
+    return out
+
+
+def scope_path(scopes: str | None) -> str:
+    """The module path in the dynamo exporter's name scopes of a node, "['', 'm', 'm.encoder',
+    'm.encoder.layer.0', 'scaled_dot_product_attention']" -> "m.encoder.layer.0": the chain of
+    nested modules (each scope its parent's path and one more name), the node's own name last."""
+    try:
+        names = ast.literal_eval(scopes) if scopes and len(scopes) < 20_000 else []
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    path = ""
+    for name in names[:-1] if isinstance(names, list) else []:
+        if not isinstance(name, str) or not name:
+            continue
+        if path and not name.startswith(path + "."):
+            break
+        path = name
+    return path
 
 
 def prequantized_by_var(pre, tensors: dict[str, str], layer_of: dict[str, str]) -> dict:
@@ -228,6 +264,7 @@ class SourceLayers:
     def __init__(self, emit: bool = True, clip_op: bool = False):
         self.emit, self.clip_op = emit, clip_op
         self.outputs: dict[str, str] = {}  # the var holding a layer's output -> the layer
+        self.modules: dict[str, str] = {}  # a PyTorch layer -> its module path
         self.importer = None  # TVM's ONNX importer, once it converts a node (its tensor -> expr map)
 
     def mark(self, bb, expr, layer: str):
@@ -274,7 +311,10 @@ class SourceLayers:
         def layer(node) -> str:
             stack = list((node.meta.get("nn_module_stack") or {}).values())
             path = stack[-1][0] if stack else ""
-            return f"{path} ({node.name})" if path else node.name
+            if not path:
+                return node.name
+            self.modules[f"{path} ({node.name})"] = path
+            return f"{path} ({node.name})"
 
         def created(importer):
             def wrap(convert):
@@ -389,7 +429,9 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
         if node.op == "call_function":
             name = getattr(node.target, "__name__", str(node.target))
             ops[name] = ops.get(name, 0) + 1
-    return ImportedModel(mod, "pytorch", inputs, relax_outputs(mod, []), param_count, ops, layer_of)
+    imported = ImportedModel(mod, "pytorch", inputs, relax_outputs(mod, []), param_count, ops, layer_of)
+    imported.modules = layers.modules
+    return imported
 
 
 def pt2_inputs(ep) -> list[TensorSpec]:

@@ -380,6 +380,6 @@ def optimize_stage(ctx, report, model) -> Optimized:
     """The optimized model, its passes kept, and its graphs drawn at once: the page shows them while
     the job goes on."""
     optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers)
-    graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion)
+    graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion, model.modules)
     ctx.results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
     return optimized
