@@ -405,6 +405,10 @@ def test_a_model_with_repeated_blocks_shows_its_graph_folded_by_block(page, live
     # each repeated block: its two Linear layers and GELU, in kernels of its own calls, timed
     repeated = [n for n in graph["nodes"] if n["label"].startswith("layers.")]
     assert all(n["ops"] >= 3 and n["calls"] and n["ms"] > 0 for n in repeated), repeated
+    # the kernel table: a kernel the three blocks share names them as one range
+    shared = [k for k in result["kernels"] if k["blocks"] == ["layers.0", "layers.1", "layers.2"]]
+    assert shared and all(k["calls"] == 3 for k in shared), result["kernels"]
+    expect(page.locator("#kernel-table")).to_contain_text("in layers.0–2")
 
     # the page opens on the folded graph; find a block, its details, then unfold it
     expect(page.locator("button.tab.active[data-tab=graph-layers]")).to_have_text(re.compile("By layer"))

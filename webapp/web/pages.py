@@ -105,6 +105,25 @@ def format_datetime(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
 
 
+@bp.app_template_filter("blocks")
+def blocks_text(blocks: list[str]) -> str:
+    """A kernel's blocks, each run of numbered ones as a range: ["embed", "encoder.layer.0",
+    "encoder.layer.1", "encoder.layer.2"] -> "embed, encoder.layer.0–2"."""
+    runs: list[list] = []  # [stem, first, last] or [name]
+    for block in blocks:
+        stem, _, number = block.rpartition(".")
+        last = runs[-1] if runs else None
+        if number.isdigit() and last and len(last) == 3 and last[0] == stem and int(number) == last[2] + 1:
+            last[2] = int(number)
+        elif number.isdigit():
+            runs.append([stem, int(number), int(number)])
+        else:
+            runs.append([block])
+    return ", ".join(
+        r[0] if len(r) == 1 else f"{r[0]}.{r[1]}" if r[1] == r[2] else f"{r[0]}.{r[1]}–{r[2]}" for r in runs
+    )
+
+
 @bp.app_template_test("match")
 def matches(value: str, pattern: str) -> bool:
     return re.match(pattern, value) is not None

@@ -293,6 +293,18 @@ def layer_graph(imported: dict, modules: dict[str, str]) -> dict | None:
     return {"nodes": nodes, "edges": edges, "constant_ops": []}
 
 
+def kernel_blocks(job_dir: Path) -> dict[str, list[str]]:
+    """Kernel -> the blocks of the folded graph (views/graph-layers.json) that call it, in order; {}
+    for a model with no such graph."""
+    path = job_dir / "views" / "graph-layers.json"
+    out: dict[str, list[str]] = {}
+    for node in json.loads(path.read_text())["nodes"] if path.is_file() else []:
+        for kernel in node.get("kernels", []):
+            if node["label"] not in out.setdefault(kernel, []):
+                out[kernel].append(node["label"])
+    return out
+
+
 def link_graphs(imported: dict, fused: dict, fusion) -> None:
     """Each imported node names its source layer, its kernel and the fused node (the kernel call)
     computing it; each fused node names the source layers of its call."""

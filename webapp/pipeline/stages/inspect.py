@@ -15,7 +15,7 @@ import tvm
 
 from webapp.catalog import CODE_VIEWS, code_file
 from webapp.pipeline.reports.device_code import write_device_code
-from webapp.pipeline.reports.graphs import draw_graphs, error_graphs
+from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.optimize import relax_script
 from webapp.targets import Target
@@ -97,6 +97,7 @@ def inspect_build(
 
     graphs = graphs or draw_graphs(imported, fused, job_dir, fusion)
     layers = fusion.layers() if fusion else {}
+    blocks = kernel_blocks(job_dir)
     report(0.4)
 
     host = host_code_module(executable)
@@ -127,6 +128,7 @@ def inspect_build(
                 "flop": kernel_flop(fused[name] if name in names else func),
                 "dtypes": kernel_dtypes(func),
                 "layers": layers.get(name.removesuffix("_weight_prepack"), []),
+                "blocks": blocks.get(name.removesuffix("_weight_prepack"), []),
             }
         )
     report(0.8)
