@@ -1,8 +1,10 @@
 """The built-in example models, defined in plain PyTorch with seeded random weights.
 
 torchvision is not installable next to the CPU torch build, so the classic
-architectures are written out here. `write_example_files` exports one model as
-`.pt2` (torch.export) and `.onnx`, the two formats a user can upload.
+architectures are written out here. The transformer examples (bert, vit, gpt2, llama) are Hugging Face
+models built from their configs. `write_example_files` exports one model as `.pt2` (torch.export) and
+`.onnx`, the two formats a user can upload (the transformers' ONNX as people export them today: the
+dynamo exporter, which keeps each node's module path).
 """
 
 from __future__ import annotations
