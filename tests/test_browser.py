@@ -410,7 +410,10 @@ def test_a_model_with_repeated_blocks_shows_its_graph_folded_by_block(page, live
     assert shared and all(k["calls"] == 3 for k in shared), result["kernels"]
     expect(page.locator("#kernel-table")).to_contain_text("in layers.0–2")
 
-    # the page opens on the folded graph; find a block, its details, then unfold it
+    # a graph this small opens unfolded (a large one folded: test_pages.py); the folded
+    # one: find a block, its details, then unfold it
+    expect(page.locator("button.tab.active[data-tab=graph-fused]")).to_be_visible()
+    page.click("button.tab[data-tab=graph-layers]")
     expect(page.locator("button.tab.active[data-tab=graph-layers]")).to_have_text(re.compile("By layer"))
     view = page.locator("#graph-layers")
     expect(view.locator(".panzoom svg g.node").first).to_be_visible()

@@ -947,3 +947,20 @@ def test_compare_takes_a_pasted_link_and_answers_for_two_results(app, web):
     assert comparison["speedup"] == pytest.approx(1.0)  # the same results: as fast
     assert all(o["same"] for o in comparison["options"])
     assert web.get(f"/compare/{a}/nosuchjob0000000000000").status_code == 404
+
+
+def test_a_large_graph_opens_folded_by_block_and_a_small_one_whole():
+    """The bert example's graphs (7 blocks, 66 kernel calls) open folded; a small CNN's (13) whole;
+    a kernel's blocks read as ranges."""
+    from webapp.web.pages import blocks_text, shown_graph
+
+    bert = {"layers": {"nodes": 7}, "imported": {"nodes": 153}, "fused": {"nodes": 66}}
+    assert shown_graph(bert) == "layers"
+    assert shown_graph({"layers": {"nodes": 5}, "imported": {"nodes": 20}, "fused": {"nodes": 13}}) == "fused"
+    assert shown_graph({"imported": {"nodes": 153}, "fused": {"nodes": 66}}) == "fused"
+    assert shown_graph({"imported": {"nodes": 3}}) == "imported"
+    chain = {"layers": {"nodes": 202}, "imported": {"nodes": 602}, "fused": {"nodes": 202}}
+    assert shown_graph(chain) == "fused"  # one kernel a block: folding shortens nothing
+    blocks = ["m.embeddings", "m.encoder.layer.0", "m.encoder.layer.1", "m.encoder.layer.2", "m.lm_head"]
+    assert blocks_text(blocks) == "m.embeddings, m.encoder.layer.0–2, m.lm_head"
+    assert blocks_text(["layers.0", "layers.2"]) == "layers.0, layers.2"

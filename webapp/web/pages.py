@@ -280,6 +280,19 @@ def downloadable(job: dict) -> set[str]:
     return set(job["results"].get("files") or ()) - set((job["expired"] or {}).get("files") or ())
 
 
+FOLDED_FROM = 40  # a fused graph of more nodes opens folded by block, where the job drew that graph
+
+
+def shown_graph(graphs: dict) -> str:
+    """The graph the page opens on: the model folded by block when the fused graph is large (a
+    transformer's layers) and folding makes it at least 3 times smaller, else the fused graph (a small
+    CNN's, which reads whole; a chain of one-kernel blocks, which folding would not shorten)."""
+    fused, folded = graphs.get("fused", {}).get("nodes", 0), graphs.get("layers", {}).get("nodes")
+    if folded and fused > FOLDED_FROM and 3 * folded <= fused:
+        return "layers"
+    return "fused" if "fused" in graphs else "imported"
+
+
 def render_parts(job: dict) -> list[tuple[str, str, str]]:
     """(name, html, version) of each section; the version changes exactly when the html does."""
     page = {
@@ -291,6 +304,7 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         # the code views a graph node's kernel links to (the graph viewer's script reads them)
         "kernel_links": [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link],
         "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
+        "graph_shown": shown_graph(job["results"].get("graphs") or {}),
     }
     parts = []
     for name in PARTS:

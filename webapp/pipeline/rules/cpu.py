@@ -348,8 +348,6 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     kinds = iter_kinds(stmt)
     if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
         return None
-    if any(str(r.source.dtype) != "float32" for r in (*stmt.reads, *stmt.writes)):
-        return None
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
     # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
