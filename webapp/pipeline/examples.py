@@ -281,26 +281,15 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     pt2_tmp, onnx_tmp = out_dir / f".{name}.partial.pt2", out_dir / f".{name}.partial.onnx"
     with torch.no_grad():
         torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
-        if EXAMPLES[name].transformers:  # as Hugging Face models are exported today; weights inside
-            torch.onnx.export(
-                model,
-                (x,),
-                str(onnx_tmp),
-                dynamo=True,
-                external_data=False,
-                input_names=["input"],
-                output_names=["output"],
-            )
-        else:
-            torch.onnx.export(
-                model,
-                (x,),
-                str(onnx_tmp),
-                dynamo=False,
-                input_names=["input"],
-                output_names=["output"],
-                opset_version=17,
-            )
+        # the transformers as Hugging Face models are exported today, their weights inside the file
+        exporter = (
+            {"dynamo": True, "external_data": False}
+            if EXAMPLES[name].transformers
+            else {"dynamo": False, "opset_version": 17}
+        )
+        torch.onnx.export(
+            model, (x,), str(onnx_tmp), input_names=["input"], output_names=["output"], **exporter
+        )
     # rename last, so a reader never sees a half-written file
     pt2_tmp.rename(pt2)
     onnx_tmp.rename(onnx_path)

@@ -69,9 +69,10 @@ class Expansions(relax.PyExprMutator):
 
         if name == "relax.power" and isinstance(call.args[1], tvm.ir.Constant):
             value = call.args[1].value.numpy()
-            if value.size == 1 and float(value.reshape(-1)[0]) in (2.0, 3.0):
+            exponent = float(value.reshape(-1)[0]) if value.size == 1 else None
+            if exponent in (2.0, 3.0):
                 square = op.multiply(x, x)
-                return square if float(value.reshape(-1)[0]) == 2.0 else op.multiply(square, x)
+                return square if exponent == 2.0 else op.multiply(square, x)
         if name == "relax.nn.gelu":
             return op.multiply(x, op.add(c(0.5), op.multiply(op.erf(op.multiply(x, c(0.5**0.5))), c(0.5))))
         if name == "relax.nn.gelu_tanh":

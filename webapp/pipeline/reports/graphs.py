@@ -255,28 +255,20 @@ def layer_graph(imported: dict, modules: dict[str, str]) -> dict | None:
             n.update(module=known[n["id"]], block=block_of[n["id"]])
     if len({b for b in block_of.values() if b}) < 2:
         return None
-    nodes, id_of = [], {}
+    nodes: list[dict] = []
+    id_of: dict[str, str] = {}  # imported node id -> its node here
+    node_of: dict[str, dict] = {}  # block -> its node here
     for n in imported["nodes"]:
         block = block_of[n["id"]]
         if not block:  # an input or output, or an op of no block: a node of its own
-            id_of[n["id"]] = f"n{len(nodes)}"
-            nodes.append({**n, "id": id_of[n["id"]], "first": n["id"]})
+            nodes.append({**n, "id": f"n{len(nodes)}", "first": n["id"]})
+            id_of[n["id"]] = nodes[-1]["id"]
             continue
-        if block not in id_of:
-            id_of[block] = f"n{len(nodes)}"
-            nodes.append(
-                {
-                    "id": id_of[block],
-                    "kind": "layer",
-                    "label": block,
-                    "ops": 0,
-                    "kernels": [],
-                    "calls": [],
-                    "first": n["id"],
-                    "type": n.get("type"),
-                }  # fmt: skip
-            )
-        node = nodes[int(id_of[block][1:])]
+        if block not in node_of:
+            node_of[block] = {"id": f"n{len(nodes)}", "kind": "layer", "label": block, "first": n["id"]}
+            node_of[block].update(ops=0, kernels=[], calls=[])
+            nodes.append(node_of[block])
+        node = node_of[block]
         id_of[n["id"]] = node["id"]
         node["ops"] += 1
         node["type"] = n.get("type")  # the block's last op's output
