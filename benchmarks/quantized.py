@@ -2,9 +2,10 @@
 
 TVM: the example through the whole pipeline (sandboxed, as a job runs) with quantize=int8, which
 benchmarks its fp32 build (default schedule rules) and its int8 build side by side. ONNX Runtime,
-the peer: the same .onnx in fp32, and quantized by ONNX Runtime's own static quantizer
+the peer: the same .onnx in fp32, quantized by ONNX Runtime's own static quantizer
 (`quantize_static`, QDQ format, uint8 activations x int8 weights per channel, calibrated on the same
-8 random inputs TVM calibrates on). Same harness (webapp/pipeline/stages/bench.py), same thread count, same
+8 random inputs TVM calibrates on), and by its dynamic quantizer (`quantize_dynamic`, int8 weights per
+channel, activations quantized at run time: what transformers are usually given). Same harness (webapp/pipeline/stages/bench.py), same thread count, same
 input. Prints medians, the ratios, and each TVM build's rate (the model's multiply-adds as 2 ops each,
 per second) as a share of this machine's sgemm rate measured in the same run (cpu_models.py).
 
@@ -63,6 +64,14 @@ def ort_int8(onnx_path: Path, out: Path, specs) -> Path:
     return out
 
 
+def ort_dynamic(onnx_path: Path, out: Path) -> Path:
+    """ONNX Runtime's dynamic quantizer: int8 weights, activations quantized per call (MatMulInteger)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(onnx_path), str(out), weight_type=QuantType.QInt8, per_channel=True)
+    return out
+
+
 def measure_model(config: Config, name: str, tmp: Path) -> dict:
     import tvm
 
@@ -82,6 +91,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     specs = import_model(onnx_path).inputs
     inputs = bench.make_inputs(specs)
     quantized = ort_int8(onnx_path, tmp / f"{name}.int8.onnx", specs)
+    dynamic = ort_dynamic(onnx_path, tmp / f"{name}.dynamic.onnx")
     threads = config.bench_threads
     runs, outs = {}, {}
     # The job's two libraries (a built-in example's, compiled in the sandbox) and ONNX Runtime's two
@@ -89,7 +99,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     for variant, library in (("tvm fp32", "model-fp32.so"), ("tvm int8", "model.so")):
         runs[variant] = bench.tvm_runner(tvm.runtime.load_module(str(out / "files" / library)), inputs)
         runs[variant]()
-    for variant, path in (("ort fp32", onnx_path), ("ort int8", quantized)):
+    for variant, path in (("ort fp32", onnx_path), ("ort int8", quantized), ("ort dynamic", dynamic)):
         runs[variant] = bench.onnxruntime_runner(path, inputs, threads)
         outs[variant] = bench.flatten_outputs(runs[variant]())
     ms = {
@@ -97,6 +107,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
         for variant, t in bench.measure_interleaved(runs, config.bench_budget_s).items()
     }
     ort_fid = bench.fidelity(outs["ort int8"], outs["ort fp32"], classifier=False)
+    dynamic_fid = bench.fidelity(outs["ort dynamic"], outs["ort fp32"], classifier=False)
     return {
         "model": name,
         "threads": threads,
@@ -104,10 +115,13 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
         "tvm_int8_ms": ms["tvm int8"],
         "ort_fp32_ms": ms["ort fp32"],
         "ort_int8_ms": ms["ort int8"],
+        "ort_dynamic_ms": ms["ort dynamic"],
         "tvm_ort_fp32": ms["tvm fp32"] / ms["ort fp32"],
         "tvm_ort_int8": ms["tvm int8"] / ms["ort int8"],
+        "tvm_ort_dynamic": ms["tvm int8"] / ms["ort dynamic"],
         "tvm_int8_sqnr_db": fid["sqnr_db"],
         "ort_int8_sqnr_db": ort_fid["sqnr_db"],
+        "ort_dynamic_sqnr_db": dynamic_fid["sqnr_db"],
         "vpdpbusd": result.get("instructions", {}).get("vpdpbusd", 0),
         "gflop": result.get("model_flop", 0) / 1e9,
     }
@@ -134,7 +148,8 @@ def main() -> int:
         )
         print(
             f"{'model':<18} {'TVM fp32':>9} {'TVM int8':>9} {'speedup':>8} {'ORT fp32':>9} {'ORT int8':>9} "
-            f"{'speedup':>8} {'TVM/ORT fp32':>12} {'TVM/ORT int8':>12} {'SQNR TVM':>9} {'SQNR ORT':>9} "
+            f"{'speedup':>8} {'ORT dyn':>9} {'TVM/ORT fp32':>12} {'TVM/ORT int8':>12} {'TVM/ORT dyn':>11} "
+            f"{'SQNR TVM':>9} {'SQNR ORT':>9} {'SQNR dyn':>9} "
             f"{'fp32 %peak':>10} {'int8 %peak':>10}"
         )
         for name in args.models.split(","):
@@ -146,9 +161,9 @@ def main() -> int:
                 f"{name:<18} {r['tvm_fp32_ms']:9.3f} {r['tvm_int8_ms']:9.3f} "
                 f"{r['tvm_fp32_ms'] / r['tvm_int8_ms']:7.2f}x "
                 f"{r['ort_fp32_ms']:9.3f} {r['ort_int8_ms']:9.3f} "
-                f"{r['ort_fp32_ms'] / r['ort_int8_ms']:7.2f}x "
-                f"{r['tvm_ort_fp32']:11.2f}x {r['tvm_ort_int8']:11.2f}x "
-                f"{r['tvm_int8_sqnr_db']:8.1f} {r['ort_int8_sqnr_db']:8.1f} "
+                f"{r['ort_fp32_ms'] / r['ort_int8_ms']:7.2f}x {r['ort_dynamic_ms']:9.3f} "
+                f"{r['tvm_ort_fp32']:11.2f}x {r['tvm_ort_int8']:11.2f}x {r['tvm_ort_dynamic']:10.2f}x "
+                f"{r['tvm_int8_sqnr_db']:8.1f} {r['ort_int8_sqnr_db']:8.1f} {r['ort_dynamic_sqnr_db']:8.1f} "
                 f"{r['tvm_fp32_peak_pct']:9.1f}% {r['tvm_int8_peak_pct']:9.1f}%",
                 flush=True,
             )

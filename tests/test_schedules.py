@@ -225,3 +225,110 @@ def test_register_tiles_are_on_the_stack_not_in_the_workspace_pool(example_files
     inputs = bench.make_inputs(model.inputs)
     outputs = [bench.flatten_outputs(bench.tvm_runner(exe, inputs)()) for exe in (ours, default)]
     np.testing.assert_array_equal(outputs[0][0], outputs[1][0])
+
+
+def built_and_run(func, target, arrays: list[np.ndarray], out_shape, out_dtype) -> np.ndarray:
+    """One scheduled PrimFunc built for `target` and run on `arrays`; its output."""
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=target.tvm)
+    dev = tvm.cpu()
+    out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype), dev)
+    lib.mod["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("preset", ["x86-avx512", "x86-avx2"])
+def test_layer_norm_rms_norm_and_softmax_run_a_row_at_a_time_in_vectors(tmp_path, preset):
+    """Layer norm, RMSNorm and softmax (a transformer's row reductions) are scheduled by the project's
+    row rule, not dlight's: their elementwise work inlined (no row-sized buffer between blocks), each
+    reduction summing a vector of partial results; they compute what the naive build does."""
+    import torch
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(64)
+            self.rms = torch.nn.RMSNorm(64, eps=1e-6)
+
+        def forward(self, x):
+            h = self.rms(self.ln(x) * 3.0)
+            return torch.softmax(h @ h.transpose(1, 2), dim=-1)
+
+    torch.manual_seed(0)
+    ep = torch.export.export(Norms().eval(), (torch.randn(1, 32, 64),))
+    torch.export.save(ep, tmp_path / "norms.pt2")
+    target = get(preset)
+    model = import_model(tmp_path / "norms.pt2")
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    rows = [name for name, label in labels.items() if label == "default rule: row reduction"]
+    assert not [label for label in labels.values() if "dlight" in label or "naive" in label], labels
+    # layer norm, RMSNorm (its mean of squares) and softmax: at least one kernel each
+    assert {"layer_norm", "mean", "softmax"} <= {
+        p for name in rows for p in re.findall(r"layer_norm|mean|softmax", name)
+    }, labels
+    for name in rows:
+        code = lowered[name].script()
+        assert re.search(r'T.vectorized\(T.int64\(\d+\)\):\s+with T.sblock\("\w+_rf_update"\)', code), code
+        sizes = [
+            int(np.prod([int(d) for d in re.findall(r"int64\((\d+)\)", shape)]))
+            for shape in re.findall(r"T.sblock_alloc_buffer\(\(([^)]*)\)", code)
+        ]
+        assert all(size <= 16 * 32 for size in sizes), code  # per-row results only, no row-sized copies
+    run_here_or_skip(preset)
+    labels, (scheduled, naive) = scheduled_and_naive(tmp_path / "norms.pt2", target, tmp_path)
+    np.testing.assert_allclose(scheduled[0], naive[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("preset", ["x86-avx512", "x86-avx2"])
+def test_attention_heads_transpose_in_vectors_along_the_input(preset):
+    """ViT's keys split into heads and transposed, (1, 197, 768) to (1, 12, 64, 197): 197 tokens have
+    no vector width, so the vectors run along the heads' 64 channels, where the input is contiguous
+    (the reshape-transpose chain's nested index simplified), not lane by lane over a fused index."""
+    from tvm import s_tir, te, topi
+
+    from webapp.pipeline.rules.cpu import elementwise
+
+    q = te.placeholder((1, 197, 768), name="q")
+    heads = topi.transpose(topi.reshape(q, (1, 197, 12, 64)), (0, 2, 1, 3))
+    keys = topi.reshape(topi.transpose(topi.reshape(heads, (12, 197, 64)), (0, 2, 1)), (1, 12, 64, 197))
+    target = get(preset)
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([q, topi.multiply(keys, 0.125)])}))
+    assert elementwise(sch, target) == "default rule: elementwise"
+    code = sch.mod["main"].script()
+    lanes = lanes_of(target)
+    assert re.search(rf"in range\(197\):\s+for \w+ in T.vectorized\({lanes}\)", code), code
+    run_here_or_skip(preset)
+    x = np.random.default_rng(0).standard_normal((1, 197, 768)).astype("float32")
+    out = built_and_run(sch.mod["main"], target, [x], (1, 12, 64, 197), "float32")
+    np.testing.assert_array_equal(out, x.reshape(1, 197, 12, 64).transpose(0, 2, 3, 1) * np.float32(0.125))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transposed):
+    """The int8 matmul rule takes what an LM head is: a vocabulary that no vector divides (50 words
+    here, GPT-2's 50,257), rows that no register tile divides (7), the weight stored [N, K] (a tied
+    embedding) or [K, N]; it is bit-exact against numpy, extremes included."""
+    from tvm import s_tir, te
+
+    from webapp.pipeline.rules.int8 import matmul_int8
+
+    m, k, n = 7, 64, 50
+    a = te.placeholder((1, m, k), "uint8", name="a")
+    w = te.placeholder((n, k) if transposed else (k, n), "int8", name="w")
+    r = te.reduce_axis((0, k), name="r")
+    weight = (lambda j, kk: w[j, kk]) if transposed else (lambda j, kk: w[kk, j])  # noqa: E731
+    out = te.compute(
+        (1, m, n),
+        lambda b, i, j: te.sum(a[b, i, r].astype("int32") * weight(j, r).astype("int32"), axis=r),
+        name="matmul",
+    )
+    target = get("x86-avx512-vnni")
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, w, out])}))
+    assert matmul_int8(sch, target) == "default rule: int8 matmul (VNNI)"
+    run_here_or_skip("x86-avx512-vnni")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (1, m, k), dtype=np.uint8)
+    y = rng.integers(-128, 128, (n, k) if transposed else (k, n), dtype=np.int8)
+    x[0, 0], y.flat[:k] = 255, -128  # the largest products, summed
+    got = built_and_run(sch.mod["main"], target, [x, y], (1, m, n), "int32")
+    b = (y.T if transposed else y).astype(np.int64)
+    np.testing.assert_array_equal(got, (x.astype(np.int64) @ b).astype(np.int32))

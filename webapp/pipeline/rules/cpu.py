@@ -12,7 +12,8 @@ language MetaSchedule itself uses:
   parallel over rows; in NHWC the window reads the input in place, its padding inlined.
 - matmul / dense / batch matmul: a register tile of rows x vectors of columns, the weight repacked
   at build time when it is stored transposed, epilogue fused, parallel over tiles.
-- softmax, layer norm, reductions: TVM's dlight CPU rules.
+- softmax, layer norm, RMSNorm: a row at a time, the elementwise work inlined, reductions summing
+  vectors of partial results; other reductions: TVM's dlight CPU rule, or windowed (pooling).
 - everything else (elementwise, reshape, transpose): parallel outer loop, vectorized inner loop.
 
 A kernel that no rule fits stays naive. A rule that fails on a kernel (TVM refuses its schedule,
@@ -23,6 +24,7 @@ that failed on it: "naive (reduction rule failed: ScheduleError: ...)"."""
 from __future__ import annotations
 
 import numpy as np
+import tvm.sym
 from tvm import s_tir, tirx
 
 from webapp.pipeline.rules.common import (
@@ -331,6 +333,39 @@ def tile_vectors(n: int, width: int, registers: int) -> int:
     return fits[0] if fits else min(options, key=lambda v: waste[v])
 
 
+def padded_operands(sch: s_tir.Schedule, block, rows: int, block_n: int, lanes: int):
+    """A matmul block's rows padded to a multiple of `rows` and its columns to one of `block_n` where
+    they are not (pad_einsum): B's padded copy, zeros in the extra columns, is the block that repacks
+    B (a weight's is made once, at build time), A's padded rows a copy per call, parallel over rows
+    and vectorized; the extra results are never written. Returns the epilogue (the block that writes
+    the output, None when the matmul does itself) and B's repacking block, for the caller to give
+    its layout."""
+    epilogue = inline_epilogue(sch, block)
+    loops = sch.get_loops(block)
+    m, n = extent(sch, loops[-3]), extent(sch, loops[-2])
+    pad_m, pad_n = -(-m // rows) * rows, -(-n // block_n) * block_n
+    if (pad_m, pad_n) != (m, n):
+        batch = [1] * (len(loops) - 3)
+        sch.pad_einsum(block, [*batch, rows if pad_m != m else 1, block_n if pad_n != n else 1, 1])
+        if epilogue is None:  # the copy of the padded result into the output
+            epilogue = sch.get_consumers(block)[0]
+        else:
+            sch.compute_inline(sch.get_consumers(block)[0])
+    if pad_n != n:
+        padded_b = sch.get(block).reads[1].source
+        pack = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(padded_b))
+    else:
+        pack = sch.cache_read(block, 1, "global")
+    for producer in sch.get_producers(block):  # A's padded rows
+        if not sch.get(producer).same_as(sch.get(pack)):
+            copy = sch.get_loops(producer)
+            parallel(sch, fuse(sch, copy[:-1]))
+            split = vector_split(sch, copy[-1], lanes)
+            if split:
+                sch.vectorize(split[1])
+    return epilogue, pack
+
+
 def matmul(sch: s_tir.Schedule, target) -> str | None:
     """Dense, matmul and batch matmul of any shape: C[.., i, j] += A[.., i, k] * B[.., k, j] (or
     B[.., j, k], a weight stored transposed, as nn.Linear's and a tied LM head's). A register tile of
@@ -367,34 +402,14 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     block_n = vectors * width
     # the rest of the registers hold one row of B's vectors and a broadcast A value
     rows = min(m, max(1, accumulators(registers) // vectors))
-    pad_m, pad_n = -(-m // rows) * rows, -(-n // block_n) * block_n
 
-    epilogue = inline_epilogue(sch, block)
-    if (pad_m, pad_n) != (m, n):
-        sch.pad_einsum(block, [1] * len(batch) + [rows if pad_m != m else 1, block_n if pad_n != n else 1, 1])
-        if epilogue is None:  # the copy of the padded result into the output
-            epilogue = sch.get_consumers(block)[0]
-        else:
-            sch.compute_inline(sch.get_consumers(block)[0])
-    # B repacked as (.., N / block_n, K, block_n): each tile streams one contiguous panel.
-    if pad_n != n:  # pad_einsum's copy of B, padded with zeros, becomes the repacking
-        padded_b = sch.get(block).reads[1].source
-        pack = next(p for p in sch.get_producers(block) if sch.get(p).writes[0].source.same_as(padded_b))
-    else:
-        pack = sch.cache_read(block, 1, "global")
+    epilogue, pack = padded_operands(sch, block, rows, block_n, lanes)
     if transposed:
         layout = lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)  # noqa: E731
     else:
         layout = lambda *ix: (*ix[:-2], ix[-1] // block_n, ix[-2], ix[-1] % block_n)  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
-    for producer in sch.get_producers(block):  # A's padded rows: a copy, parallel over rows
-        if not sch.get(producer).same_as(sch.get(pack)):
-            copy = sch.get_loops(producer)
-            parallel(sch, fuse(sch, copy[:-1]))
-            split = vector_split(sch, copy[-1], lanes)
-            if split:
-                sch.vectorize(split[1])
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
@@ -418,31 +433,43 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: batch matmul" if len(b_idx) > 2 else "default rule: matmul"
 
 
+def unit_stride_axis(stmt, read) -> int | None:
+    """The block axis along which `read` steps one element of its innermost dimension (its index
+    simplified within the axes' ranges: a reshape-transpose-reshape chain inlined reads
+    q[0, t, h * 64 + d] through nested divisions); None when no axis does."""
+    variables = [iv.var for iv in stmt.iter_vars]
+    analyzer = tvm.sym.Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    index = analyzer.simplify(read.region[-1].min)
+    coefficients = tvm.sym.detect_linear_equation(index, variables)
+    return next((i for i, c in enumerate(coefficients[:-1]) if analyzer.can_prove_equal(c, 1)), None)
+
+
 def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
-    """A transpose whose output's innermost axis is too short for a vector (NCHW to NHWC with 3
-    channels: an image model's input): the vector loop is instead the axis innermost in the input,
-    read in whole vectors and written with a stride, the axes after it unrolled (the 1x3x224x224
-    input took 6 us, against 95 gathering lane by lane). Returns the loop outside the vectors (for
-    the caller to run in parallel); None, the schedule unchanged, when no read has such an axis."""
+    """A transpose whose output's innermost axis has no vector width (NCHW to NHWC with 3 channels:
+    an image model's input; attention's keys transposed to (heads, 64, 197 tokens)): the vector loop
+    is instead the axis along which the input is contiguous, read in whole vectors and written with
+    a stride; the axes after it unrolled when they are few, else left inside (the 1x3x224x224 input
+    took 6 us, against 95 gathering lane by lane; ViT's keys 24 us against 141). Returns the loop
+    outside the vectors (for the caller to run in parallel); None, the schedule unchanged, when no
+    read has such an axis."""
     stmt = sch.get(block)
     if len(loops) != len(stmt.iter_vars):
         return None
-    variables = [iv.var for iv in stmt.iter_vars]
     for read in stmt.reads:
-        last = index_vars(read)[-1] if read.region else None
-        if last is None:
-            continue
-        at = next((i for i, v in enumerate(variables) if v.same_as(last)), None)
+        at = unit_stride_axis(stmt, read) if read.region else None
         if at is None or at == len(loops) - 1:
             continue
         width = vector_width(extent(sch, loops[at]), lanes, minimum=4)
         inside = int(np.prod([extent(sch, loop) for loop in loops[at + 1 :]]))
-        if not width or not 0 < inside <= 16:
+        if not width or inside < 1:
             continue
         rest, inner = sch.split(loops[at], [None, width])
         sch.reorder(rest, *loops[at + 1 :], inner)
-        for loop in loops[at + 1 :]:
-            sch.unroll(loop)
+        if inside <= 16:
+            for loop in loops[at + 1 :]:
+                sch.unroll(loop)
         sch.vectorize(inner)
         return fuse(sch, [*loops[:at], rest])
     return None
@@ -486,9 +513,72 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: elementwise"
 
 
+def rows(sch: s_tir.Schedule, target) -> str | None:
+    """Softmax, layer norm, RMSNorm: reductions along each row (the last axes) and the elementwise
+    work around them (a quantized layer's rounding and clipping after a layer norm), one row at a
+    time. The elementwise blocks are inlined, so nothing row-sized is kept between them (dlight's
+    rule kept six, each a workspace allocated per row: ViT's layer norm with its quantization took
+    1.4 ms a call); each reduction sums a vector of partial results (rfactor) instead of one scalar
+    chain, the output is written in vectors; parallel over rows."""
+    root = sch.get_sblock("root")
+    func = sch.mod["main"]
+    for block in sch.get_child_blocks(root):
+        stmt = sch.get(block)
+        if "R" not in iter_kinds(stmt) and not is_output(func, stmt.writes[0].source):
+            try:
+                sch.compute_inline(block)
+            except RuntimeError:
+                pass  # stays its own block, computed per row below
+    *inner, out = sch.get_child_blocks(root)
+    reductions = [b for b in inner if "R" in iter_kinds(sch.get(b))]
+    if not reductions or "R" in iter_kinds(sch.get(out)):
+        return None
+
+    # The row axes: each reduction's spatial axes (less the unit axes a keepdims mean ends with), the
+    # output's leading axes of the same extents.
+    def row_shape(block) -> tuple:
+        shape = [int(iv.dom.extent) for iv in sch.get(block).iter_vars if iv.iter_type == 0]
+        while shape and shape[-1] == 1:
+            shape.pop()
+        return tuple(shape)
+
+    shapes = {row_shape(b) for b in reductions}
+    loops = sch.get_loops(out)
+    if len(shapes) != 1 or len(loops) != len(sch.get(out).iter_vars):
+        return None
+    (shape,) = shapes
+    r = len(shape)
+    if not 0 < r < len(loops) or tuple(extent(sch, loop) for loop in loops[:r]) != shape:
+        return None
+    lanes, _ = simd(target)
+    partials = []
+    for block in reductions:  # a vector of partial results, summed at the end of the row
+        reduce_loops = sch.get_loops(block)[iter_kinds(sch.get(block)).count("S") :]
+        k = fuse(sch, reduce_loops) if len(reduce_loops) > 1 else reduce_loops[0]
+        width = vector_width(extent(sch, k), lanes)
+        if width:
+            partials.append(sch.rfactor(sch.split(k, [None, width])[1], 0))
+    inner = sch.get_child_blocks(root)[:-1]
+    row = fuse(sch, loops[:r])
+    split = vector_split(sch, fuse(sch, loops[r:]), lanes)
+    if split:
+        sch.vectorize(split[1])
+    for block in reversed(inner):
+        sch.compute_at(block, row, preserve_unit_loops=False)
+    if int(np.prod(shape)) > 1:  # before the partial sums lose their init (parallel checks them)
+        parallel(sch, row)
+    for partial in partials:  # compute_at puts the partial results' axis first: it goes inside
+        k_lanes, k_outer = loops_below(sch, partial, row)[-2:]
+        sch.reorder(k_outer, k_lanes)
+        sch.vectorize(k_lanes)
+        init = sch.decompose_reduction(partial, k_outer)
+        sch.vectorize(sch.get_loops(init)[-1])
+    return "default rule: row reduction"
+
+
 def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] | None:
-    """Softmax, layer norm and other row reductions (dlight's CPU rule), else a single reduction block
-    with its epilogue (pooling, mean) as a windowed reduction."""
+    """Row reductions `rows` does not fit (dlight's CPU rule), else a single reduction block with its
+    epilogue (pooling, mean) as a windowed reduction."""
     from tvm.s_tir.dlight.cpu import Reduction
 
     root = sch.get_sblock("root")
@@ -500,7 +590,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     if not pooling and "conv2d" not in name and not (serial_kernel.get() and len(main) == 1):
         scheduled = Reduction().apply(sch.mod["main"], target.tvm, False)
         if scheduled is not None:
-            return scheduled, "default rule: row reduction"
+            return scheduled, "default rule: row reduction (dlight)"
     if len(main) != 1:
         return None
     kind = "pooling" if pooling else conv_kind(sch.get(main[0])) if "conv2d" in name else "reduction"

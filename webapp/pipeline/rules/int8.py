@@ -20,7 +20,13 @@ from webapp.pipeline.rules.common import (
     simd,
     vector_width,
 )
-from webapp.pipeline.rules.cpu import conv_block, index_vars, nhwc_input_and_accumulator
+from webapp.pipeline.rules.cpu import (
+    conv_block,
+    index_vars,
+    nhwc_input_and_accumulator,
+    padded_operands,
+    same_vars,
+)
 from webapp.targets import KINDS
 
 # Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
@@ -223,9 +229,13 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
 
 
 def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
-    """8-bit [.., M, K] x int8 [K, N] -> int32 (quantized dense layers) on the target's dot-product
-    instruction (see conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x
-    column vectors, the weight repacked (N/lanes, K/4, lanes, 4) at build time."""
+    """8-bit [.., M, K] x int8 [K, N] (or [N, K], a weight stored transposed: nn.Linear's, a tied LM
+    head's) -> int32 (quantized dense layers) on the target's dot-product instruction (see
+    conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x column vectors,
+    the weight repacked (N/lanes, K/4, lanes, 4) at build time. Rows and columns that do not divide
+    into tiles are padded as the float rule pads them (cpu.padded_operands: GPT-2's 50,257 words,
+    ViT's 197 tokens), and the column panels are outside the rows, so that an LM head's weight is
+    streamed from memory once, not once per row tile."""
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
     if len(blocks) != 1:
         return None
@@ -239,32 +249,37 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     b = stmt.reads[1].source
     *_, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     b_idx = index_vars(stmt.reads[1])
-    if len(b.shape) != 2 or b_idx[0] is None or not b_idx[0].same_as(k_var) or not b_idx[1].same_as(j_var):
+    if len(b.shape) != 2 or not (same_vars(b_idx, [k_var, j_var]) or same_vars(b_idx, [j_var, k_var])):
         return None
-    k, n = int(b.shape[0]), int(b.shape[1])
-    kind = target.dot_instruction(n)
+    transposed = b_idx[1].same_as(k_var)
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
+    m, n, k = (extent(sch, loop) for loop in (i_loop, j_loop, k_loop))
+    kind = target.dot_instruction(n) or target.dot_instruction()
     if k % 4 or kind is None:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]
     _, registers = simd(target)
-    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
-    vectors = choice("vectors", next(v for v in (4, 2, 1) if n % (lanes * v) == 0))
-    if n % (lanes * vectors):
-        return None
-    rows = largest_divisor(extent(sch, i_loop), max(1, registers // 2 // vectors))
+    # the most vectors of columns (up to 4) that pad the columns by at most 3%
+    waste = {v: -(-n // (lanes * v)) * lanes * v - n for v in (4, 2, 1)}
+    vectors = choice("vectors", next(v for v in (4, 2, 1) if waste[v] <= 0.03 * n or v == 1))
+    rows = min(m, max(1, registers // 2 // vectors))
 
-    epilogue = inline_epilogue(sch, block)
-    pack = sch.cache_read(block, 1, "global")
-    sch.transform_layout(block, ("read", 1), lambda kk, jj: (jj // lanes, kk // 4, jj % lanes, kk % 4))
+    epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
+    if transposed:
+        layout = lambda jj, kk: (jj // lanes, kk // 4, jj % lanes, kk % 4)  # noqa: E731
+    else:
+        layout = lambda kk, jj: (jj // lanes, kk // 4, jj % lanes, kk % 4)  # noqa: E731
+    sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
     i_o, i_i = inner_split(sch, i_loop, rows, registers // vectors - 2)
     j_o, j_v, j_l = sch.split(j_loop, [None, vectors, lanes])
     k_o, k_i = sch.split(k_loop, [None, 4])
-    sch.reorder(*batch_loops, i_o, j_o, k_o, i_i, j_v, j_l, k_i)
-    tile = sch.fuse(*batch_loops, i_o, j_o)
+    sch.reorder(*batch_loops, j_o, i_o, k_o, i_i, j_v, j_l, k_i)
+    tile = sch.fuse(*batch_loops, j_o, i_o)
     parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
     init = sch.decompose_reduction(block, k_o)
@@ -272,4 +287,8 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     sch.unroll(i_i)
     sch.unroll(j_v)
     sch.tensorize(j_l, register_dot(kind))
+    tail = loops_below(sch, epilogue, tile)
+    width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
+    if width:
+        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
     return f"default rule: int8 matmul ({kind})"
