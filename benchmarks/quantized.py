@@ -5,12 +5,13 @@ benchmarks its fp32 build (default schedule rules) and its int8 build side by si
 the peer: the same .onnx in fp32, quantized by ONNX Runtime's own static quantizer
 (`quantize_static`, QDQ format, uint8 activations x int8 weights per channel, calibrated on the same
 8 random inputs TVM calibrates on), and by its dynamic quantizer (`quantize_dynamic`, int8 weights per
-channel, activations quantized at run time: what transformers are usually given). Same harness (webapp/pipeline/stages/bench.py), same thread count, same
-input. Prints medians, the ratios, and each TVM build's rate (the model's multiply-adds as 2 ops each,
-per second) as a share of this machine's sgemm rate measured in the same run (cpu_models.py).
+channel, activations quantized at run time: what transformers are usually given). Same harness
+(webapp/pipeline/stages/bench.py), same thread count, same input. Prints medians, the ratios, and
+each TVM build's rate (the model's multiply-adds as 2 ops each, per second) as a share of this
+machine's sgemm rate measured in the same run (cpu_models.py).
 
-The ratios hold on a shared machine whose speed changes by the minute: the four runtimes (the job's
-fp32 and int8 libraries, loaded here, and ONNX Runtime's two sessions) are timed in turn within one loop
+The ratios hold on a shared machine whose speed changes by the minute: the five runtimes (the job's
+fp32 and int8 libraries, loaded here, and ONNX Runtime's three sessions) are timed in turn within one loop
 (webapp/pipeline/stages/bench.measure_interleaved). Chaining ratios from two loops, as this script did before,
 let a slow spell in one loop move MobileNetV2's int8 ratio from 0.83x to 1.51x between runs: in that 1.51x
 run TVM int8 took 2.14 ms and ONNX Runtime int8 2.54 ms.

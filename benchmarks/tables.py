@@ -2,7 +2,7 @@
 
 Each benchmark script with --record appends its run there (benchmarks/record.py). This script renders
 each file into the doc's block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` (NAME:
-cpu_models, quantized, pi, job_time), so the doc's figures are the recorded ones and no copy goes stale.
+cpu_models, quantized, decode, pi, job_time), so the doc's figures are the recorded ones and no copy goes stale.
 
 A table is from the latest runs: those at the newest run's commit, CPU and thread count (and target,
 for the scripts that take one). Its figures are medians across those runs of each run's figure, its
@@ -30,6 +30,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 COMMANDS = {
     "cpu_models": "PYTHONPATH=. .venv/bin/python benchmarks/cpu_models.py --record",
     "quantized": "PYTHONPATH=. .venv/bin/python benchmarks/quantized.py --record",
+    "decode": "PYTHONPATH=. .venv/bin/python benchmarks/decode.py --record",
     "pi": ".venv/bin/python benchmarks/pi.py --record",
     "job_time": "PYTHONPATH=. .venv/bin/python benchmarks/job_time.py --runs 3 --record",
 }
@@ -264,18 +265,23 @@ def render_quantized(runs: list[dict]) -> str:
     for model, mine, _, figure in per_model(latest):
         fp32 = [r and div(r.get("tvm_fp32_ms"), r.get("ort_fp32_ms")) for r in mine]
         int8 = [r and div(r.get("tvm_int8_ms"), r.get("ort_int8_ms")) for r in mine]
+        dynamic = [r and div(r.get("tvm_int8_ms"), r.get("ort_dynamic_ms")) for r in mine]
+        gain = [r and div(r.get("tvm_fp32_ms"), r.get("tvm_int8_ms")) for r in mine]
         sqnr = (figure("tvm_int8_sqnr_db"), figure("ort_int8_sqnr_db"))
         rows.append(
             [
                 model,
                 ms(figure("tvm_fp32_ms")),
                 ms(figure("tvm_int8_ms")),
+                times(med(gain)),
                 ms(figure("ort_fp32_ms")),
                 ms(figure("ort_int8_ms")),
+                ms(figure("ort_dynamic_ms")),
                 each(fp32),
                 times(med(fp32)),
                 each(int8),
                 times(med(int8)),
+                times(med(dynamic)),
                 " / ".join("—" if s is None else f"{s:.1f}" for s in sqnr) + " dB",
             ]
         )
@@ -283,16 +289,59 @@ def render_quantized(runs: list[dict]) -> str:
         "model",
         "TVM fp32",
         "TVM int8",
+        "TVM int8 gain",
         "ORT fp32",
         "ORT int8",
+        "ORT dynamic int8",
         f"TVM/ORT fp32, {plural(n, 'run')}",
         "median",
         f"TVM/ORT int8, {plural(n, 'run')}",
         "median",
+        "TVM int8 / ORT dynamic",
         "int8 SQNR TVM / ORT",
     ]
     earlier_ratio = ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
     return ratio_table(latest, "", header, rows) + earlier_ratio
+
+
+# ---------------------------------------------------------------- decode.py
+
+
+def render_decode(runs: list[dict]) -> str:
+    latest, *earlier = groups(runs, ("past",))
+    n = len(latest)
+    rows = []
+    for model, mine, _, figure in per_model(latest):
+        ort = [r and div(r.get("tvm_ms"), r.get("onnxruntime_ms")) for r in mine]
+        rows.append(
+            [
+                model,
+                *(
+                    f"{ms(figure(f'{k}_ms'))} ({figure(f'{k}_tokens_per_s'):.0f})"
+                    if figure(f"{k}_ms") is not None
+                    else "—"
+                    for k in ("tvm", "onnxruntime", "pytorch")
+                ),
+                each(ort),
+                times(med(ort)),
+                times(med(r and div(r.get("tvm_ms"), r.get("pytorch_ms")) for r in mine)),
+            ]
+        )
+    header = [
+        "model",
+        "TVM ms (tokens/s)",
+        "ORT ms (tokens/s)",
+        "PyTorch ms (tokens/s)",
+        f"TVM/ORT, {plural(n, 'run')}",
+        "median",
+        "TVM/PyTorch",
+    ]
+    past = listed(r.get("past") for r in latest)
+    earlier_ratio = ratio_history(earlier, "tvm_ms", "onnxruntime_ms", "TVM/ORT")
+    return (
+        f"{where(latest)}; one new token after {past} cached. {medians(n).capitalize()}, in ms; ratios "
+        "per run, then their median.\n\n" + table(header, rows) + earlier_ratio
+    )
 
 
 # ---------------------------------------------------------------- pi.py
@@ -405,6 +454,7 @@ def render_job_time(runs: list[dict]) -> str:
 RENDER = {
     "cpu_models": render_cpu_models,
     "quantized": render_quantized,
+    "decode": render_decode,
     "pi": render_pi,
     "job_time": render_job_time,
 }

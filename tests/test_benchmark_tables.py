@@ -61,9 +61,27 @@ def test_medians_across_runs_and_per_run_ratios():
     assert "| aaaaaaa | 2026-11-25 | 1 | Test CPU, 2 | 0.70× |" in earlier
 
 
+def test_decoding_steps_in_tokens_per_second_and_ratios_per_run():
+    def run(tvm_ms: float) -> dict:
+        row = {"model": "gpt2", "tvm_ms": tvm_ms, "onnxruntime_ms": 10.0, "pytorch_ms": 20.0}
+        row |= {f"{k}_tokens_per_s": 1e3 / row[f"{k}_ms"] for k in ("tvm", "onnxruntime", "pytorch")}
+        return {
+            "commit": "ccccccc",
+            "cpu": "Test CPU",
+            "threads": 2,
+            "date": "2026-11-25",
+            "past": 128,
+            "rows": [row],
+        }
+
+    text = tables.render("decode", [run(8.0), run(5.0), run(6.0)])
+    assert "3 runs (2026-11-25) at ccccccc on Test CPU, 2 threads; one new token after 128 cached" in text
+    assert "| gpt2 | 6.00 (167) | 10.0 (100) | 20.0 (50) | 0.80, 0.50, 0.60 | 0.60× | 0.30× |" in text
+
+
 def test_missing_results_name_the_command(tmp_path):
     bodies = tables.blocks(tmp_path)
-    assert set(bodies) == {"cpu_models", "quantized", "pi", "job_time"}
+    assert set(bodies) == {"cpu_models", "quantized", "decode", "pi", "job_time"}
     assert bodies["quantized"] == (
         "No run recorded yet: `PYTHONPATH=. .venv/bin/python benchmarks/quantized.py --record`"
     )
@@ -89,7 +107,7 @@ def test_recorded_runs_rewrite_the_doc_and_check_finds_a_stale_block(tmp_path, c
     assert "| 0.90, 0.60, 0.80 | 0.80× |" in text
     assert "| resnet50 | 2 | 32.0 | 0.5 | 11.0 |" in text  # the median of 30 and 34 s
     assert "No run recorded yet: `.venv/bin/python benchmarks/pi.py --record`" in text
-    assert text.startswith("# Benchmarks\n\nIntro.\n\n") and text.count("After.") == 4
+    assert text.startswith("# Benchmarks\n\nIntro.\n\n") and text.count("After.") == len(tables.RENDER)
     capsys.readouterr()
     assert tables.main([*args, "--check"]) == 0
 

@@ -132,3 +132,28 @@ def test_module_paths_fold_into_blocks():
     assert scope_path(scopes) == "m.encoder.layer.0.attention"
     assert scope_path("['', 'm', 'linear_3']") == "m"
     assert scope_path("not a list") == "" and scope_path(None) == ""
+
+
+class SplitAttention(torch.nn.Module):
+    """GPT-2's attention: one projection split into query, key and value, four heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(64, 192), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        q, k, v = (t.reshape(1, 16, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, dim=2))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
+        return self.out(attention.transpose(1, 2).reshape(1, 16, 64))
+
+
+def test_query_key_and_value_split_apart_map_to_their_layers(client):
+    """The kernels after a split (a kernel with a tuple of results: GPT-2's query, key and value)
+    list their source layers as any other: the heads' transposes, the softmax, the attention's
+    matmuls (they listed none, and the graph folded by block lost them)."""
+    results, _, fused = run(client, SplitAttention(), torch.randn(1, 16, 64))
+    assert [k["name"] for k in results["kernels"] if not k["layers"]] == []
+    assert any(
+        "softmax" in k["name"] and any("Softmax" in x for x in k["layers"]) for k in results["kernels"]
+    )
+    consistent(results, fused)

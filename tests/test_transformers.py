@@ -67,6 +67,8 @@ def test_every_matmul_of_a_transformer_is_on_the_matmul_rule_and_its_outputs_mat
     model, optimized, lowered, labels, path = build_example(config, name, preset, fmt, tmp_path)
     assert_matmuls_on_their_rule(labels, "default rule: ")
     assert not any("reduction" in v for k, v in labels.items() if "matmul" in k), labels
+    rows = {k: v for k, v in labels.items() if "layer_norm" in k or "softmax" in k}
+    assert rows and set(rows.values()) == {"default rule: row reduction"}, rows
     vocabulary = EXAMPLES[name].vocabulary
     if name in ("gpt2", "llama"):  # the LM head
         heads = {k for k in kernels_writing(optimized.fused, vocabulary) if "matmul" in k}
@@ -83,3 +85,35 @@ def test_every_matmul_of_a_transformer_is_on_the_matmul_rule_and_its_outputs_mat
     for out, ref in zip(ours, reference, strict=True):
         scale = float(np.abs(ref).max())
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * scale)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["x86-avx512-vnni", "rpi5"])
+def test_a_quantized_lm_head_is_on_the_int8_rule_and_the_row_reductions_on_theirs(config, tmp_path, preset):
+    """GPT-2 quantized: every integer matmul, its LM head among them (50,257 words, no multiple of a
+    vector, the tied embedding read transposed), is on the target's dot-product rule, not the float
+    rule's widened products; layer norms and softmax on the row rule (a quantized layer norm inlines
+    its rounding); where the code runs here, the int8 logits follow ONNX Runtime's float ones."""
+    from webapp.options import JobOptions
+    from webapp.pipeline.passes.legalize import fuse
+    from webapp.pipeline.stages.build import compile_relax
+    from webapp.pipeline.stages.quantize import quantize
+
+    model, _, _, _, path = build_example(config, "gpt2", preset, "onnx", tmp_path)
+    target = get(preset)
+    samples = [bench.make_inputs(model.inputs, seed=1 + i) for i in range(2)]
+    q = quantize(model.mod, target, JobOptions(quantize="int8"), samples)
+    executable, labels = compile_relax(q.mod, target)
+    rule = f"default rule: int8 matmul ({target.dot_instruction()})"
+    integer = {k: v for k, v in labels.items() if "matmul" in k and "cast" in k}
+    assert integer and set(integer.values()) == {rule}, labels
+    heads = {k for k in kernels_writing(fuse(q.mod, target), EXAMPLES["gpt2"].vocabulary) if "matmul" in k}
+    assert heads and {labels[k] for k in heads} == {rule}, heads
+    rows = {k: v for k, v in labels.items() if "layer_norm" in k or "softmax" in k}
+    assert rows and set(rows.values()) == {"default rule: row reduction"}, rows
+    if not target.can_run_here:
+        return
+    inputs = bench.make_inputs(model.inputs)
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
+    reference = bench.onnxruntime_runner(path, inputs, 2)()
+    assert bench.fidelity(ours, reference, classifier=False)["sqnr_db"] > 15

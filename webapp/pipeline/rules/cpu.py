@@ -547,8 +547,9 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
     if len(shapes) != 1 or len(loops) != len(sch.get(out).iter_vars):
         return None
     (shape,) = shapes
-    r = len(shape)
-    if not 0 < r < len(loops) or tuple(extent(sch, loop) for loop in loops[:r]) != shape:
+    r = max(len(shape), 1)  # one row (a decoded token's layer norm): the output's first, unit, axis
+    extents = [extent(sch, loop) for loop in loops]
+    if r >= len(loops) or tuple(extents[: len(shape)]) != shape or np.prod(extents[:r]) != np.prod(shape):
         return None
     lanes, _ = simd(target)
     partials = []

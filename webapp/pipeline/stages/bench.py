@@ -182,17 +182,20 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
     """The inspect stage's kernels with each one's share of the kernels' time, from the profile of the
     build the page shows, and its ms: that share of the build's benchmark median (benchmark_ms), so
-    the kernels' ms add up to the benchmark's figure; slowest first (a kernel the VM never calls,
-    last, with None)."""
+    the kernels' ms add up to the benchmark's figure, and its calls as the profile counted them;
+    slowest first (a kernel the VM never calls, last, with None)."""
     shown = next((p for p in profiles if p.get("shown")), {})
     if "kernels" not in shown:  # the profile failed: the kernels stay as they were
         return kernels
     times, whole = shown["kernels"], shown.get("benchmark_ms")
     rows = []
     for k in kernels:
-        share = times.get(k["name"], {}).get("share")
-        ms = None if share is None else share * whole if whole else times[k["name"]]["ms"]
-        rows.append({**k, "ms": ms, "share": share})
+        timed = times.get(k["name"], {})
+        share = timed.get("share")
+        ms = None if share is None else share * whole if whole else timed["ms"]
+        # calls as the run made them: the graph does not have a repacking of an activation (a
+        # matmul's second operand computed by the model), split off its kernel, yet it runs each time
+        rows.append({**k, "calls": timed.get("calls", k["calls"]), "ms": ms, "share": share})
     return sorted(rows, key=lambda k: -(k["ms"] or 0))
 
 

@@ -277,6 +277,12 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
     taken), and keeps the var of every binding it leaves in place.
     """
     defs = {b.var: b.value for b in main_bindings(before)}
+    # before's fields of a tuple-valued binding (a split's parts), by (the tuple's var, index)
+    fields = {
+        (value.tuple_value, value.index): var
+        for var, value in defs.items()
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var)
+    }
     kernel_of: dict = {}
     sites: dict = {}
     origin: dict = {}  # a var of after's main -> the var of before's main it stands for
@@ -287,6 +293,10 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
             continue
         if isinstance(value, relax.TupleGetItem) and isinstance(origin.get(value.tuple_value), list):
             origin[var] = origin[value.tuple_value][value.index]  # a field of a tuple (a group's outputs)
+            continue
+        if isinstance(value, relax.TupleGetItem) and (origin.get(value.tuple_value), value.index) in fields:
+            # a field of one kernel's tuple result (GPT-2's query, key and value, split apart)
+            origin[var] = fields[origin[value.tuple_value], value.index]
             continue
         if var in defs:  # a binding FuseOps left as it was
             origin.setdefault(var, var)
