@@ -243,6 +243,28 @@ def test_kernel_profile_counts_every_kernel_call_of_a_run(config, example_files,
     assert profile["kernels_ms"] > 0 and profile["run_ms"] > 0
 
 
+def test_the_kernel_table_counts_calls_as_the_run_made_them():
+    """A repacking of an activation (attention's values, a matmul's second operand computed by the
+    model), split into a kernel of its own, runs at each call though the fused graph has no call of
+    it: the table takes its calls from the profile. A weight's repacking, done at build time, is
+    never called."""
+    kernels = [
+        {"name": "matmul", "calls": 4},
+        {"name": "matmul_weight_prepack", "calls": 0},
+        {"name": "dense_weight_prepack", "calls": 0},
+    ]
+    times = {
+        "matmul": {"calls": 4, "ms": 3.0, "share": 0.75},
+        "matmul_weight_prepack": {"calls": 4, "ms": 1.0, "share": 0.25},
+    }
+    rows = bench.timed_kernels(kernels, [{"shown": True, "kernels": times, "benchmark_ms": 8.0}])
+    assert [(k["name"], k["calls"], k["ms"]) for k in rows] == [
+        ("matmul", 4, 6.0),
+        ("matmul_weight_prepack", 4, 2.0),
+        ("dense_weight_prepack", 0, None),
+    ]
+
+
 def test_densenet121_convolutions_each_land_in_one_kernel_that_lists_them(tmp_path):
     """DenseNet-121's graph from the onnx package's test data (weights made by ConstantOfShape): its
     batch norms come as tuples taken apart again, which the fusion is followed through; each of the

@@ -18,6 +18,7 @@ from webapp.pipeline.rules.common import (
     parallel,
     parallel_outer,
     simd,
+    space_choices,
     vector_width,
 )
 from webapp.pipeline.rules.cpu import (
@@ -263,6 +264,10 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     waste = {v: -(-n // (lanes * v)) * lanes * v - n for v in (4, 2, 1)}
     vectors = choice("vectors", next(v for v in (4, 2, 1) if waste[v] <= 0.03 * n or v == 1))
     rows = min(m, max(1, registers // 2 // vectors))
+    if space_choices.get() is not None and (m % rows or n % (lanes * vectors)):
+        # MetaSchedule measures a candidate without its weight repacking (RemoveWeightLayoutRewrite
+        # Block), which must be a plain copy: a padded one fails the search, so no design space pads
+        return None
 
     epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
     if transposed:
