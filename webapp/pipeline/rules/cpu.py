@@ -533,6 +533,8 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
     reductions = [b for b in inner if "R" in iter_kinds(sch.get(b))]
     if not reductions or "R" in iter_kinds(sch.get(out)):
         return None
+    if any(word in sch.get(b).name_hint for b in reductions for word in ("pool", "conv")):
+        return None  # a window per output, not a row: the windowed rule's (reduction)
 
     # The row axes: each reduction's spatial axes (less the unit axes a keepdims mean ends with), the
     # output's leading axes of the same extents.
