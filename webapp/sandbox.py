@@ -189,6 +189,21 @@ def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
     } | {k: os.environ[k] for k in PASSED_THROUGH if os.environ.get(k)}
 
 
+# What an allocation refused by the address-space limit looks like, in a log or an error's text; a C
+# extension's import that fails to allocate may also end in CPython's "SystemError: error return
+# without exception set" (import torch under 600 MB, one run in several).
+MEMORY_WORDS = (
+    "MemoryError",
+    "bad_alloc",
+    "Cannot allocate memory",
+    "out of memory",
+    "Out of memory",
+    "error return without exception set",
+    "cannot allocate memory",  # glibc's thread-local data, then abort
+    "failed to map segment",  # a shared library dlopen could not map
+)
+
+
 def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
     """The limit that ended a run, judged from how it ended and what it printed last."""
     sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
@@ -196,20 +211,7 @@ def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
         return f"CPU time limit reached ({config.cpu_limit_s} CPU seconds)."
     if sig == signal.SIGXFSZ:
         return f"Output size limit reached (no file may exceed {config.output_limit_mb} MB)."
-    # what an allocation refused by the address-space limit looks like; a C extension's import that
-    # fails to allocate may also end in CPython's "SystemError: error return without exception set"
-    # (import torch under 600 MB, one run in several)
-    memory_words = (
-        "MemoryError",
-        "bad_alloc",
-        "Cannot allocate memory",
-        "out of memory",
-        "Out of memory",
-        "error return without exception set",
-        "cannot allocate memory",  # glibc's thread-local data, then abort
-        "failed to map segment",  # a shared library dlopen could not map
-    )
-    if any(w in log_tail for w in memory_words):
+    if any(w in log_tail for w in MEMORY_WORDS):
         return f"Memory limit reached ({config.memory_limit_mb} MB of address space)."
     if "Resource temporarily unavailable" in log_tail or "can't start new thread" in log_tail:
         return f"Process limit reached ({config.process_limit} processes and threads)."

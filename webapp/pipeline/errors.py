@@ -5,6 +5,8 @@ from __future__ import annotations
 import mmap
 import os
 
+from webapp.sandbox import MEMORY_WORDS
+
 
 class StageError(Exception):
     """A failure the user can act on; its message is shown as is (no traceback)."""
@@ -14,8 +16,7 @@ def error_message(exc: BaseException) -> str:
     """A short message for an unexpected error: its type and first lines, never a traceback."""
     if isinstance(exc, StageError):
         return str(exc)
-    words = ("bad_alloc", "Cannot allocate memory")
-    if isinstance(exc, MemoryError) or any(w in str(exc) for w in words) or near_limit():
+    if isinstance(exc, MemoryError) or any(w in str(exc) for w in MEMORY_WORDS) or near_limit():
         limit = os.environ.get("PLAYGROUND_MEMORY_LIMIT_MB")
         return f"Out of memory: the job reached its memory limit ({limit} MB)." if limit else "Out of memory."
     lines = [ln for ln in str(exc).splitlines() if ln.strip() and not ln.startswith(("  File", "Traceback"))]
