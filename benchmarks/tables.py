@@ -2,7 +2,8 @@
 
 Each benchmark script with --record appends its run there (benchmarks/record.py). This script renders
 each file into the doc's block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` (NAME:
-cpu_models, quantized, decode, pi, job_time), so the doc's figures are the recorded ones and no copy goes stale.
+cpu_models, quantized, decode, pi, job_time), so the doc's figures are the recorded ones and no copy
+goes stale.
 
 A table is from the latest runs: those at the newest run's commit, CPU and thread count (and target,
 for the scripts that take one). Its figures are medians across those runs of each run's figure, its
