@@ -339,7 +339,7 @@ def test_a_single_tokens_layer_norm_is_one_row_on_the_row_rule():
     rule (dlight's took 1.1 ms a call on it), in vectors, computing numpy's layer norm."""
     from tvm import s_tir, te, topi
 
-    from webapp.pipeline.rules.cpu import rows
+    from webapp.pipeline.rules.reductions import rows
 
     x, g, b = te.placeholder((1, 1, 768)), te.placeholder((768,)), te.placeholder((768,))
     target = get("x86-host")

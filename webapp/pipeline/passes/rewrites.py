@@ -12,7 +12,7 @@ between two convolutions (bias, batch norm, ReLU, residual adds, pooling) follow
 data is transposed once at the edges of each region of convolutions, not at every one. In NHWC the
 input channels are innermost: a convolution is a GEMM over the channel axis
 (webapp.pipeline.rules.cpu.conv2d_nhwc; a 1x1 convolution is exactly one), and a depthwise
-convolution or a pooling vectorizes over channels (rules/cpu.py, windowed).
+convolution or a pooling vectorizes over channels (rules/reductions.py, windowed).
 
 ConvertLayout makes new vars for the bindings it rewrites, and inserts transposes; `align` maps the
 new vars back to the ones they stand for, so the fusion map (webapp.pipeline.stages.optimize.FusionTrace)
