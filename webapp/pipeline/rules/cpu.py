@@ -397,7 +397,7 @@ def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
             continue
         width = vector_width(extent(sch, loops[at]), lanes, minimum=4)
         inside = int(np.prod([extent(sch, loop) for loop in loops[at + 1 :]]))
-        if not width or inside < 1:
+        if not width:
             continue
         rest, inner = sch.split(loops[at], [None, width])
         sch.reorder(rest, *loops[at + 1 :], inner)

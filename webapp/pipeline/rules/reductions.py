@@ -134,7 +134,7 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
     partials = []
     for block in reductions:  # a vector of partial results, summed at the end of the row
         reduce_loops = sch.get_loops(block)[iter_kinds(sch.get(block)).count("S") :]
-        k = fuse(sch, reduce_loops) if len(reduce_loops) > 1 else reduce_loops[0]
+        k = fuse(sch, reduce_loops)
         width = vector_width(extent(sch, k), lanes)
         if width:
             partials.append(sch.rfactor(sch.split(k, [None, width])[1], 0))
