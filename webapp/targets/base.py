@@ -165,6 +165,14 @@ class LLVMCPU(Target):
             None,
         )
 
+    def int8_weight_bits(self) -> int:
+        """The bits an int8 layer's weights may use on this target: 7 where its int8 kernels multiply
+        with a pair of multiply-adds (x86 vpmaddubsw, whose int16 sum of two uint8 x int8 products
+        saturates beyond 2 x 255 x 64), else 8."""
+        kind = self.dot_instruction()
+        intrinsic = next((i for name, _, _, i, _ in self.dot_instructions if name == kind), None)
+        return 7 if isinstance(intrinsic, tuple) else 8
+
     def int8_mnemonic(self) -> str | None:
         """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""
         return self.int8_mnemonics.get(self.dot_instruction())

@@ -28,9 +28,24 @@ class X86(LLVMCPU):
     dot_instructions = (
         ("VNNI", 16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
         ("VNNI-256", 8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avx512vnni"),  # ymm: 8 channels
+        # without a dot product: vpmaddubsw (pairs into int16), vpmaddwd by ones (into int32), an add
+        (
+            "AVX512BW",
+            16,
+            "uint8",
+            ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+            "avx512bw",
+        ),
+        ("AVX2", 8, "uint8", ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"), "avx2"),
     )
     # without a dot product, the widened 16-bit products go through a multiply-add
-    int8_mnemonics = {"VNNI": "vpdpbusd", "VNNI-256": "vpdpbusd", None: "vpmaddwd"}
+    int8_mnemonics = {
+        "VNNI": "vpdpbusd",
+        "VNNI-256": "vpdpbusd",
+        "AVX512BW": "vpmaddubsw",
+        "AVX2": "vpmaddubsw",
+        None: "vpmaddwd",
+    }
 
     @property
     def can_run_here(self) -> bool:

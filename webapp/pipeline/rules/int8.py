@@ -72,19 +72,40 @@ def register_dot(kind: str) -> str:
             # The 4 activation bytes as one int32, broadcast to every lane; written as one expression:
             # a value given a name here becomes a local buffer, which TVM allocates from its workspace
             # pool (a runtime call) at every use
-            C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(intrinsic),
+            C[T.ramp(T.int32(0), 1, lanes)] = dot_products(
+                intrinsic,
                 C.vload([0], dtype=f"int32x{lanes}"),
                 T.reinterpret(
                     T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
                     dtype=f"{a_dtype}x{4 * lanes}",
                 ),
                 B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
-                dtype=f"int32x{lanes}",
+                lanes,
             )
 
     TensorIntrin.register(name, desc, impl, override=True)
     return name
+
+
+def dot_products(intrinsic, acc, a, b, lanes: int):
+    """acc + the sums of 4 products of a's and b's bytes per int32 lane, as the target computes them:
+    one dot-product instruction (`intrinsic` a name: vpdpbusd, sdot), or, without one, a pair of
+    multiply-adds (`intrinsic` two names: x86's vpmaddubsw, uint8 x int8 pairs summed into int16, then
+    vpmaddwd by ones, int16 pairs into int32) and an add. vpmaddubsw saturates a pair's sum at 32,767:
+    2 x 255 x 127 would overflow, so the quantizer keeps such a target's weights within 7 bits
+    (Target.int8_weight_bits; 2 x 255 x 64 = 32,640), as ONNX Runtime's reduce_range does."""
+    from tvm.script import tirx as T
+
+    if isinstance(intrinsic, str):
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(intrinsic), acc, a, b, dtype=f"int32x{lanes}"
+        )
+    pairs, quads = intrinsic
+    halves = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(pairs), a, b, dtype=f"int16x{2 * lanes}")
+    ones = T.broadcast(T.int16(1), 2 * lanes)
+    return acc + T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(quads), halves, ones, dtype=f"int32x{lanes}"
+    )
 
 
 def register_dots() -> None:

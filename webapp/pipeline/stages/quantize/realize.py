@@ -76,8 +76,12 @@ def substitute(expr, env: dict):
 
 
 class Realizer:
-    def __init__(self, func, layers: list[Layer], acts: dict, options, expose: bool = False):
+    def __init__(
+        self, func, layers: list[Layer], acts: dict, options, expose: bool = False, weight_bits: int = 8
+    ):
         self.func, self.bits = func, options.bits
+        # the weights' bits: fewer where the target's int8 kernels need them (Target.int8_weight_bits)
+        self.weight_bits = min(options.bits, weight_bits)
         self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
         self.expose = expose  # also return every quantized layer's result, in float32
         self.layers = {layer.head: layer for layer in layers if layer.quantized}
@@ -201,7 +205,7 @@ class Realizer:
         w = layer.weight
         axis = layer.channel_axis
         w_scale = self.weight_scale(layer)
-        wq = quantize_weights(w, w_scale, self.bits)
+        wq = quantize_weights(w, w_scale, self.weight_bits)
         channels = w.shape[axis]
         reduce = tuple(i for i in range(w.ndim) if i != axis)
         w_sum = wq.astype(np.int64).sum(axis=reduce)
@@ -283,10 +287,13 @@ class Realizer:
         if layer.given_scale is not None:
             shape = [1] * layer.weight.ndim
             shape[layer.channel_axis] = -1
-            return np.broadcast_to(layer.given_scale, (layer.weight.shape[layer.channel_axis],)).reshape(
-                shape
-            )
-        return weight_scales(layer.weight, self.bits, self.weight_mode, self.per_channel, layer.channel_axis)
+            # a pre-quantized model's 8-bit weights, on a target that takes 7: half the levels, each
+            # twice the step (its weights then round to every other level of the model's own)
+            given = layer.given_scale * 2.0 ** (self.bits - self.weight_bits)
+            return np.broadcast_to(given, (layer.weight.shape[layer.channel_axis],)).reshape(shape)
+        return weight_scales(
+            layer.weight, self.weight_bits, self.weight_mode, self.per_channel, layer.channel_axis
+        )
 
     def requantize(self, acc, multiplier: np.ndarray, zero_point: int):
         """int32 accumulator x multiplier + zero point, rounded half up (before the clip to 8 bits):
