@@ -302,11 +302,14 @@ def test_attention_heads_transpose_in_vectors_along_the_input(preset):
     np.testing.assert_array_equal(out, x.reshape(1, 197, 12, 64).transpose(0, 2, 3, 1) * np.float32(0.125))
 
 
+@pytest.mark.parametrize("preset", ["x86-avx512-vnni", "x86-avx512", "x86-avx2"])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transposed):
+def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transposed, preset):
     """The int8 matmul rule takes what an LM head is: a vocabulary that no vector divides (50 words
     here, GPT-2's 50,257), rows that no register tile divides (7), the weight stored [N, K] (a tied
-    embedding) or [K, N]; it is bit-exact against numpy, extremes included."""
+    embedding) or [K, N]; on each x86 form (VNNI's vpdpbusd; AVX-512BW's and AVX2's vpmaddubsw and
+    vpmaddwd, with the weights' 7 bits their int16 sums need) it is bit-exact against numpy, the
+    extremes included (255 x the largest weights, every pair's sum at its largest)."""
     from tvm import s_tir, te
 
     from webapp.pipeline.rules.int8 import matmul_int8
@@ -321,14 +324,17 @@ def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transpos
         lambda b, i, j: te.sum(a[b, i, r].astype("int32") * weight(j, r).astype("int32"), axis=r),
         name="matmul",
     )
-    target = get("x86-avx512-vnni")
+    target = get(preset)
     sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, w, out])}))
-    assert matmul_int8(sch, target) == "default rule: int8 matmul (VNNI)"
-    run_here_or_skip("x86-avx512-vnni")
+    assert matmul_int8(sch, target) == f"default rule: int8 matmul ({target.dot_instruction()})"
+    run_here_or_skip(preset)
+    limit = 2 ** (target.int8_weight_bits() - 1)  # 128 with VNNI, 64 for vpmaddubsw
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (1, m, k), dtype=np.uint8)
-    y = rng.integers(-128, 128, (n, k) if transposed else (k, n), dtype=np.int8)
-    x[0, 0], y.flat[:k] = 255, -128  # the largest products, summed
+    y = rng.integers(-limit, limit, (n, k) if transposed else (k, n), dtype=np.int8)
+    x[0, 0] = 255
+    y.flat[:k] = -limit
+    y.flat[k : 2 * k] = limit - 1
     got = built_and_run(sch.mod["main"], target, [x, y], (1, m, n), "int32")
     b = (y.T if transposed else y).astype(np.int64)
     np.testing.assert_array_equal(got, (x.astype(np.int64) @ b).astype(np.int32))
