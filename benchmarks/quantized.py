@@ -73,7 +73,7 @@ def ort_dynamic(onnx_path: Path, out: Path) -> Path:
     return out
 
 
-def measure_model(config: Config, name: str, tmp: Path) -> dict:
+def measure_model(config: Config, name: str, tmp: Path, target: str = "x86-host") -> dict:
     import tvm
 
     from webapp.cli import compile_locally
@@ -82,7 +82,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     from webapp.pipeline.stages.importers import import_model
 
     out = tmp / name
-    error = compile_locally(config, name, {"target": "x86-host", "quantize": "int8"}, out)
+    error = compile_locally(config, name, {"target": target, "quantize": "int8"}, out)
     if error:
         raise RuntimeError(f"{name}: failed at {error['stage']}: {error['message']}")
     result = json.loads((out / "result.json").read_text())
@@ -111,6 +111,7 @@ def measure_model(config: Config, name: str, tmp: Path) -> dict:
     dynamic_fid = bench.fidelity(outs["ort dynamic"], outs["ort fp32"], classifier=False)
     return {
         "model": name,
+        "target": target,
         "threads": threads,
         "tvm_fp32_ms": ms["tvm fp32"],
         "tvm_int8_ms": ms["tvm int8"],
@@ -133,6 +134,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--models", default="resnet18,resnet50,mobilenet-v2,transformer-block")
+    parser.add_argument(
+        "--target", default="x86-host", help="the x86 preset TVM builds for (its code must run on this CPU)"
+    )
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument(
@@ -154,7 +158,7 @@ def main() -> int:
             f"{'fp32 %peak':>10} {'int8 %peak':>10}"
         )
         for name in args.models.split(","):
-            r = measure_model(config, name, Path(tmp))
+            r = measure_model(config, name, Path(tmp), args.target)
             for key in ("tvm_fp32", "tvm_int8"):
                 r[f"{key}_peak_pct"] = 100 * r["gflop"] / (r[f"{key}_ms"] / 1e3) / peak
             rows.append(r)
@@ -171,7 +175,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
     if args.record:
-        data = {"budget_s": args.budget, "sgemm_peak_gflops": peak, "rows": rows}
+        data = {"budget_s": args.budget, "target": args.target, "sgemm_peak_gflops": peak, "rows": rows}
         print(f"recorded in {record_run('quantized', config.bench_threads, data)}")
     return 0
 

@@ -260,7 +260,7 @@ def ratio_history(earlier: list[list[dict]], num: str, den: str, what: str) -> s
 
 
 def render_quantized(runs: list[dict]) -> str:
-    latest, *earlier = groups(runs)
+    latest, *earlier = groups(runs, ("target",))
     n = len(latest)
     rows = []
     for model, mine, _, figure in per_model(latest):
@@ -302,7 +302,8 @@ def render_quantized(runs: list[dict]) -> str:
         "int8 SQNR TVM / ORT",
     ]
     earlier_ratio = ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
-    return ratio_table(latest, "", header, rows) + earlier_ratio
+    target = listed(r.get("target", "x86-host") for r in latest)
+    return ratio_table(latest, f", target {target}", header, rows) + earlier_ratio
 
 
 # ---------------------------------------------------------------- decode.py
