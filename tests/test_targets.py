@@ -71,8 +71,8 @@ print(json.dumps({"mcpu": str(host.tvm.attrs["mcpu"]), "key": host.database_key(
 @pytest.mark.parametrize(
     "preset, mcpu, key, lanes, dot",
     [
-        ("x86-avx2", "haswell", "x86-host-avx2", 8, None),
-        ("x86-avx512", "skylake-avx512", "x86-host-avx512", 16, None),
+        ("x86-avx2", "haswell", "x86-host-avx2", 8, "AVX2"),  # vpmaddubsw + vpmaddwd
+        ("x86-avx512", "skylake-avx512", "x86-host-avx512", 16, "AVX512BW"),
         ("x86-avx512-vnni", "cascadelake", "x86-host-avx512", 16, "VNNI"),
     ],
 )

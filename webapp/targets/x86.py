@@ -28,6 +28,7 @@ class X86(LLVMCPU):
     dot_instructions = (
         ("VNNI", 16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
         ("VNNI-256", 8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avx512vnni"),  # ymm: 8 channels
+        ("AVX-VNNI", 8, "uint8", "llvm.x86.avx512.vpdpbusd.256", "avxvnni"),  # {vex} vpdpbusd ymm
         # without a dot product: vpmaddubsw (pairs into int16), vpmaddwd by ones (into int32), an add
         (
             "AVX512BW",
@@ -42,6 +43,7 @@ class X86(LLVMCPU):
     int8_mnemonics = {
         "VNNI": "vpdpbusd",
         "VNNI-256": "vpdpbusd",
+        "AVX-VNNI": "vpdpbusd",
         "AVX512BW": "vpmaddubsw",
         "AVX2": "vpmaddubsw",
         None: "vpmaddwd",
@@ -102,7 +104,8 @@ NAMED = [
         "x86-avx2",
         "x86-64 with AVX2",
         "LLVM for x86-64 with AVX2 and FMA (Intel since Haswell, AMD since Zen): 256-bit vectors, "
-        "16 vector registers, no integer dot product (8-bit products are widened to 16 bits).",
+        "16 vector registers, no integer dot product (int8 kernels multiply with vpmaddubsw and "
+        "vpmaddwd, their weights in 7 bits).",
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"},
         needs=AVX2,
     ),
@@ -110,7 +113,8 @@ NAMED = [
         "x86-avx512",
         "x86-64 with AVX-512, no VNNI (Skylake-SP)",
         "LLVM for x86-64 with AVX-512 (F, CD, BW, DQ, VL) but no VNNI dot product, as Intel's Skylake "
-        "servers (Xeon Scalable, first generation): 512-bit vectors, 32 vector registers.",
+        "servers (Xeon Scalable, first generation): 512-bit vectors, 32 vector registers; int8 kernels "
+        "multiply with vpmaddubsw and vpmaddwd, their weights in 7 bits.",
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
         needs=AVX512,
     ),
@@ -125,6 +129,14 @@ NAMED = [
             "mcpu": "cascadelake",
         },
         needs=(*AVX512, "avx512_vnni"),
+    ),
+    X86(
+        "x86-avxvnni",
+        "x86-64 with AVX2 and AVX-VNNI (Alder Lake, Zen 5)",
+        "LLVM for x86-64 with AVX2 and the 256-bit VNNI dot product without AVX-512 (AVX-VNNI: "
+        "vpdpbusd on ymm registers), as Intel's client CPUs since Alder Lake: int8 kernels use it.",
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "alderlake"},
+        needs=(*AVX2, "avx_vnni"),
     ),
     X86(
         "x86-generic",
