@@ -426,6 +426,9 @@ def test_quantization_summary_speedup_accuracy_and_why_no_speedup():
     why = derive(slow)["quantization_summary"]["why_no_speedup"]
     assert why.startswith("int8 took 0.159 ms against fp32's 0.059 ms, 2.69× as long.")
     assert "no integer dot-product instruction" in why and "120 vpmaddwd / vpmaddubsw" in why
+    slow["instructions"] = {"vpmaddubsw": 96, "vpmaddwd": 96, "vfmadd": 40}  # the AVX2 int8 rules
+    why = derive(slow)["quantization_summary"]["why_no_speedup"]
+    assert "vpmaddubsw (96 in the assembly)" in why and "7 bits" in why
 
 
 def test_benchmark_summary_is_relative_to_the_fastest():

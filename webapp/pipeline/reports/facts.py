@@ -85,6 +85,15 @@ def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float)
         else f"{variant} took {quant_ms:.3g} ms against fp32's {fp32_ms:.3g} ms, about as long"
     )
     instructions = results.get("instructions") or {}
+    pairs = instructions.get("vpmaddubsw", 0)
+    if pairs and not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
+        return (
+            f"{measured}. This target has no integer dot-product instruction (AVX-512 VNNI vpdpbusd): "
+            f"its int8 kernels multiply 8-bit pairs with vpmaddubsw ({pairs} in the assembly), then add "
+            "them with vpmaddwd and an add, three instructions where vpdpbusd takes one, with weights in "
+            "7 bits; the conversions of activations to 8 bits and back around the layers that stay in "
+            "float cost as much again on a small model"
+        )
     if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
         widened = instructions.get("vpmaddwd", 0) + instructions.get("vpmaddubsw", 0)
         how = (
