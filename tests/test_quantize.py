@@ -23,9 +23,12 @@ from webapp.pipeline.stages.quantize.annotate import bindings
 from webapp.pipeline.stages.quantize.calibrate import gather, kl_threshold, threshold
 from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
+    fit_pairs,
     fma32,
     is_power_of_two,
     pack_bits,
+    pair_sums,
+    quantize_weights,
     requantize_reference,
     unpack_bits,
 )
@@ -211,6 +214,31 @@ def test_int8_conv_uses_vpdpbusd_where_the_target_has_vnni(tmp_path):
     assert vnni.count("vpdpbusd") >= 16
     avx2 = asm(get("x86-avx2"))
     assert "vpdpbusd" not in avx2 and "zmm" not in avx2
+
+
+@pytest.mark.parametrize("kind", ["conv2d", "matmul"])
+def test_int8_weights_for_vpmaddubsw_keep_each_pair_within_its_16_bit_sum(kind):
+    """On x86 without VNNI (vpmaddubsw sums two uint8 x int8 products in int16) each pair of weights
+    along the reduction (input channels 0-1, 2-3...) adds up to at most 128 where it has one sign
+    (255 x 128 = 32,640 fits in int16); each channel's step lies between 8 bits' and 7 bits'. With
+    VNNI the same model keeps pairs beyond it, and 8 bits' step."""
+    mod, shapes = float_model(kind)
+    samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
+    vnni = quantize(mod, get("x86-avx512-vnni"), JobOptions(quantize="int8"), samples)
+    avx2 = quantize(mod, get("x86-avx2"), JobOptions(quantize="int8"), samples)
+    assert get("x86-avx2").int8_pair_limit() == 128 and get("x86-avx512-vnni").int8_pair_limit() is None
+    axis = 1 if kind == "conv2d" else 0
+    assert max(pair_sums(r.weight_q, axis).max() for r in vnni.layers) > 128
+    for fine, coarse in zip(vnni.layers, avx2.layers, strict=True):
+        assert pair_sums(coarse.weight_q, axis).max() <= 128
+        assert np.all(coarse.weight_scale >= fine.weight_scale)
+        assert np.all(coarse.weight_scale <= 127 / 63 * fine.weight_scale * (1 + 1e-9))
+
+
+def test_fit_pairs_moves_a_pair_that_rounding_lifts_past_the_limit_onto_it():
+    exact = np.array([[127.0, 1.6, -64.6, -64.6, 100.2, -127.0, 60.0, 68.0]])  # rounded: 129, -130
+    q = fit_pairs(quantize_weights(exact, np.ones(1), 8), exact, 128, 1)
+    np.testing.assert_array_equal(q, [[127, 1, -64, -64, 100, -127, 60, 68]])
 
 
 def test_power2_scales_are_powers_of_two_and_requantize_by_shift():

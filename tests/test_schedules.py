@@ -15,6 +15,7 @@ from webapp.pipeline.stages import bench
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize.scales import fit_pairs, quantize_weights
 from webapp.targets import get
 
 HEAVY = re.compile(r"conv2d|matmul")
@@ -308,8 +309,8 @@ def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transpos
     """The int8 matmul rule takes what an LM head is: a vocabulary that no vector divides (50 words
     here, GPT-2's 50,257), rows that no register tile divides (7), the weight stored [N, K] (a tied
     embedding) or [K, N]; on each x86 form (VNNI's vpdpbusd; AVX-512BW's and AVX2's vpmaddubsw and
-    vpmaddwd, with the weights' 7 bits their int16 sums need) it is bit-exact against numpy, the
-    extremes included (255 x the largest weights, every pair's sum at its largest)."""
+    vpmaddwd, with the pairs of weights the quantizer leaves within their int16 sums' range) it is
+    bit-exact against numpy, the extremes included (255 x every pair's sum at its largest)."""
     from tvm import s_tir, te
 
     from webapp.pipeline.rules.int8 import matmul_int8
@@ -328,16 +329,21 @@ def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transpos
     sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, w, out])}))
     assert matmul_int8(sch, target) == f"default rule: int8 matmul ({target.dot_instruction()})"
     run_here_or_skip(preset)
-    limit = 2 ** (target.int8_weight_bits() - 1)  # 128 with VNNI, 64 for vpmaddubsw
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (1, m, k), dtype=np.uint8)
-    y = rng.integers(-limit, limit, (n, k) if transposed else (k, n), dtype=np.int8)
     x[0, 0] = 255
-    y.flat[:k] = -limit
-    y.flat[k : 2 * k] = limit - 1
+    # the quantizer's weights for this target: 8 bits, each pair along k within its limit; the first
+    # columns at the extremes: 127 + 1, -127 - 1, 64 + 64, -64 - 64 (VNNI: -128 + -128, 127 + 127)
+    exact = rng.uniform(-127, 127, (k, n))
+    limit = target.int8_pair_limit()
+    b = quantize_weights(exact, np.ones(1), 8)
+    b = fit_pairs(b, exact, limit, 0) if limit else b
+    extremes = [(127, 1), (-127, -1), (64, 64), (-64, -64)] if limit else [(-128, -128), (127, 127)]
+    for column, pair in enumerate(extremes):
+        b[:, column] = np.tile(pair, k // 2)
+    y = np.ascontiguousarray(b.T) if transposed else b
     got = built_and_run(sch.mod["main"], target, [x, y], (1, m, n), "int32")
-    b = (y.T if transposed else y).astype(np.int64)
-    np.testing.assert_array_equal(got, (x.astype(np.int64) @ b).astype(np.int32))
+    np.testing.assert_array_equal(got, (x.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
 
 
 def test_a_single_tokens_layer_norm_is_one_row_on_the_row_rule():

@@ -165,13 +165,13 @@ class LLVMCPU(Target):
             None,
         )
 
-    def int8_weight_bits(self) -> int:
-        """The bits an int8 layer's weights may use on this target: 7 where its int8 kernels multiply
-        with a pair of multiply-adds (x86 vpmaddubsw, whose int16 sum of two uint8 x int8 products
-        saturates beyond 2 x 255 x 64), else 8."""
+    def int8_pair_limit(self) -> int | None:
+        """The most two neighbouring int8 weights may add up to (in magnitude) on this target: 128 where
+        its int8 kernels multiply with a pair of multiply-adds (x86 vpmaddubsw sums two uint8 x int8
+        products in int16: 255 x 128 = 32,640 fits, 255 x 129 does not); None where any pair fits."""
         kind = self.dot_instruction()
         intrinsic = next((i for name, _, _, i, _ in self.dot_instructions if name == kind), None)
-        return 7 if isinstance(intrinsic, tuple) else 8
+        return 128 if isinstance(intrinsic, tuple) else None
 
     def int8_mnemonic(self) -> str | None:
         """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""

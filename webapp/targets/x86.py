@@ -105,7 +105,7 @@ NAMED = [
         "x86-64 with AVX2",
         "LLVM for x86-64 with AVX2 and FMA (Intel since Haswell, AMD since Zen): 256-bit vectors, "
         "16 vector registers, no integer dot product (int8 kernels multiply with vpmaddubsw and "
-        "vpmaddwd, their weights in 7 bits).",
+        "vpmaddwd, each pair of weights within their 16-bit sum's range).",
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"},
         needs=AVX2,
     ),
@@ -114,7 +114,7 @@ NAMED = [
         "x86-64 with AVX-512, no VNNI (Skylake-SP)",
         "LLVM for x86-64 with AVX-512 (F, CD, BW, DQ, VL) but no VNNI dot product, as Intel's Skylake "
         "servers (Xeon Scalable, first generation): 512-bit vectors, 32 vector registers; int8 kernels "
-        "multiply with vpmaddubsw and vpmaddwd, their weights in 7 bits.",
+        "multiply with vpmaddubsw and vpmaddwd, each pair of weights within their 16-bit sum's range.",
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
         needs=AVX512,
     ),

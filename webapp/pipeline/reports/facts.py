@@ -90,9 +90,10 @@ def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float)
         return (
             f"{measured}. This target has no integer dot-product instruction (AVX-512 VNNI vpdpbusd): "
             f"its int8 kernels multiply 8-bit pairs with vpmaddubsw ({pairs} in the assembly), then add "
-            "them with vpmaddwd and an add, three instructions where vpdpbusd takes one, with weights in "
-            "7 bits; the conversions of activations to 8 bits and back around the layers that stay in "
-            "float cost as much again on a small model"
+            "them with vpmaddwd and an add, three instructions where vpdpbusd takes one, with the weights' "
+            "step coarser where a pair of them could pass vpmaddubsw's 16-bit sum; the conversions of "
+            "activations to 8 bits and back around the layers that stay in float cost as much again on a "
+            "small model"
         )
     if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
         widened = instructions.get("vpmaddwd", 0) + instructions.get("vpmaddubsw", 0)

@@ -92,8 +92,8 @@ def dot_products(intrinsic, acc, a, b, lanes: int):
     one dot-product instruction (`intrinsic` a name: vpdpbusd, sdot), or, without one, a pair of
     multiply-adds (`intrinsic` two names: x86's vpmaddubsw, uint8 x int8 pairs summed into int16, then
     vpmaddwd by ones, int16 pairs into int32) and an add. vpmaddubsw saturates a pair's sum at 32,767:
-    2 x 255 x 127 would overflow, so the quantizer keeps such a target's weights within 7 bits
-    (Target.int8_weight_bits; 2 x 255 x 64 = 32,640), as ONNX Runtime's reduce_range does."""
+    2 x 255 x 127 would overflow, so the quantizer keeps each such pair of weights within 128 in
+    magnitude on such a target (Target.int8_pair_limit; 255 x 128 = 32,640)."""
     from tvm.script import tirx as T
 
     if isinstance(intrinsic, str):

@@ -230,10 +230,10 @@ def quantize(
         levels = probe.qmax - probe.zero_point  # positive levels, for KL's histogram
         limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_scale
         acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2", dtype)
-    realizer = Realizer(func, layers, acts, options, weight_bits=target.int8_weight_bits())
+    realizer = Realizer(func, layers, acts, options, pair_limit=target.int8_pair_limit())
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(func, layers, acts, options, samples[0], float_of, target.int8_weight_bits())
+    errors = layer_errors(func, layers, acts, options, samples[0], float_of, target.int8_pair_limit())
     report(1.0)
     return Quantized(
         integer_layout(tvm.IRModule({"main": qfunc})),
@@ -247,13 +247,13 @@ def quantize(
     )
 
 
-def layer_errors(func, layers, acts, options, sample, float_of, weight_bits: int = 8) -> list[dict]:
+def layer_errors(func, layers, acts, options, sample, float_of, pair_limit=None) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer."""
     from webapp.pipeline.stages.bench import fidelity
     from webapp.pipeline.stages.build import compile_relax
 
-    exposed = Realizer(func, layers, acts, options, expose=True, weight_bits=weight_bits)
+    exposed = Realizer(func, layers, acts, options, expose=True, pair_limit=pair_limit)
     executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]

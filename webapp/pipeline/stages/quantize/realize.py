@@ -31,7 +31,10 @@ from tvm.relax import op as R
 from webapp.pipeline.stages.quantize.annotate import Layer, bindings, users
 from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
+    fit_pairs,
     is_power_of_two,
+    pair_sums,
+    power2_up,
     quantize_weights,
     weight_scales,
 )
@@ -76,12 +79,11 @@ def substitute(expr, env: dict):
 
 
 class Realizer:
-    def __init__(
-        self, func, layers: list[Layer], acts: dict, options, expose: bool = False, weight_bits: int = 8
-    ):
+    def __init__(self, func, layers: list[Layer], acts: dict, options, expose: bool = False, pair_limit=None):
         self.func, self.bits = func, options.bits
-        # the weights' bits: fewer where the target's int8 kernels need them (Target.int8_weight_bits)
-        self.weight_bits = min(options.bits, weight_bits)
+        # the most a pair of 8-bit weights may add up to, where the target's int8 kernels sum pairs of
+        # products in 16 bits (Target.int8_pair_limit; None: any)
+        self.pair_limit = pair_limit if options.bits == 8 else None
         self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
         self.expose = expose  # also return every quantized layer's result, in float32
         self.layers = {layer.head: layer for layer in layers if layer.quantized}
@@ -205,7 +207,9 @@ class Realizer:
         w = layer.weight
         axis = layer.channel_axis
         w_scale = self.weight_scale(layer)
-        wq = quantize_weights(w, w_scale, self.weight_bits)
+        wq = quantize_weights(w, w_scale, self.bits)
+        if self.pair_limit is not None:
+            wq = fit_pairs(wq, w / w_scale, self.pair_limit, pair_axis(layer))
         channels = w.shape[axis]
         reduce = tuple(i for i in range(w.ndim) if i != axis)
         w_sum = wq.astype(np.int64).sum(axis=reduce)
@@ -284,16 +288,23 @@ class Realizer:
         return self.emit(R.minimum(R.maximum(x, scalar(lo, dtype, x)), scalar(hi, dtype, x)))
 
     def weight_scale(self, layer: Layer) -> np.ndarray:
+        w, axis = layer.weight, layer.channel_axis
         if layer.given_scale is not None:
-            shape = [1] * layer.weight.ndim
-            shape[layer.channel_axis] = -1
-            # a pre-quantized model's 8-bit weights, on a target that takes 7: half the levels, each
-            # twice the step (its weights then round to every other level of the model's own)
-            given = layer.given_scale * 2.0 ** (self.bits - self.weight_bits)
-            return np.broadcast_to(given, (layer.weight.shape[layer.channel_axis],)).reshape(shape)
-        return weight_scales(
-            layer.weight, self.weight_bits, self.weight_mode, self.per_channel, layer.channel_axis
-        )
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            scale = np.broadcast_to(layer.given_scale, (w.shape[axis],)).reshape(shape)
+        else:
+            scale = weight_scales(w, self.bits, self.weight_mode, self.per_channel, axis)
+        if self.pair_limit is None:
+            return scale
+        # A target that sums pairs of products in int16 (x86 vpmaddubsw): a channel whose largest pair
+        # of one sign would pass the limit takes the coarser step that brings it to the limit, between
+        # 8 bits and 7 (ONNX Runtime gives every weight 7 bits on such CPUs, its reduce_range; figures in
+        # docs/quantization.md).
+        sums = pair_sums(w / scale, pair_axis(layer))
+        reduce = tuple(i for i in range(sums.ndim) if i != axis or scale.size == 1)
+        coarser = scale * np.maximum(sums.max(axis=reduce, keepdims=True) / self.pair_limit, 1.0)
+        return power2_up(coarser) if self.weight_mode == "power2" else coarser
 
     def requantize(self, acc, multiplier: np.ndarray, zero_point: int):
         """int32 accumulator x multiplier + zero point, rounded half up (before the clip to 8 bits):
@@ -317,6 +328,12 @@ class Realizer:
         if zero_point:
             y = self.emit(R.add(y, scalar(zero_point, str(y.ty.dtype), y)))
         return y, "shift"
+
+
+def pair_axis(layer: Layer) -> int:
+    """The weight axis that the int8 kernels reduce 4 at a time, in pairs: the input channels of a
+    conv2d (OIHW), the rows of a matmul's [K, N]."""
+    return 1 if layer.kind == "conv2d" else layer.weight.ndim - 2
 
 
 def free_vars(expr) -> list:

@@ -83,6 +83,37 @@ def quantize_weights(w: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
     return np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
 
 
+def pair_sums(w: np.ndarray, axis: int) -> np.ndarray:
+    """The magnitude of each pair's same-signed sum along `axis` (0 and 1, 2 and 3, ...: the pairs of
+    weights an x86 vpmaddubsw multiplies by two uint8 activations and sums into int16): the most the pair
+    can add up to with activations of one sign. `axis` halved (rounded up)."""
+    w = np.moveaxis(np.asarray(w, np.float64), axis, -1)
+    w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, w.shape[-1] % 2)])
+    up = np.maximum(w[..., 0::2], 0) + np.maximum(w[..., 1::2], 0)
+    down = np.minimum(w[..., 0::2], 0) + np.minimum(w[..., 1::2], 0)
+    return np.moveaxis(np.maximum(up, -down), -1, axis)
+
+
+def fit_pairs(wq: np.ndarray, exact: np.ndarray, limit: int, axis: int) -> np.ndarray:
+    """8-bit weights whose pairs along `axis` (pair_sums) add up to at most `limit` in magnitude. The
+    scale already keeps the unrounded pairs within it (Realizer.weight_scale); rounding both up can
+    pass it by one level, and such a pair moves to the nearest pair on the limit: the excess split
+    between the two, each rounded, their sum exact."""
+    w = np.moveaxis(wq.astype(np.int64), axis, -1)
+    f = np.moveaxis(exact.astype(np.float64), axis, -1)
+    odd = w.shape[-1] % 2
+    w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, odd)])
+    f = np.pad(f, [(0, 0)] * (f.ndim - 1) + [(0, odd)])
+    w0, w1 = w[..., 0::2], w[..., 1::2]
+    total = w0 + w1
+    over = np.abs(total) > limit
+    t = np.sign(total) * limit
+    first = np.clip(np.round((f[..., 0::2] - f[..., 1::2] + t) / 2), -127, 127)
+    w[..., 0::2] = np.where(over, first, w0)
+    w[..., 1::2] = np.where(over, np.clip(t - first, -127, 127), w1)
+    return np.moveaxis(w[..., : w.shape[-1] - odd], -1, axis).astype(np.int8)
+
+
 def fma32(a, b, c) -> np.ndarray:
     """float32 a * b + c rounded once, as a fused multiply-add: TVM's LLVM code generation fuses a
     float multiply with the add after it (the quantize and requantize steps compile to `vfmadd`).
