@@ -303,7 +303,10 @@ def test_attention_heads_transpose_in_vectors_along_the_input(preset):
     np.testing.assert_array_equal(out, x.reshape(1, 197, 12, 64).transpose(0, 2, 3, 1) * np.float32(0.125))
 
 
-@pytest.mark.parametrize("preset", ["x86-avx512-vnni", "x86-avx512", "x86-avx2"])
+X86_INT8_FORMS = ["x86-avx512-vnni", "x86-avxvnni", "x86-avx512", "x86-avx2"]
+
+
+@pytest.mark.parametrize("preset", X86_INT8_FORMS)
 @pytest.mark.parametrize("transposed", [False, True])
 def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transposed, preset):
     """The int8 matmul rule takes what an LM head is: a vocabulary that no vector divides (50 words
@@ -344,6 +347,45 @@ def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transpos
     y = np.ascontiguousarray(b.T) if transposed else b
     got = built_and_run(sch.mod["main"], target, [x, y], (1, m, n), "int32")
     np.testing.assert_array_equal(got, (x.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
+
+
+@pytest.mark.parametrize("preset", X86_INT8_FORMS)
+def test_int8_conv_on_each_x86_form_multiplies_with_its_instruction_bit_exact(preset):
+    """An 8-bit NHWC conv (uint8 activations x int8 HWIO weights) on each x86 form of the int8 rule:
+    AVX-512 VNNI's vpdpbusd on zmm, AVX-VNNI's {vex} vpdpbusd on ymm (Alder Lake), vpmaddubsw +
+    vpmaddwd on zmm (AVX-512BW) and on ymm (AVX2); the rule's label names the form, the assembly has its
+    instruction, and the output is numpy's, at the extremes of the weights the quantizer gives that
+    target (every activation 255 in one corner; pairs of weights summing to +-128 without VNNI)."""
+    from tvm import s_tir, te, topi
+
+    from webapp.pipeline.rules.int8 import conv2d_nhwc_int8
+
+    d = te.placeholder((1, 9, 9, 32), "uint8", name="d")
+    w = te.placeholder((3, 3, 32, 32), "int8", name="w")
+    out = topi.nn.conv2d_nhwc(d, w, 1, 0, 1, out_dtype="int32")
+    sch = s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([d, w, out])}))
+    target = get(preset)
+    assert conv2d_nhwc_int8(sch, target) == f"default rule: int8 conv2d NHWC ({target.dot_instruction()})"
+    lib = tvm.compile(sch.mod, target=target.tvm)
+    asm = lib.mod.inspect_source("asm")
+    wide = preset in ("x86-avx512-vnni", "x86-avx512")
+    assert asm.count(target.int8_mnemonic()) >= 16 and ("zmm" in asm) == wide
+    assert bool(re.search(r"\{vex\}\s+vpdpbusd", asm)) == (preset == "x86-avxvnni")
+    run_here_or_skip(preset)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (1, 9, 9, 32), dtype=np.uint8)
+    x[0, :3, :3] = 255
+    exact = rng.uniform(-127, 127, (3, 3, 32, 32))
+    limit = target.int8_pair_limit()
+    b = quantize_weights(exact, np.ones(1), 8)
+    b = fit_pairs(b, exact, limit, 2) if limit else b
+    extremes = [(127, 1), (-127, -1), (64, 64), (-64, -64)] if limit else [(-128, -128), (127, 127)]
+    for channel, pair in enumerate(extremes):
+        b[..., channel] = np.tile(pair, 16)
+    got = built_and_run(sch.mod["main"], target, [x, b], (1, 7, 7, 32), "int32")
+    windows = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.int64), (3, 3), axis=(0, 1))
+    expected = np.einsum("hwcij,ijco->hwo", windows, b.astype(np.int64))
+    np.testing.assert_array_equal(got[0], expected)
 
 
 def test_a_single_tokens_layer_norm_is_one_row_on_the_row_rule():
