@@ -164,22 +164,25 @@ def test_refuses_half_a_tuning_database(client):
     assert resp.status_code == 400 and "two files" in resp.get_json()["error"]
 
 
-def test_tuning_covers_int8_kernels_on_the_dot_product_rules(config, tmp_path):
+@pytest.mark.parametrize("preset", ["x86-avx512-vnni", "x86-avx2"])
+def test_tuning_covers_int8_kernels_on_the_dot_product_rules(config, tmp_path, preset):
     """An int8 job's budget goes to its int8 kernels too, searched in the design spaces of the
-    project's own VNNI rules (schedules.SPACES); the build uses an int8 record only where it beats its
-    default rule, and the tuned int8 build computes exactly what the untuned one does. For the VNNI
-    preset, which tuning measures on this CPU, in a data folder of its own."""
+    project's own int8 rules (schedules.SPACES), on VNNI's vpdpbusd and on AVX2's vpmaddubsw pairs; the
+    build uses an int8 record only where it beats its default rule, and the tuned int8 build computes
+    exactly what the untuned one does. For presets that tuning measures on this CPU, in a data folder
+    of their own."""
     from dataclasses import replace
 
     from webapp import create_app
     from webapp.jobs.worker import run_job
     from webapp.targets import get
 
-    if not get("x86-avx512-vnni").can_run_here:
-        pytest.skip(f"tuning measures on this CPU, and x86-avx512-vnni runs {get('x86-avx512-vnni').runs_on}")
+    target = get(preset)
+    if not target.can_run_here:
+        pytest.skip(f"tuning measures on this CPU, and {preset} runs {target.runs_on}")
     fresh = replace(config, data_dir=tmp_path / "int8")
     client = create_app(fresh).test_client()
-    data = {"example": "cnn-small", "target": "x86-avx512-vnni", "quantize": "int8", "tune_trials": "24"}
+    data = {"example": "cnn-small", "target": preset, "quantize": "int8", "tune_trials": "24"}
     resp = client.post("/api/jobs", data=data)
     assert resp.status_code == 202, resp.get_json()
     run_job(fresh, resp.get_json()["id"])
@@ -188,10 +191,11 @@ def test_tuning_covers_int8_kernels_on_the_dot_product_rules(config, tmp_path):
     results = job["results"]
     tasks = results["tuning"]["tasks"]
     int8 = [t for t in tasks if t["variant"] == "int8" and t["latency_us"] is not None]
-    # the three int8 convolutions were measured, each as the VNNI rule's design space writes it
+    # the three int8 convolutions were measured, each as the int8 rule's design space writes it
     assert len([t for t in int8 if "conv2d" in t["name"]]) == 3
     records = client.get(f"/r/{job['id']}/files/database_tuning_record.json").get_data(as_text=True)
-    assert records.count('"playground_dot_16x4_VNNI"') >= 3
+    lanes = 16 if preset == "x86-avx512-vnni" else 8
+    assert records.count(f'"playground_dot_{lanes}x4_{target.dot_instruction()}"') >= 3
     assert any(c["variant"] == "int8" for c in results["record_choice"])
     assert_records_used_where_faster(results)
     # tuned or not, the int8 build's output is the same integers
