@@ -429,6 +429,9 @@ def test_quantization_summary_speedup_accuracy_and_why_no_speedup():
     slow["instructions"] = {"vpmaddubsw": 96, "vpmaddwd": 96, "vfmadd": 40}  # the AVX2 int8 rules
     why = derive(slow)["quantization_summary"]["why_no_speedup"]
     assert "vpmaddubsw (96 in the assembly)" in why and "16-bit sum" in why
+    slow["instructions"] = {"smull": 64, "sadalp": 32, "fmla": 40}  # the Pi 4's int8 rules
+    why = derive(slow)["quantization_summary"]["why_no_speedup"]
+    assert "no dot product (sdot)" in why and "smull (64 in the assembly)" in why
 
 
 def test_benchmark_summary_is_relative_to_the_fastest():

@@ -318,10 +318,11 @@ def test_digits_accuracy_at_each_bit_width(config, tmp_path):
     assert 0.0 <= accuracy["int2"] <= 1.0 and 0.0 <= accuracy["int1"] <= 1.0
 
 
-def test_int8_conv_uses_sdot_on_arm_with_dot_product():
+def test_int8_conv_uses_sdot_on_arm_with_dot_product_and_smull_without():
     """Cross-compiled for a Raspberry Pi 5's Cortex-A76 (calibration runs on this machine): int8
-    activations (Arm's dot product is int8 x int8) and `sdot` in the assembly; none on a
-    Cortex-A72 (Pi 4), which has no dot product."""
+    activations (Arm's dot product is int8 x int8) and `sdot` in the assembly. On a Cortex-A72 (Pi 4),
+    which has no dot product, the same rule multiplies with smull into 16 bits, adds pairs with addp,
+    and accumulates them into 32 bits with sadalp."""
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
 
@@ -335,5 +336,8 @@ def test_int8_conv_uses_sdot_on_arm_with_dot_product():
     a76, labels = asm("rpi5")  # Cortex-A76
     assert "default rule: int8 conv2d NHWC (sdot)" in labels.values()
     assert len(re.findall(r"\bsdot\s+v\d+\.4s", a76)) >= 4
-    a72, _ = asm("rpi4")  # Cortex-A72
+    a72, labels = asm("rpi4")  # Cortex-A72
+    assert "default rule: int8 conv2d NHWC (NEON)" in labels.values()
     assert "sdot" not in a72
+    for pattern in (r"\bsmull\s+v\d+\.8h", r"\baddp\s+v\d+\.8h", r"\bsadalp\s+v\d+\.4s"):
+        assert len(re.findall(pattern, a72)) >= 4, pattern

@@ -11,8 +11,18 @@ class Arm(LLVMCPU):
     arch = "aarch64"
     cross_compiler = "aarch64-linux-gnu-g++"
     activation_dtype = "int8"  # sdot multiplies int8 by int8
-    dot_instructions = (("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),)
-    int8_mnemonics = {"sdot": "sdot"}
+    dot_instructions = (
+        ("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),
+        # without a dot product: smull (int8 x int8 into int16), addp (pairs), sadalp (into int32)
+        (
+            "NEON",
+            4,
+            "int8",
+            ("llvm.aarch64.neon.smull", "llvm.aarch64.neon.addp", "llvm.aarch64.neon.saddlp"),
+            "neon",
+        ),
+    )
+    int8_mnemonics = {"sdot": "sdot", "NEON": "smull"}
 
     def vector_shape(self) -> tuple[int, int]:
         return 4, 32  # NEON: 128-bit vectors, 32 registers
@@ -39,8 +49,9 @@ PRESETS = [
         "Raspberry Pi 4 (Cortex-A72)",
         "cortex-a72",
         ["+neon"],
-        "64-bit Raspberry Pi OS on a Pi 4: four Cortex-A72 cores with NEON, no dot product (8-bit "
-        "products are widened to 16 bits). Runs on an rpi4 board of the device pool.",
+        "64-bit Raspberry Pi OS on a Pi 4: four Cortex-A72 cores with NEON, no dot product (int8 "
+        "kernels multiply with smull into 16 bits, then add pairs with addp and sadalp). Runs on an "
+        "rpi4 board of the device pool.",
     ),
     raspberry_pi(
         "rpi5",

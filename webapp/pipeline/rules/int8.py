@@ -73,39 +73,50 @@ def register_dot(kind: str) -> str:
             # a value given a name here becomes a local buffer, which TVM allocates from its workspace
             # pool (a runtime call) at every use
             C[T.ramp(T.int32(0), 1, lanes)] = dot_products(
-                intrinsic,
-                C.vload([0], dtype=f"int32x{lanes}"),
-                T.reinterpret(
-                    T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
-                    dtype=f"{a_dtype}x{4 * lanes}",
-                ),
-                B.vload([0, 0], dtype=f"int8x{4 * lanes}"),
-                lanes,
+                intrinsic, C.vload([0], dtype=f"int32x{lanes}"), A, B, a_dtype, lanes
             )
 
     TensorIntrin.register(name, desc, impl, override=True)
     return name
 
 
-def dot_products(intrinsic, acc, a, b, lanes: int):
-    """acc + the sums of 4 products of a's and b's bytes per int32 lane, as the target computes them:
-    one dot-product instruction (`intrinsic` a name: vpdpbusd, sdot), or, without one, a pair of
-    multiply-adds (`intrinsic` two names: x86's vpmaddubsw, uint8 x int8 pairs summed into int16, then
-    vpmaddwd by ones, int16 pairs into int32) and an add. vpmaddubsw saturates a pair's sum at 32,767:
-    2 x 255 x 127 would overflow, so the quantizer keeps each such pair of weights within 128 in
-    magnitude on such a target (Target.int8_pair_limit; 255 x 128 = 32,640)."""
+def dot_products(intrinsic, acc, A, B, a_dtype: str, lanes: int):
+    """acc + the sums of 4 products of A's 4 activation bytes (broadcast to every lane) and each lane's
+    4 bytes of B, as the target computes them:
+    - one dot-product instruction (`intrinsic` a name: vpdpbusd, sdot);
+    - x86 without one (two names): vpmaddubsw, uint8 x int8 pairs summed into int16, then vpmaddwd by
+      ones, int16 pairs into int32, and an add, as ONNX Runtime's MLAS does. vpmaddubsw saturates a
+      pair's sum at 32,767: 2 x 255 x 127 would pass it, so the quantizer keeps each pair of weights
+      within 128 in magnitude on such a target (Target.int8_pair_limit; 255 x 128 = 32,640);
+    - Arm NEON without one (three names, 4 lanes): smull, int8 x int8 into int16, for lanes 0-1 and
+      2-3; addp, each lane's products added in pairs (int16: 2 x 128 x 127 = 32,512 fits, as weights
+      stop at +-127); sadalp, those pairs added into the int32 accumulator, as XNNPACK's and MLAS's
+      NEON kernels do without sdot.
+    Written as one expression: a value given a name here becomes a local buffer, which TVM allocates
+    from its workspace pool (a runtime call) at every use."""
     from tvm.script import tirx as T
 
-    if isinstance(intrinsic, str):
-        return T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id(intrinsic), acc, a, b, dtype=f"int32x{lanes}"
+    def call(name, *args, dtype):
+        return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(name), *args, dtype=dtype)
+
+    def activations(n: int):  # A's 4 bytes, as one int32, broadcast to n bytes
+        return T.reinterpret(
+            T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), n // 4),
+            dtype=f"{a_dtype}x{n}",
         )
-    pairs, quads = intrinsic
-    halves = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(pairs), a, b, dtype=f"int16x{2 * lanes}")
-    ones = T.broadcast(T.int16(1), 2 * lanes)
-    return acc + T.call_llvm_pure_intrin(
-        T.llvm_lookup_intrinsic_id(quads), halves, ones, dtype=f"int32x{lanes}"
-    )
+
+    if isinstance(intrinsic, str):
+        b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
+        return call(intrinsic, acc, activations(4 * lanes), b, dtype=f"int32x{lanes}")
+    if len(intrinsic) == 2:
+        pairs, quads = intrinsic
+        b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
+        halves = call(pairs, activations(4 * lanes), b, dtype=f"int16x{2 * lanes}")
+        return acc + call(quads, halves, T.broadcast(T.int16(1), 2 * lanes), dtype=f"int32x{lanes}")
+    widen, pairwise, long_pairs = intrinsic
+    low = call(widen, activations(8), B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
+    high = call(widen, activations(8), B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
+    return acc + call(long_pairs, call(pairwise, low, high, dtype="int16x8"), dtype="int32x4")
 
 
 def register_dots() -> None:

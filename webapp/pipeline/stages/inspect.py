@@ -154,7 +154,7 @@ def inspect_build(
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2
-# multiply-adds, Arm dot product) and float fused multiply-adds.
+# multiply-adds, Arm dot product, NEON's widening multiply and pairwise add) and float fused multiply-adds.
 COUNTED_INSTRUCTIONS = {
     "vpdpbusd": "uint8 x int8 dot product, 4 per lane (AVX-512 VNNI / AVX-VNNI)",
     "vpdpwssd": "int16 x int16 dot product, 2 per lane (VNNI)",
@@ -162,6 +162,8 @@ COUNTED_INSTRUCTIONS = {
     "vpmaddwd": "int16 multiply-add to int32",
     "sdot": "int8 dot product, 4 per lane (Arm dot product)",
     "udot": "uint8 dot product, 4 per lane (Arm dot product)",
+    "smull": "int8 x int8 multiply to int16 (Arm NEON without a dot product)",
+    "sadalp": "int16 pairs added into int32 (Arm NEON)",
     "vfmadd": "float fused multiply-add (x86 FMA)",
     "fmla": "float fused multiply-add (Arm NEON)",
 }
