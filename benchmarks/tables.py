@@ -369,7 +369,7 @@ def render_pi(runs: list[dict]) -> str:
         def figure(key: str, ok=ok):
             return med(r.get(key) for r in ok)
 
-        sdot = figure("sdot")
+        count = figure("int8_instructions")
         rows.append(
             [
                 board,
@@ -380,7 +380,7 @@ def render_pi(runs: list[dict]) -> str:
                 ms(figure("ort_int8_ms")),
                 times(med(div(r.get("tvm_fp32_ms"), r.get("tvm_int8_ms")) for r in ok)),
                 times(med(div(r.get("ort_fp32_ms"), r.get("ort_int8_ms")) for r in ok)),
-                "—" if sdot is None else f"{sdot:.0f}",
+                "—" if count is None else f"{count:.0f} {ok[-1].get('int8_mnemonic')}",
             ]
         )
     header = [
@@ -392,7 +392,7 @@ def render_pi(runs: list[dict]) -> str:
         "ORT int8",
         "TVM fp32 / int8",
         "ORT fp32 / int8",
-        "sdot in TVM int8",
+        "int8 multiplies in TVM int8",
     ]
     last = latest[-1]
     emulation = f"; emulated: {last.get('qemu', 'QEMU')}, ONNX Runtime {last.get('onnxruntime') or '?'}"
