@@ -94,7 +94,7 @@ def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, 
 def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     pool, tmp_path, board, form, mnemonic
 ):
-    """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + addp + sadalp: on the
+    """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + smlal + sadalp: on the
     emulated board, both builds timed there, the int8 output the same integers as on this server."""
     error, result, _ = run_job(pool, tmp_path / "job", "mlp", target=board, quantize="int8")
     assert error is None, error

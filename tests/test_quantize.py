@@ -321,8 +321,8 @@ def test_digits_accuracy_at_each_bit_width(config, tmp_path):
 def test_int8_conv_uses_sdot_on_arm_with_dot_product_and_smull_without():
     """Cross-compiled for a Raspberry Pi 5's Cortex-A76 (calibration runs on this machine): int8
     activations (Arm's dot product is int8 x int8) and `sdot` in the assembly. On a Cortex-A72 (Pi 4),
-    which has no dot product, the same rule multiplies with smull into 16 bits, adds pairs with addp,
-    and accumulates them into 32 bits with sadalp."""
+    which has no dot product, the same rule multiplies with smull and smlal into 16 bits and adds pairs
+    of those into 32 bits with sadalp."""
     mod, shapes = float_model("conv2d")
     samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
 
@@ -339,5 +339,5 @@ def test_int8_conv_uses_sdot_on_arm_with_dot_product_and_smull_without():
     a72, labels = asm("rpi4")  # Cortex-A72
     assert "default rule: int8 conv2d NHWC (NEON)" in labels.values()
     assert "sdot" not in a72
-    for pattern in (r"\bsmull\s+v\d+\.8h", r"\baddp\s+v\d+\.8h", r"\bsadalp\s+v\d+\.4s"):
+    for pattern in (r"\bsmull\s+v\d+\.8h", r"\bsmlal\s+v\d+\.8h", r"\bsadalp\s+v\d+\.4s"):
         assert len(re.findall(pattern, a72)) >= 4, pattern

@@ -13,14 +13,8 @@ class Arm(LLVMCPU):
     activation_dtype = "int8"  # sdot multiplies int8 by int8
     dot_instructions = (
         ("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),
-        # without a dot product: smull (int8 x int8 into int16), addp (pairs), sadalp (into int32)
-        (
-            "NEON",
-            4,
-            "int8",
-            ("llvm.aarch64.neon.smull", "llvm.aarch64.neon.addp", "llvm.aarch64.neon.saddlp"),
-            "neon",
-        ),
+        # without a dot product: smull and smlal (int8 x int8 into int16), sadalp (pairs into int32)
+        ("NEON", 4, "int8", ("smull", "llvm.aarch64.neon.smull", "llvm.aarch64.neon.saddlp"), "neon"),
     )
     int8_mnemonics = {"sdot": "sdot", "NEON": "smull"}
 
@@ -50,7 +44,7 @@ PRESETS = [
         "cortex-a72",
         ["+neon"],
         "64-bit Raspberry Pi OS on a Pi 4: four Cortex-A72 cores with NEON, no dot product (int8 "
-        "kernels multiply with smull into 16 bits, then add pairs with addp and sadalp). Runs on an "
+        "kernels multiply with smull and smlal into 16 bits, then add pairs with sadalp). Runs on an "
         "rpi4 board of the device pool.",
     ),
     raspberry_pi(

@@ -171,7 +171,7 @@ class LLVMCPU(Target):
         products in int16: 255 x 128 = 32,640 fits, 255 x 129 does not); None where any pair fits."""
         kind = self.dot_instruction()
         form = next((i for name, _, _, i, _ in self.dot_instructions if name == kind), None)
-        return 128 if isinstance(form, tuple) and len(form) == 2 else None
+        return 128 if isinstance(form, tuple) and form[0] == "vpmaddubsw" else None
 
     def int8_mnemonic(self) -> str | None:
         """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""

@@ -34,10 +34,10 @@ class X86(LLVMCPU):
             "AVX512BW",
             16,
             "uint8",
-            ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+            ("vpmaddubsw", "llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
             "avx512bw",
         ),
-        ("AVX2", 8, "uint8", ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"), "avx2"),
+        ("AVX2", 8, "uint8", ("vpmaddubsw", "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"), "avx2"),
     )
     # without a dot product, the widened 16-bit products go through a multiply-add
     int8_mnemonics = {

@@ -99,8 +99,9 @@ def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float)
     if widening and instructions.get("sadalp", 0) and not instructions.get("sdot", 0):
         return (
             f"{measured}. This Arm core has no dot product (sdot): its int8 kernels multiply with smull "
-            f"({widening} in the assembly), 8 products into 16 bits, then add them in pairs with addp and "
-            "sadalp, four instructions for 16 multiply-adds where sdot takes one and float FMAs four; "
+            f"({widening} in the assembly) and smlal, 8 products into 16 bits each, then add pairs of "
+            "those into 32 bits with sadalp: three instructions for 16 multiply-adds where sdot takes one "
+            "and float FMAs four; "
             "the conversions of activations to 8 bits and back around the layers that stay in float "
             "cost as much again on a small model"
         )

@@ -45,6 +45,8 @@ def register_dot(kind: str) -> str:
 
     lanes, a_dtype, intrinsic, _ = DOT_INSTRUCTIONS[kind]
     name = f"playground_dot_{lanes}x4_{kind}"
+    if paired(kind):
+        return register_paired(name, lanes, a_dtype, intrinsic)
 
     @T.prim_func(s_tir=True)
     def desc(
@@ -80,43 +82,102 @@ def register_dot(kind: str) -> str:
     return name
 
 
+def paired(kind: str) -> bool:
+    """Whether the form's weights are packed pair-major (weight_tile): Arm NEON without a dot product."""
+    form = DOT_INSTRUCTIONS[kind][2]
+    return isinstance(form, tuple) and form[0] == "smull"
+
+
+def weight_tile(kind: str, o, i, lanes: int) -> tuple:
+    """Where output channel o (within its register tile) and input channel i (within its 4) of a
+    weight lie in the repacked weights: (o, i) for most forms, one lane's 4 bytes together; for the
+    paired form, (vector, i // 2, lane, i % 2): input channels 0-1 of every lane of a vector, then 2-3,
+    so that one smull and one smlal multiply a whole vector's lanes and add into the same int16s."""
+    if not paired(kind):
+        return (o, i)
+    return (o // lanes, i // 2, o % lanes, i % 2)
+
+
+def register_paired(name: str, lanes: int, a_dtype: str, intrinsic) -> str:
+    """The tensor intrinsic of Arm NEON without a dot product, its weights pair-major
+    (weight_tile): smull of input channels 0-1 of the 4 lanes, smlal of 2-3 into the same int16s (2
+    products each: 2 x 128 x 127 = 32,512 fits, as weights stop at +-127), sadalp of adjacent int16s into
+    the int32 accumulator, as MLAS's and XNNPACK's NEON kernels do without sdot: three instructions
+    for 16 multiply-adds."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    _, widen, long_pairs = intrinsic
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((2, lanes, 2), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:2, 0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // 2, vi, vk % 2], "int32")
+
+    def products(A, B, half: int):
+        """Input channels 2 half, 2 half + 1 of the 4 lanes: A's two bytes as one int16, broadcast to
+        every lane, by B's 8 bytes of them."""
+        a = T.broadcast(T.reinterpret(A.vload([2 * half], f"{a_dtype}x2"), dtype="int16"), lanes)
+        b = B.vload([half, 0, 0], f"int8x{2 * lanes}")
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(widen), T.reinterpret(a, dtype=f"int8x{2 * lanes}"), b, dtype="int16x8"
+        )
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), a_dtype, offset_factor=1),
+        B: T.Buffer((2, lanes, 2), "int8", offset_factor=1),
+        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:4], B[0:2, 0:lanes, 0:2])
+            T.writes(C[0:lanes])
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(long_pairs),
+                products(A, B, 0) + products(A, B, 1),
+                dtype=f"int32x{lanes}",
+            )
+
+    TensorIntrin.register(name, desc, impl, override=True)
+    return name
+
+
 def dot_products(intrinsic, acc, A, B, a_dtype: str, lanes: int):
     """acc + the sums of 4 products of A's 4 activation bytes (broadcast to every lane) and each lane's
-    4 bytes of B, as the target computes them:
-    - one dot-product instruction (`intrinsic` a name: vpdpbusd, sdot);
-    - x86 without one (two names): vpmaddubsw, uint8 x int8 pairs summed into int16, then vpmaddwd by
-      ones, int16 pairs into int32, and an add, as ONNX Runtime's MLAS does. vpmaddubsw saturates a
-      pair's sum at 32,767: 2 x 255 x 127 would pass it, so the quantizer keeps each pair of weights
-      within 128 in magnitude on such a target (Target.int8_pair_limit; 255 x 128 = 32,640);
-    - Arm NEON without one (three names, 4 lanes): smull, int8 x int8 into int16, for lanes 0-1 and
-      2-3; addp, each lane's products added in pairs (int16: 2 x 128 x 127 = 32,512 fits, as weights
-      stop at +-127); sadalp, those pairs added into the int32 accumulator, as XNNPACK's and MLAS's
-      NEON kernels do without sdot.
+    4 bytes of B, as the target computes them: one dot-product instruction (`intrinsic` a name:
+    vpdpbusd, sdot), or on x86 without one ("vpmaddubsw" and two names) vpmaddubsw, uint8 x int8 pairs
+    summed into int16, then vpmaddwd by ones, int16 pairs into int32, and an add, as ONNX Runtime's
+    MLAS does. vpmaddubsw saturates a pair's sum at 32,767: 2 x 255 x 127 would pass it, so the
+    quantizer keeps each pair of weights within 128 in magnitude on such a target
+    (Target.int8_pair_limit; 255 x 128 = 32,640). (Arm without a dot product: register_paired.)
     Written as one expression: a value given a name here becomes a local buffer, which TVM allocates
     from its workspace pool (a runtime call) at every use."""
     from tvm.script import tirx as T
 
-    def call(name, *args, dtype):
-        return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(name), *args, dtype=dtype)
-
-    def activations(n: int):  # A's 4 bytes, as one int32, broadcast to n bytes
-        return T.reinterpret(
-            T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), n // 4),
-            dtype=f"{a_dtype}x{n}",
-        )
-
+    a = T.reinterpret(
+        T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
+        dtype=f"{a_dtype}x{4 * lanes}",
+    )
+    b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
     if isinstance(intrinsic, str):
-        b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
-        return call(intrinsic, acc, activations(4 * lanes), b, dtype=f"int32x{lanes}")
-    if len(intrinsic) == 2:
-        pairs, quads = intrinsic
-        b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
-        halves = call(pairs, activations(4 * lanes), b, dtype=f"int16x{2 * lanes}")
-        return acc + call(quads, halves, T.broadcast(T.int16(1), 2 * lanes), dtype=f"int32x{lanes}")
-    widen, pairwise, long_pairs = intrinsic
-    low = call(widen, activations(8), B.vload([0, 0], dtype="int8x8"), dtype="int16x8")
-    high = call(widen, activations(8), B.vload([2, 0], dtype="int8x8"), dtype="int16x8")
-    return acc + call(long_pairs, call(pairwise, low, high, dtype="int16x8"), dtype="int32x4")
+        return T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(intrinsic), acc, a, b, dtype=f"int32x{lanes}"
+        )
+    _, pairs, quads = intrinsic
+    halves = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(pairs), a, b, dtype=f"int16x{2 * lanes}")
+    ones = T.broadcast(T.int16(1), 2 * lanes)
+    return acc + T.call_llvm_pure_intrin(
+        T.llvm_lookup_intrinsic_id(quads), halves, ones, dtype=f"int32x{lanes}"
+    )
 
 
 def register_dots() -> None:
@@ -175,7 +236,9 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     epilogue = inline_epilogue(sch, conv)
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(
-        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 4, o % block_oc, i % 4)
+        conv,
+        ("read", 1),
+        lambda h, w, i, o: (o // block_oc, h, w, i // 4, *weight_tile(kind, o % block_oc, i % 4, lanes)),
     )
     sch.annotate(pack, PREPROC, True)
     epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
@@ -233,7 +296,9 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     epilogue = inline_epilogue(sch, conv)
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(
-        conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i // 4, h, w, o % block_oc, i % 4)
+        conv,
+        ("read", 1),
+        lambda o, i, h, w: (o // block_oc, i // 4, h, w, *weight_tile(kind, o % block_oc, i % 4, lanes)),
     )
     sch.annotate(pack, PREPROC, True)
     # The input in (N, C/4, H, W, 4): legalization's padding block writes it so (a copy when the
@@ -303,9 +368,9 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
 
     epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
     if transposed:
-        layout = lambda jj, kk: (jj // lanes, kk // 4, jj % lanes, kk % 4)  # noqa: E731
+        layout = lambda jj, kk: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes))  # noqa: E731
     else:
-        layout = lambda kk, jj: (jj // lanes, kk // 4, jj % lanes, kk % 4)  # noqa: E731
+        layout = lambda kk, jj: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes))  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:

@@ -163,6 +163,7 @@ COUNTED_INSTRUCTIONS = {
     "sdot": "int8 dot product, 4 per lane (Arm dot product)",
     "udot": "uint8 dot product, 4 per lane (Arm dot product)",
     "smull": "int8 x int8 multiply to int16 (Arm NEON without a dot product)",
+    "smlal": "int8 x int8 multiply added into int16 (Arm NEON)",
     "sadalp": "int16 pairs added into int32 (Arm NEON)",
     "vfmadd": "float fused multiply-add (x86 FMA)",
     "fmla": "float fused multiply-add (Arm NEON)",
