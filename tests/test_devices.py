@@ -90,17 +90,24 @@ def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, 
     assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
 
 
-@pytest.mark.parametrize("board, form, mnemonic", [("rpi5", "sdot", "sdot"), ("rpi4", "NEON", "smull")])
+@pytest.mark.parametrize(
+    "board, example, rule, mnemonic",
+    [
+        ("rpi5", "mlp", "int8 matmul (sdot)", "sdot"),
+        ("rpi4", "mlp", "int8 matmul (NEON)", "smull"),
+        ("rpi4", "cnn-small", "int8 conv2d NHWC (NEON)", "smull"),
+    ],
+)
 def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
-    pool, tmp_path, board, form, mnemonic
+    pool, tmp_path, board, example, rule, mnemonic
 ):
     """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + smlal + sadalp: on the
     emulated board, both builds timed there, the int8 output the same integers as on this server."""
-    error, result, _ = run_job(pool, tmp_path / "job", "mlp", target=board, quantize="int8")
+    error, result, _ = run_job(pool, tmp_path / "job", example, target=board, quantize="int8")
     assert error is None, error
     assert result["instructions"][mnemonic] > 0
     rules = [k["schedule"] for k in result["kernels"]]
-    assert f"default rule: int8 matmul ({form})" in rules and not any("naive" in r for r in rules)
+    assert f"default rule: {rule}" in rules and not any("naive" in r for r in rules)
     rows = {(b["variant"], b["tuned"]): b for b in result["benchmarks"]}
     assert set(rows) == {("fp32", False), ("int8", False)}  # both, same board, same session
     core = {"rpi4": "cortex-a72", "rpi5": "cortex-a76"}[board]

@@ -88,14 +88,15 @@ def paired(kind: str) -> bool:
     return isinstance(form, tuple) and form[0] == "smull"
 
 
-def weight_tile(kind: str, o, i, lanes: int) -> tuple:
-    """Where output channel o (within its register tile) and input channel i (within its 4) of a
-    weight lie in the repacked weights: (o, i) for most forms, one lane's 4 bytes together; for the
-    paired form, (vector, i // 2, lane, i % 2): input channels 0-1 of every lane of a vector, then 2-3,
-    so that one smull and one smlal multiply a whole vector's lanes and add into the same int16s."""
+def weight_tile(kind: str, o, i, lanes: int, vectors: bool = True) -> tuple:
+    """Where output channel o (within its register tile: several vectors, or one when not `vectors`)
+    and input channel i (within its 4) of a weight lie in the repacked weights: (o, i) for most forms,
+    one lane's 4 bytes together; for the paired form, ([vector,] i // 2, lane, i % 2): input channels
+    0-1 of every lane of a vector, then 2-3, so that one smull and one smlal multiply a whole vector's
+    lanes and add into the same int16s."""
     if not paired(kind):
         return (o, i)
-    return (o // lanes, i // 2, o % lanes, i % 2)
+    return ((o // lanes,) if vectors else ()) + (i // 2, o % lanes, i % 2)
 
 
 def register_paired(name: str, lanes: int, a_dtype: str, intrinsic) -> str:
@@ -368,9 +369,9 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
 
     epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
     if transposed:
-        layout = lambda jj, kk: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes))  # noqa: E731
+        layout = lambda jj, kk: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes, False))  # noqa: E731
     else:
-        layout = lambda kk, jj: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes))  # noqa: E731
+        layout = lambda kk, jj: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes, False))  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:
