@@ -260,7 +260,17 @@ def ratio_history(earlier: list[list[dict]], num: str, den: str, what: str) -> s
 
 
 def render_quantized(runs: list[dict]) -> str:
-    latest, *earlier = groups(runs, ("target",))
+    """A table per target measured at the newest commit (x86-host, x86-avx2...), then a line per
+    earlier commit and target."""
+    every = groups(runs, ("target",))
+    newest = [g for g in every if g[0].get("commit") == every[0][0].get("commit")]
+    newest.sort(key=lambda g: g[0].get("target") or "x86-host")
+    earlier = [g for g in every if g not in newest]
+    tables = "\n\n".join(quantized_table(latest) for latest in newest)
+    return tables + ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
+
+
+def quantized_table(latest: list[dict]) -> str:
     n = len(latest)
     rows = []
     for model, mine, _, figure in per_model(latest):
@@ -301,9 +311,8 @@ def render_quantized(runs: list[dict]) -> str:
         "TVM int8 / ORT dynamic",
         "int8 SQNR TVM / ORT",
     ]
-    earlier_ratio = ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
     target = listed(r.get("target", "x86-host") for r in latest)
-    return ratio_table(latest, f", target {target}", header, rows) + earlier_ratio
+    return ratio_table(latest, f", target {target}", header, rows)
 
 
 # ---------------------------------------------------------------- decode.py
