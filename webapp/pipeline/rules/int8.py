@@ -1,11 +1,13 @@
-"""The int8 rules of the integer dot-product instructions (x86 VNNI `vpdpbusd`, Arm `sdot`): a tensor
-intrinsic per instruction, and conv2d (NHWC and NCHW) and matmul rules that tensorize with it."""
+"""The int8 rules: conv2d (NHWC and NCHW) and matmul, tensorized with the tensor intrinsic of the
+target's int8 instruction form, one module each: a dot-product instruction (int8_dot: x86 VNNI and
+AVX-VNNI `vpdpbusd`, Arm `sdot`), x86 without one (int8_pairs: `vpmaddubsw` + `vpmaddwd`, AVX2 and
+AVX-512BW), Arm NEON without one (int8_neon: `smull` + `smlal` + `sadalp`, the Pi 4)."""
 
 from __future__ import annotations
 
 from tvm import s_tir
-from tvm.script import tirx as T
 
+from webapp.pipeline.rules import int8_dot, int8_neon, int8_pairs
 from webapp.pipeline.rules.common import (
     PREPROC,
     choice,
@@ -30,155 +32,31 @@ from webapp.pipeline.rules.cpu import (
 )
 from webapp.targets import KINDS
 
+FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon}  # the tag of a form of several instructions
+
 # Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
 # instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
 # products of 8-bit values.
 DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
 
 
+def form(kind: str):
+    """The module of the instruction's form: one dot-product instruction (int8_dot), x86's
+    vpmaddubsw + vpmaddwd (int8_pairs), Arm NEON's smull + smlal + sadalp (int8_neon)."""
+    intrinsic = DOT_INSTRUCTIONS[kind][2]
+    return int8_dot if isinstance(intrinsic, str) else FORMS[intrinsic[0]]
+
+
 def register_dot(kind: str) -> str:
-    """A tensor intrinsic for one dot-product instruction: `lanes` int32 += 4 activations x 4 int8
-    weights each, accumulating in registers ("local"). TVM's own x86 one (`dot_16x4_vnni`) passes
-    int32 vectors, which LLVM 22 rejects (it wants bytes), and accumulates in global memory."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
-
+    """The tensor intrinsic of one of the target's int8 instructions (its form's), registered."""
     lanes, a_dtype, intrinsic, _ = DOT_INSTRUCTIONS[kind]
-    name = f"playground_dot_{lanes}x4_{kind}"
-    if paired(kind):
-        return register_paired(name, lanes, a_dtype, intrinsic)
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((4,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
-            T.writes(C[0:lanes])
-            for i, k in T.grid(lanes, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((4,), a_dtype, offset_factor=1),
-        B: T.Buffer((lanes, 4), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:lanes, 0:4])
-            T.writes(C[0:lanes])
-            # The 4 activation bytes as one int32, broadcast to every lane; written as one expression:
-            # a value given a name here becomes a local buffer, which TVM allocates from its workspace
-            # pool (a runtime call) at every use
-            C[T.ramp(T.int32(0), 1, lanes)] = dot_products(
-                intrinsic, C.vload([0], dtype=f"int32x{lanes}"), A, B, a_dtype, lanes
-            )
-
-    TensorIntrin.register(name, desc, impl, override=True)
-    return name
-
-
-def paired(kind: str) -> bool:
-    """Whether the form's weights are packed pair-major (weight_tile): Arm NEON without a dot product."""
-    form = DOT_INSTRUCTIONS[kind][2]
-    return isinstance(form, tuple) and form[0] == "smull"
+    return form(kind).register(f"playground_dot_{lanes}x4_{kind}", lanes, a_dtype, intrinsic)
 
 
 def weight_tile(kind: str, o, i, lanes: int, vectors: bool = True) -> tuple:
     """Where output channel o (within its register tile: several vectors, or one when not `vectors`)
-    and input channel i (within its 4) of a weight lie in the repacked weights: (o, i) for most forms,
-    one lane's 4 bytes together; for the paired form, ([vector,] i // 2, lane, i % 2): input channels
-    0-1 of every lane of a vector, then 2-3, so that one smull and one smlal multiply a whole vector's
-    lanes and add into the same int16s."""
-    if not paired(kind):
-        return (o, i)
-    return ((o // lanes,) if vectors else ()) + (i // 2, o % lanes, i % 2)
-
-
-def register_paired(name: str, lanes: int, a_dtype: str, intrinsic) -> str:
-    """The tensor intrinsic of Arm NEON without a dot product, its weights pair-major
-    (weight_tile): smull of input channels 0-1 of the 4 lanes, smlal of 2-3 into the same int16s (2
-    products each: 2 x 128 x 127 = 32,512 fits, as weights stop at +-127), sadalp of adjacent int16s into
-    the int32 accumulator, as MLAS's and XNNPACK's NEON kernels do without sdot: three instructions
-    for 16 multiply-adds."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
-
-    _, widen, long_pairs = intrinsic
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((4,), a_dtype, offset_factor=1),
-        B: T.Buffer((2, lanes, 2), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:2, 0:lanes, 0:2])
-            T.writes(C[0:lanes])
-            for i, k in T.grid(lanes, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vk // 2, vi, vk % 2], "int32")
-
-    def products(A, B, half: int):
-        """Input channels 2 half, 2 half + 1 of the 4 lanes: A's two bytes as one int16, broadcast to
-        every lane, by B's 8 bytes of them."""
-        a = T.broadcast(T.reinterpret(A.vload([2 * half], f"{a_dtype}x2"), dtype="int16"), lanes)
-        b = B.vload([half, 0, 0], f"int8x{2 * lanes}")
-        return T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id(widen), T.reinterpret(a, dtype=f"int8x{2 * lanes}"), b, dtype="int16x8"
-        )
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((4,), a_dtype, offset_factor=1),
-        B: T.Buffer((2, lanes, 2), "int8", offset_factor=1),
-        C: T.Buffer((lanes,), "int32", offset_factor=1, scope="local"),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:4], B[0:2, 0:lanes, 0:2])
-            T.writes(C[0:lanes])
-            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id(long_pairs),
-                products(A, B, 0) + products(A, B, 1),
-                dtype=f"int32x{lanes}",
-            )
-
-    TensorIntrin.register(name, desc, impl, override=True)
-    return name
-
-
-def dot_products(intrinsic, acc, A, B, a_dtype: str, lanes: int):
-    """acc + the sums of 4 products of A's 4 activation bytes (broadcast to every lane) and each lane's
-    4 bytes of B, as the target computes them: one dot-product instruction (`intrinsic` a name:
-    vpdpbusd, sdot), or on x86 without one ("vpmaddubsw" and two names) vpmaddubsw, uint8 x int8 pairs
-    summed into int16, then vpmaddwd by ones, int16 pairs into int32, and an add, as ONNX Runtime's
-    MLAS does. vpmaddubsw saturates a pair's sum at 32,767: 2 x 255 x 127 would pass it, so the
-    quantizer keeps each pair of weights within 128 in magnitude on such a target
-    (Target.int8_pair_limit; 255 x 128 = 32,640). (Arm without a dot product: register_paired.)
-    Written as one expression: a value given a name here becomes a local buffer, which TVM allocates
-    from its workspace pool (a runtime call) at every use."""
-    from tvm.script import tirx as T
-
-    a = T.reinterpret(
-        T.broadcast(T.reinterpret(A.vload([0], f"{a_dtype}x4"), dtype="int32"), lanes),
-        dtype=f"{a_dtype}x{4 * lanes}",
-    )
-    b = B.vload([0, 0], dtype=f"int8x{4 * lanes}")
-    if isinstance(intrinsic, str):
-        return T.call_llvm_pure_intrin(
-            T.llvm_lookup_intrinsic_id(intrinsic), acc, a, b, dtype=f"int32x{lanes}"
-        )
-    _, pairs, quads = intrinsic
-    halves = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(pairs), a, b, dtype=f"int16x{2 * lanes}")
-    ones = T.broadcast(T.int16(1), 2 * lanes)
-    return acc + T.call_llvm_pure_intrin(
-        T.llvm_lookup_intrinsic_id(quads), halves, ones, dtype=f"int32x{lanes}"
-    )
+    and input channel i (within its 4) lie in the repacked weights, as the form's intrinsic reads them."""
+    return form(kind).weight_tile(o, i, lanes, vectors)
 
 
 def register_dots() -> None:
