@@ -75,6 +75,11 @@ class Target:
         """The preset's TVM target, made once per process: what the pipeline hands TVM."""
         return self.tvm_target()
 
+    def int8_pair_limit(self) -> int | None:
+        """The most two neighbouring int8 weights may add up to, in magnitude, where the target's int8
+        kernels sum pairs of products in 16 bits (LLVMCPU: x86 without VNNI); None: any pair fits."""
+        return None
+
     def register_tensor_intrinsics(self) -> None:
         """Makes TVM's own tensor intrinsics for the kind known to MetaSchedule before tuning."""
 
