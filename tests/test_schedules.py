@@ -303,6 +303,20 @@ def test_attention_heads_transpose_in_vectors_along_the_input(preset):
     np.testing.assert_array_equal(out, x.reshape(1, 197, 12, 64).transpose(0, 2, 3, 1) * np.float32(0.125))
 
 
+def extreme_int8_weights(target, shape: tuple, rng) -> np.ndarray:
+    """The quantizer's int8 weights for `target`, reduced along axis -2 ([K, N], HWIO), output channels
+    last: 8 bits, each pair along the reduction within the target's limit; the first output channels
+    at the extremes: 127 + 1, -127 - 1, 64 + 64, -64 - 64 (VNNI, no limit: -128 + -128, 127 + 127)."""
+    exact = rng.uniform(-127, 127, shape)
+    limit = target.int8_pair_limit()
+    b = quantize_weights(exact, np.ones(1), 8)
+    b = fit_pairs(b, exact, limit, len(shape) - 2) if limit else b
+    extremes = [(127, 1), (-127, -1), (64, 64), (-64, -64)] if limit else [(-128, -128), (127, 127)]
+    for channel, pair in enumerate(extremes):
+        b[..., channel] = np.tile(pair, shape[-2] // 2)
+    return b
+
+
 X86_INT8_FORMS = ["x86-avx512-vnni", "x86-avxvnni", "x86-avx512", "x86-avx2"]
 
 
@@ -335,15 +349,7 @@ def test_int8_matmul_pads_odd_shapes_and_reads_weights_either_way_round(transpos
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (1, m, k), dtype=np.uint8)
     x[0, 0] = 255
-    # the quantizer's weights for this target: 8 bits, each pair along k within its limit; the first
-    # columns at the extremes: 127 + 1, -127 - 1, 64 + 64, -64 - 64 (VNNI: -128 + -128, 127 + 127)
-    exact = rng.uniform(-127, 127, (k, n))
-    limit = target.int8_pair_limit()
-    b = quantize_weights(exact, np.ones(1), 8)
-    b = fit_pairs(b, exact, limit, 0) if limit else b
-    extremes = [(127, 1), (-127, -1), (64, 64), (-64, -64)] if limit else [(-128, -128), (127, 127)]
-    for column, pair in enumerate(extremes):
-        b[:, column] = np.tile(pair, k // 2)
+    b = extreme_int8_weights(target, (k, n), rng)
     y = np.ascontiguousarray(b.T) if transposed else b
     got = built_and_run(sch.mod["main"], target, [x, y], (1, m, n), "int32")
     np.testing.assert_array_equal(got, (x.astype(np.int64) @ b.astype(np.int64)).astype(np.int32))
@@ -375,13 +381,7 @@ def test_int8_conv_on_each_x86_form_multiplies_with_its_instruction_bit_exact(pr
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (1, 9, 9, 32), dtype=np.uint8)
     x[0, :3, :3] = 255
-    exact = rng.uniform(-127, 127, (3, 3, 32, 32))
-    limit = target.int8_pair_limit()
-    b = quantize_weights(exact, np.ones(1), 8)
-    b = fit_pairs(b, exact, limit, 2) if limit else b
-    extremes = [(127, 1), (-127, -1), (64, 64), (-64, -64)] if limit else [(-128, -128), (127, 127)]
-    for channel, pair in enumerate(extremes):
-        b[..., channel] = np.tile(pair, 16)
+    b = extreme_int8_weights(target, (3, 3, 32, 32), rng)
     got = built_and_run(sch.mod["main"], target, [x, b], (1, 7, 7, 32), "int32")
     windows = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.int64), (3, 3), axis=(0, 1))
     expected = np.einsum("hwcij,ijco->hwo", windows, b.astype(np.int64))

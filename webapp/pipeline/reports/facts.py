@@ -75,6 +75,14 @@ def benchmark_summary(results: dict) -> dict:
     }
 
 
+# what a quantized build pays besides its arithmetic, said by each why_no_speedup line for a target
+# without a dot product
+CONVERSIONS = (
+    "the conversions of activations to 8 bits and back around the layers that stay in float cost as much "
+    "again on a small model"
+)
+
+
 def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float) -> str:
     """What was measured (the quantized build N times slower than fp32, or about as fast) and why:
     what the generated code multiplies with, as the instruction counts of the assembly show."""
@@ -91,9 +99,7 @@ def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float)
             f"{measured}. This target has no integer dot-product instruction (AVX-512 VNNI vpdpbusd): "
             f"its int8 kernels multiply 8-bit pairs with vpmaddubsw ({pairs} in the assembly), then add "
             "them with vpmaddwd and an add, three instructions where vpdpbusd takes one, with the weights' "
-            "step coarser where a pair of them could pass vpmaddubsw's 16-bit sum; the conversions of "
-            "activations to 8 bits and back around the layers that stay in float cost as much again on a "
-            "small model"
+            f"step coarser where a pair of them could pass vpmaddubsw's 16-bit sum; {CONVERSIONS}"
         )
     widening = instructions.get("smull", 0)
     if widening and instructions.get("sadalp", 0) and not instructions.get("sdot", 0):
@@ -101,9 +107,7 @@ def why_no_speedup(results: dict, variant: str, fp32_ms: float, quant_ms: float)
             f"{measured}. This Arm core has no dot product (sdot): its int8 kernels multiply with smull "
             f"({widening} in the assembly) and smlal, 8 products into 16 bits each, then add pairs of "
             "those into 32 bits with sadalp: three instructions for 16 multiply-adds where sdot takes one "
-            "and float FMAs four; "
-            "the conversions of activations to 8 bits and back around the layers that stay in float "
-            "cost as much again on a small model"
+            f"and float FMAs four; {CONVERSIONS}"
         )
     if not any(instructions.get(name, 0) for name in DOT_PRODUCT_INSTRUCTIONS):
         widened = instructions.get("vpmaddwd", 0) + instructions.get("vpmaddubsw", 0)

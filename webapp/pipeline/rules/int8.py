@@ -34,8 +34,9 @@ from webapp.targets import KINDS
 
 FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon}  # the tag of a form of several instructions
 
-# Integer dot-product instructions of every target kind (webapp/targets): name -> (int32 lanes per
-# instruction, activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4
+# The int8 instruction forms of every target kind (webapp/targets): name -> (int32 lanes per
+# intrinsic, activation dtype, the LLVM intrinsic of a dot-product instruction or a form of several
+# (its tag in FORMS, then their LLVM names), the target feature that has it). Each lane adds 4
 # products of 8-bit values.
 DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
 

@@ -83,12 +83,18 @@ def quantize_weights(w: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
     return np.clip(np.round(w / scale), -limit, limit).astype(np.int8)
 
 
+def paired_last(x: np.ndarray, axis: int) -> np.ndarray:
+    """`x` with `axis` moved last and padded with a zero to an even length: pairs at [..., 0::2] and
+    [..., 1::2]."""
+    x = np.moveaxis(x, axis, -1)
+    return np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, x.shape[-1] % 2)])
+
+
 def pair_sums(w: np.ndarray, axis: int) -> np.ndarray:
     """The magnitude of each pair's same-signed sum along `axis` (0 and 1, 2 and 3, ...: the pairs of
     weights an x86 vpmaddubsw multiplies by two uint8 activations and sums into int16): the most the pair
     can add up to with activations of one sign. `axis` halved (rounded up)."""
-    w = np.moveaxis(np.asarray(w, np.float64), axis, -1)
-    w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, w.shape[-1] % 2)])
+    w = paired_last(np.asarray(w, np.float64), axis)
     up = np.maximum(w[..., 0::2], 0) + np.maximum(w[..., 1::2], 0)
     down = np.minimum(w[..., 0::2], 0) + np.minimum(w[..., 1::2], 0)
     return np.moveaxis(np.maximum(up, -down), -1, axis)
@@ -99,11 +105,8 @@ def fit_pairs(wq: np.ndarray, exact: np.ndarray, limit: int, axis: int) -> np.nd
     scale already keeps the unrounded pairs within it (Realizer.weight_scale); rounding both up can
     pass it by one level, and such a pair moves to the nearest pair on the limit: the excess split
     between the two, each rounded, their sum exact."""
-    w = np.moveaxis(wq.astype(np.int64), axis, -1)
-    f = np.moveaxis(exact.astype(np.float64), axis, -1)
-    odd = w.shape[-1] % 2
-    w = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, odd)])
-    f = np.pad(f, [(0, 0)] * (f.ndim - 1) + [(0, odd)])
+    odd = wq.shape[axis] % 2
+    w, f = paired_last(wq.astype(np.int64), axis), paired_last(exact.astype(np.float64), axis)
     w0, w1 = w[..., 0::2], w[..., 1::2]
     total = w0 + w1
     over = np.abs(total) > limit
