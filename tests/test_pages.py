@@ -542,6 +542,62 @@ def test_quantization_section_says_nothing_of_a_worst_layer_when_the_sqnr_only_r
     assert "does not fall from any layer to the next (2 steps compared)" in text(quant)
 
 
+def layer_speed(kept: bool | None) -> dict:
+    """quantization.layer_speed as stages.fallback writes it: conv2 (depthwise) slower in int8; with
+    `kept` not None, the build with it in float was timed too."""
+    rows = [
+        {"layer": "conv1", "form": "conv2d", "fp32_ms": 0.2, "quant_ms": 0.1, "ratio": 0.5},
+        {"layer": "conv2", "form": "depthwise conv2d", "fp32_ms": 0.02, "quant_ms": 0.035, "ratio": 1.75},
+        {"layer": "fc", "form": "matmul", "fp32_ms": 0.1, "quant_ms": 0.03, "ratio": 0.3},
+    ]
+    for row in rows:
+        row |= {
+            "fp32_schedule": "default rule: conv2d NHWC",
+            "quant_schedule": "default rule: depthwise conv2d",
+        }
+    speed = {"device": "x86_64 CPU (haswell)", "slower_by": 1.1, "layers": rows, "slower": ["conv2"]}
+    if kept is not None:
+        speed["fallback"] = {"layers": ["conv2"], "quant_ms": 2.6, "mixed_ms": 2.4 if kept else 2.59}
+        speed["fallback"] |= {"min_gain": 0.02, "kept": kept}
+    return speed
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_quantization_section_lists_the_layers_int8_made_slower_by_how_much_why_and_what_was_kept(
+    app, web, kept
+):
+    results = crafted_results()
+    results["quantization"]["layer_speed"] = layer_speed(kept)
+    if kept:  # the build keeps conv2 in float
+        results["quantization"]["layers"] = [layer("conv1"), layer("fc")]
+        results["quantization"]["skipped"] = ["conv2"]
+    facts = with_facts(results)["quantization_summary"]["layer_speed"]
+    assert [s["layer"] for s in facts["slower"]] == ["conv2"] and facts["kept_float"] == kept
+    html = web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True)
+    said = text(section(html, "quantization"))
+    assert "1 of the 3 quantized layers took longer in int8 than in float" in said
+    assert "conv2 : 35.0 us in int8 against 20.0 us in float, 1.75× as long: a depthwise conv2d" in said
+    if kept:
+        assert "keeps them in float : with them in float the model took 2.400 ms against 2.600 ms" in said
+    else:
+        assert (
+            "2.590 ms against 2.600 ms with every layer in int8, not faster by more than 2%: they stay"
+            in said
+        )
+    # the per-layer table has both times of each layer left in int8
+    assert re.search(r"conv1\b.*?200\.0\s+100\.0", said, re.S)
+
+
+def test_quantization_section_says_when_every_layer_was_faster_in_int8(app, web):
+    results = crafted_results()
+    results["quantization"]["layer_speed"] = layer_speed(None) | {"slower": []}
+    said = text(
+        section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "quantization")
+    )
+    assert "Each of the 3 quantized layers took less time in int8 than in float" in said
+    assert "took longer" not in said
+
+
 def test_device_section_shows_the_board_emulated_its_times_and_bit_exact_outputs(app, web):
     html = web.get(f"/r/{write_job(app, with_facts(board_results()))}").get_data(as_text=True)
     device = section(html, "device")

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import wait_for_job
 from tests.test_api import submit
 from webapp.jobs.tuning_db import RECORDS, shared_dir
-from webapp.pipeline.stages.build import MODEL_CHECK_GAIN
+from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN
 
 
 def assert_records_used_where_faster(results: dict) -> None:

@@ -144,6 +144,41 @@ def worst_layer(layer_errors: list[dict]) -> dict | None:
     return worst
 
 
+def why_layer_slower(row: dict) -> str:
+    """Why one quantized layer took longer than in float (a row of quantization.layer_speed), from
+    what its two kernels are."""
+    timed = (
+        f"{row['quant_ms'] * 1e3:.1f} us in int8 against {row['fp32_ms'] * 1e3:.1f} us in float, "
+        f"{row['ratio']:.2f}× as long"
+    )
+    if row["form"] in ("depthwise conv2d", "grouped conv2d"):
+        return (
+            f"{timed}: a {row['form']} sums its products within a channel (or a few), where no "
+            "dot-product or pair-multiply instruction applies, so its int8 kernel "
+            f"({row['quant_schedule']}) widens the 8-bit values before it multiplies them, "
+            "more instructions per multiply-add than the float kernel's FMAs"
+        )
+    return (
+        f"{timed}: its int8 kernel ({row['quant_schedule']}) against the float one ({row['fp32_schedule']})"
+    )
+
+
+def layer_speed_summary(speed: dict) -> dict:
+    """The layers int8 made slower, each with why, and what the build did with them."""
+    rows = {row["layer"]: row for row in speed.get("layers", [])}
+    fallback = speed.get("fallback") or {}
+    return {
+        "device": speed.get("device"),
+        "timed": len(rows),
+        "slower": [{"layer": name, "why": why_layer_slower(rows[name])} for name in speed.get("slower", [])],
+        "kept_float": bool(fallback.get("kept")),
+        "all_slower": bool(speed.get("all_slower")),
+        "quant_ms": fallback.get("quant_ms"),
+        "mixed_ms": fallback.get("mixed_ms"),
+        "min_gain": fallback.get("min_gain"),
+    }
+
+
 def quantization_summary(results: dict) -> dict:
     """The speedup over TVM fp32 (or why there is none), the accuracy change, and the worst layer."""
     q = results["quantization"]
@@ -167,6 +202,7 @@ def quantization_summary(results: dict) -> dict:
         if fp32_top1 is not None and quant_top1 is not None
         else None,
         "worst_layer": worst_layer(errors),
+        "layer_speed": layer_speed_summary(q["layer_speed"]) if q.get("layer_speed") else None,
         # how many layer-to-layer steps had an SQNR on both sides (0: nothing to say about growth)
         "layer_steps_compared": sum(
             1

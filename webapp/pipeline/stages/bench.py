@@ -516,3 +516,36 @@ def device_present(target) -> bool:
         return bool(target.device().exist)
     except Exception:  # a runtime TVM was built without (OpenCL, Metal, WebGPU)
         return False
+
+
+# ---------------------------------------------------------------- whole builds of one model compared
+
+MODEL_CHECK_S = 1.0  # per build: 4 slices of 0.25 s each, ~28 runs of ResNet-50
+# The gain the records must show to be kept: more than this check's noise here. ResNet-18 with 5 records
+# that each beat their rule, whose model was as fast either way: 12 checks gave tuned / default 0.989 to
+# 1.088 (median 1.007), and a job's check 0.952.
+MODEL_CHECK_GAIN = 0.02
+
+
+def model_inputs(fused) -> dict | None:
+    """Seeded random inputs of a (fused) module's shapes, or None when an input has no fixed shape."""
+    from tvm import relax
+
+    from webapp.pipeline.stages.importers import type_spec
+
+    params = fused["main"].params
+    if not all(isinstance(p.ty, relax.TensorType) and p.ty.shape is not None for p in params):
+        return None  # a tuple, or a tensor of unknown rank
+    specs = [s for p in params for s in type_spec(p.name, p.ty)]
+    if not all(isinstance(d, int) for s in specs for d in s.shape):
+        return None
+    return make_inputs(specs)
+
+
+def time_models(executables: dict, inputs: dict, dev, budget_s: float = MODEL_CHECK_S) -> dict[str, float]:
+    """Builds of one model ({name: executable}) timed in turn, as the benchmark times runtimes: the
+    median ms of each."""
+    runs = {name: tvm_runner(exe, inputs, dev) for name, exe in executables.items()}
+    for run in runs.values():
+        run()
+    return {name: t["median_ms"] for name, t in measure_interleaved(runs, budget_s).items()}

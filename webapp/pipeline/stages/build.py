@@ -121,42 +121,24 @@ def record_choice(tuned: dict[str, float], default: dict[str, float], labels: di
     return out
 
 
-MODEL_CHECK_S = 1.0  # per build: 4 slices of 0.25 s each, ~28 runs of ResNet-50
-# The gain the records must show to be kept: more than this check's noise here. ResNet-18 with 5 records
-# that each beat their rule, whose model was as fast either way: 12 checks gave tuned / default 0.989 to
-# 1.088 (median 1.007), and a job's check 0.952.
-MODEL_CHECK_GAIN = 0.02
-
-
 def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) -> dict | None:
-    """The whole model with its faster records against the default rules alone, timed in turn (as
-    the benchmark times runtimes) on seeded random inputs: `kept` when the records made it faster by
-    more than MODEL_CHECK_GAIN. Records that each beat their rule on cold caches can still lose
-    together: re-tuned records for ResNet-18 won on 20 of its 20 kernels, and the model took 14.89 ms
-    against 14.15 on the rules (benchmarks/cpu_models.py, 2026-11-24). None when an input has no
-    fixed shape."""
-    from webapp.pipeline.stages.bench import make_inputs, measure_interleaved, tvm_runner
-    from webapp.pipeline.stages.importers import type_spec
+    """The whole model with its faster records against the default rules alone (time_models, on
+    seeded random inputs): `kept` when the records made it faster by more than MODEL_CHECK_GAIN.
+    Records that each beat their rule on cold caches can still lose together: re-tuned records for
+    ResNet-18 won on 20 of its 20 kernels, and the model took 14.89 ms against 14.15 on the rules
+    (benchmarks/cpu_models.py, 2026-11-24). None when an input has no fixed shape."""
+    from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, time_models
 
-    params = fused["main"].params
-    if not all(isinstance(p.ty, relax.TensorType) and p.ty.shape is not None for p in params):
-        return None  # a tuple, or a tensor of unknown rank
-    specs = [s for p in params for s in type_spec(p.name, p.ty)]
-    if not all(isinstance(d, int) for s in specs for d in s.shape):
+    inputs = model_inputs(fused)
+    if inputs is None:
         return None
-    inputs = make_inputs(specs)
-    runs = {"tuned": tvm_runner(tuned_exe, inputs, dev), "default": tvm_runner(default_exe, inputs, dev)}
-    for run in runs.values():
-        run()
-    times = measure_interleaved(runs, MODEL_CHECK_S)
-    tuned_ms, default_ms = times["tuned"]["median_ms"], times["default"]["median_ms"]
-    kept = tuned_ms < default_ms * (1 - MODEL_CHECK_GAIN)
+    times = time_models({"tuned": tuned_exe, "default": default_exe}, inputs, dev)
     return {
         "variant": variant,
-        "tuned_ms": tuned_ms,
-        "default_ms": default_ms,
+        "tuned_ms": times["tuned"],
+        "default_ms": times["default"],
         "min_gain": MODEL_CHECK_GAIN,
-        "kept": kept,
+        "kept": times["tuned"] < times["default"] * (1 - MODEL_CHECK_GAIN),
     }
 
 
@@ -240,35 +222,52 @@ class Built:
 
 
 def build_job(
-    fused, quantized, target, tuning_dir: Path | None, job_dir: Path, report, layer_of: dict | None = None
+    fused,
+    quantized,
+    target,
+    tuning_dir: Path | None,
+    job_dir: Path,
+    report,
+    layer_of: dict | None = None,
+    float_fusion=None,
 ) -> Built:
     """The float build (tuned where records win, with its default-rule twin for the benchmark); with
     quantization also each quantized variant, the same way, the first of which becomes model.so and
-    the code the page shows (the float library is kept beside it as model-fp32.so)."""
+    the code the page shows (the float library is kept beside it as model-fp32.so). The first
+    variant's layers are timed against the float build's where the target runs here, and the ones
+    int8 made slower are kept in float when that makes the model faster (stages.fallback)."""
+    from webapp.pipeline.stages import fallback
+
     library = job_dir / "files" / "model.so"
-    built = build_variant("fp32", fused, target, tuning_dir, library)
+    built = build_variant("fp32", fused, target, tuning_dir)
     if quantized is None:
-        return built
+        return keep_library(built, target, tuning_dir, library)
+    keep_library(built, target, tuning_dir, job_dir / "files" / "model-fp32.so")
     report(1 / (1 + len(quantized.variants)))
-    library.rename(job_dir / "files" / "model-fp32.so")
-    built.libraries = {key: job_dir / "files" / "model-fp32.so" for key in built.libraries}
     shown = None
     for i, q in enumerate(list(quantized.variants)):
         report((1 + i) / (1 + len(quantized.variants)))
         try:
-            trace = FusionTrace(q.mod, {})  # its vars stand for the float model's (q.origin)
-            qfused = fuse(q.mod, target, trace)
-            variant = build_variant(q.variant, qfused, target, tuning_dir, library if shown is None else None)
+            qfused, variant, fusion = build_quantized(q, target, tuning_dir, layer_of)
+            if shown is None and fallback.measures(target, float_fusion):
+                checked = fallback.check(
+                    fallback.Build(q, qfused, variant, fusion),
+                    fallback.Build(None, fused, built, float_fusion),
+                    quantized,
+                    target,
+                    lambda q: fallback.Build(q, *build_quantized(q, target, tuning_dir, layer_of)),
+                )
+                q, qfused, variant, fusion = checked.quantized, checked.fused, checked.built, checked.fusion
         except Exception as exc:  # in a sweep the other variants go on
             quantized.fail(q.variant, "build", exc)
             continue
+        if shown is None:
+            shown = keep_library(variant, target, tuning_dir, library)
+            built.fused, built.fusion = qfused, fusion
         built.executables.update(variant.executables)
         built.libraries.update(variant.libraries)
         built.record_choice += variant.record_choice
         built.record_check += variant.record_check
-        if shown is None:
-            shown = variant
-            built.fused, built.fusion = qfused, trace.fusion().through(q.origin, layer_of or {})
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")
@@ -276,20 +275,38 @@ def build_job(
     return built
 
 
-def build_variant(variant: str, fused, target, tuning_dir: Path | None, library: Path | None) -> Built:
+def build_quantized(q, target, tuning_dir: Path | None, layer_of: dict | None) -> tuple:
+    """A quantized variant fused and built (build_variant), with its fusion in the float model's
+    names (its vars stand for the float model's: q.origin)."""
+    trace = FusionTrace(q.mod, {})
+    qfused = fuse(q.mod, target, trace)
+    built = build_variant(q.variant, qfused, target, tuning_dir)
+    return qfused, built, trace.fusion().through(q.origin, layer_of or {})
+
+
+def keep_library(built: Built, target, tuning_dir: Path | None, library: Path) -> Built:
+    """Exports the build's executable (tuned where its records were kept) as `library`, with the
+    tuning database beside it when the model has records."""
+    used = next(key for key, ex in built.executables.items() if ex is built.executable)
+    if built.record_choice:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copyfile(tuning_dir / name, library.parent / name)
+    export(built.executable, target, library)
+    built.libraries = {used: library}
+    return built
+
+
+def build_variant(variant: str, fused, target, tuning_dir: Path | None) -> Built:
     """One build of the job (the float model, or a quantized variant) on the default rules, or with
     the tuning records where they beat them: with records, each tuned kernel is timed against its
     default-rule twin, and the faster records are used if the whole model is then faster too
-    (model_check). Writes `library` unless it is None."""
+    (model_check)."""
     default, default_labels = schedule(fused, target)
     default_exe = build(default, target, None)
     tuned, tuned_labels = schedule(fused, target, tuning_dir) if tuning_dir else (None, {})
     choice, checked, keep = [], [], set()
     if "tuned" in tuned_labels.values():  # some kernel of this model has a record
-        if library is not None:
-            library.parent.mkdir(parents=True, exist_ok=True)
-            for name in ("database_workload.json", "database_tuning_record.json"):
-                shutil.copyfile(tuning_dir / name, library.parent / name)
         tuned_exe = build(tuned, target, None)
         dev = target.device()
         # Only the kernels with a record are compared (timing all 257 of DenseNet-121 took 13 s).
@@ -309,30 +326,18 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None, library:
         for c in choice:
             c["used"] = c["kernel"] in keep
     if not keep:
-        if library is not None:
-            export(default_exe, target, library)
-        exported = {(variant, False): library} if library else {}
-        return Built(
-            {(variant, False): default_exe},
-            fused,
-            default,
-            default_labels,
-            default_exe,
-            choice,
-            exported,
-            checked,
-        )
-    if library is not None:
-        export(tuned_exe, target, library)
+        executables = {(variant, False): default_exe}
+        return Built(executables, fused, default, default_labels, default_exe, choice, {}, checked)
     executables = {(variant, True): tuned_exe, (variant, False): default_exe}
-    exported = {(variant, True): library} if library else {}
-    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, exported, checked)
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {}, checked)
 
 
 def build_stage(ctx, report, model, optimized, quantized) -> Built:
     records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
     try:
-        built = build_job(optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers)
+        built = build_job(
+            optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers, optimized.fusion
+        )
     except KernelBuildError as exc:  # named with the source layers its kernels compute
         raise StageError(exc.describe(optimized.fusion.layers() if optimized.fusion else {})) from exc
     # the quantized variants again: a variant that failed to build is recorded as failed

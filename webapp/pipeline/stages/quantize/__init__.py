@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -38,6 +39,9 @@ class Quantized:
 
     variant: str = ""  # its name in the job: "int8", or in a sweep e.g. "int8 kl"
     origin: dict = field(default_factory=dict)  # a var of mod -> the vars of the float model it computes
+    job_dir: Path | None = None  # where its files are saved (variants.save_weights)
+    # its layers timed against the float build's, and those kept in float (stages.fallback)
+    layer_speed: dict | None = None
 
     @property
     def mode(self) -> str:
@@ -79,7 +83,7 @@ class Quantized:
             "layers": self.layer_table(),
             "layer_errors": self.errors,
             "skipped": [layer.name for layer in self.skipped],
-        }
+        } | ({"layer_speed": self.layer_speed} if self.layer_speed else {})
 
 
 # The job options that decide a quantized build (what the page and the JSON repeat of them).
@@ -116,15 +120,25 @@ def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
         return relax.transform.FoldConstant()(converted)
 
 
-def with_outputs(func: relax.Function, extra: list) -> tvm.IRModule:
-    """The function (no dataflow blocks) returning (its result, *extra), in dataflow form again."""
+def with_main(mod: tvm.IRModule, func: relax.Function) -> tvm.IRModule:
+    """`func` as the main of `mod`, beside mod's other functions: the PrimFuncs an importer made,
+    which main calls (the ONNX importer's maximum and minimum for a Clip with bounds from Constant
+    nodes, as torch.onnx's TorchScript exporter writes ReLU6)."""
+    out = mod.clone()
+    out.update_func(out.get_global_var("main"), func)
+    return out
+
+
+def with_outputs(mod: tvm.IRModule, func: relax.Function, extra: list) -> tvm.IRModule:
+    """The module with func (no dataflow blocks) as a main returning (its result, *extra), in
+    dataflow form again."""
     bb = relax.BlockBuilder()
     with bb.function("main", list(func.params), attrs=dict(func.attrs or {})):
         for block in func.body.blocks:
             for binding in block.bindings:
                 bb.emit_normalized(binding)
         bb.emit_func_output(relax.Tuple([func.body.body, *extra]))
-    return relax.transform.ConvertToDataflow()(bb.get())
+    return relax.transform.ConvertToDataflow()(with_main(mod, bb.get()["main"]))
 
 
 def run_all(executable, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
@@ -148,6 +162,7 @@ class Observed:
     tensors: list  # the inputs and results of the quantized layers
     float_of: dict  # tensor -> its value on each calibration input
     given: dict = field(default_factory=dict)  # tensor -> ActQuant: a pre-quantized model's own
+    module: tvm.IRModule | None = None  # func's module, with the functions main calls (with_main)
 
 
 def observe(
@@ -164,7 +179,8 @@ def observe(
     from webapp.pipeline.stages.optimize import canonical
 
     with tvm.transform.PassContext(opt_level=3):
-        func = relax.transform.ToNonDataflow()(canonical(mod))["main"]
+        module = relax.transform.ToNonDataflow()(canonical(mod))
+    func = module["main"]
     layers = find_layers(func)
     if not layers:
         raise ValueError("The model has no conv2d or matmul with constant weights: nothing to quantize.")
@@ -182,13 +198,12 @@ def observe(
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
     tensors = list(dict.fromkeys(t for layer in quantized for t in (layer.data, layer.out)))
     # The float model returning those tensors as well, run on this machine whatever the target.
-    executable, _ = compile_relax(with_outputs(func, tensors), host())
+    executable, _ = compile_relax(with_outputs(module, func, tensors), host())
     report(0.2)
     runs = run_all(executable, samples)
     n_out = len(runs[0]) - len(tensors)
-    return Observed(
-        func, layers, tensors, {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}, given
-    )
+    float_of = {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
+    return Observed(func, layers, tensors, float_of, given, module)
 
 
 def given_act(scale: float, zero_point: int, dtype: str, target_dtype: str) -> ActQuant:
@@ -233,10 +248,10 @@ def quantize(
     realizer = Realizer(func, layers, acts, options, pair_limit=target.int8_pair_limit())
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(func, layers, acts, options, samples[0], float_of, target.int8_pair_limit())
+    errors = layer_errors(observed, acts, options, samples[0], target.int8_pair_limit())
     report(1.0)
     return Quantized(
-        integer_layout(tvm.IRModule({"main": qfunc})),
+        integer_layout(with_main(observed.module, qfunc)),
         realizer.report,
         [layer for layer in layers if not layer.quantized],
         stats,
@@ -247,14 +262,15 @@ def quantize(
     )
 
 
-def layer_errors(func, layers, acts, options, sample, float_of, pair_limit=None) -> list[dict]:
+def layer_errors(observed: Observed, acts, options, sample, pair_limit=None) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer."""
     from webapp.pipeline.stages.bench import fidelity
     from webapp.pipeline.stages.build import compile_relax
 
+    func, layers, float_of = observed.func, observed.layers, observed.float_of
     exposed = Realizer(func, layers, acts, options, expose=True, pair_limit=pair_limit)
-    executable, _ = compile_relax(tvm.IRModule({"main": exposed.run()}), host())
+    executable, _ = compile_relax(with_main(observed.module, exposed.run()), host())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]
     return [

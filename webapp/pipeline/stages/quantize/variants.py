@@ -22,6 +22,8 @@ class QuantizedJob:
     variants: list[Quantized]  # the first is the one the page shows and model.so holds
     sweep: bool
     failed: list[dict] = field(default_factory=list)  # {"variant", "stage", "message"}
+    # what quantize_variant was given besides a variant's name and options, for without()
+    inputs: tuple = ()  # (job_dir, target, samples, source, observed)
 
     def fail(self, variant: str, stage: str, exc: BaseException) -> None:
         """A sweep goes on without a variant that failed (it is listed with why); a single
@@ -31,6 +33,28 @@ class QuantizedJob:
         traceback.print_exc()
         self.variants = [q for q in self.variants if q.variant != variant]
         self.failed.append({"variant": variant, "stage": stage, "message": error_message(exc)})
+
+    def without(self, q: Quantized, layers: set[str]) -> Quantized:
+        """The variant q quantized again with `layers` (their names) kept in float, not yet saved
+        (stages.fallback: the layers int8 made slower)."""
+        job_dir, target, samples, source, observed = self.inputs
+        was = [layer.quantized for layer in observed.layers]
+        for layer in observed.layers:
+            layer.quantized = layer.quantized and layer.name not in layers
+        try:
+            return quantize_variant(
+                job_dir, target, q.variant, q.options, samples, source, observed, save=False
+            )
+        finally:
+            for layer, quantized in zip(observed.layers, was, strict=True):
+                layer.quantized = quantized
+
+    def replace(self, old: Quantized, new: Quantized) -> None:
+        """`new` in the place of `old` (the variant with layers kept in float), saved as old was."""
+        self.variants[self.variants.index(old)] = new
+        save_weights(old.job_dir, new)
+        if new is self.variants[0]:
+            (new.job_dir / code_file("relax-quantized")).write_text(new.mod.script())
 
     def to_json(self) -> dict:
         out = {"quantization": self.variants[0].to_json()}
@@ -97,7 +121,7 @@ def quantize_job(
         pre,
         target.activation_dtype,
     )
-    job = QuantizedJob([], options.quantize == "sweep")
+    job = QuantizedJob([], options.quantize == "sweep", inputs=(job_dir, target, samples, source, observed))
     for i, (name, opts) in enumerate(variants):
         step = lambda f, i=i: report((i + 1 + f) * share)  # noqa: E731
         try:
@@ -113,20 +137,35 @@ def quantize_job(
 
 
 def quantize_variant(
-    job_dir: Path, target, name: str, options: JobOptions, samples, source: str, observed, report
+    job_dir: Path,
+    target,
+    name: str,
+    options: JobOptions,
+    samples,
+    source: str,
+    observed,
+    report=lambda f: None,
+    save: bool = True,
 ) -> Quantized:
-    """One quantized variant of the observed float model; its bit-packed weights are saved."""
+    """One quantized variant of the observed float model; its bit-packed weights are saved unless
+    `save` is false."""
     if options.calibration == "global":
         source = f"none (one global threshold of {options.global_scale:g})"
     quantized = quantize(None, target, options, samples, report, observed)
-    quantized.variant = name
+    quantized.variant, quantized.job_dir = name, job_dir
     quantized.calibration = {"source": source, "samples": len(samples)}
-    packed = {r.layer.name: pack_bits(r.weight_q, options.bits) for r in quantized.layers}
-    (job_dir / "files").mkdir(exist_ok=True)
-    np.savez(job_dir / "files" / f"weights-{name.replace(' ', '-')}.npz", **packed)
-    quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
     quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
+    if save:
+        save_weights(job_dir, quantized)
     return quantized
+
+
+def save_weights(job_dir: Path, quantized: Quantized) -> None:
+    """files/weights-<variant>.npz: each quantized layer's weights bit-packed."""
+    packed = {r.layer.name: pack_bits(r.weight_q, quantized.options.bits) for r in quantized.layers}
+    (job_dir / "files").mkdir(exist_ok=True)
+    np.savez(job_dir / "files" / f"weights-{quantized.variant.replace(' ', '-')}.npz", **packed)
+    quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
 
 
 def quantizes(ctx, model) -> bool:

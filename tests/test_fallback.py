@@ -1,0 +1,122 @@
+"""Never silently slower (webapp.pipeline.stages.fallback): each quantized layer timed against the float
+build's, and the layers int8 made slower kept in float when the whole model is then faster. Real
+builds for x86-avx2 (the pair-multiply form), timed where this CPU runs them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import run_here_or_skip
+from webapp.catalog import code_file
+from webapp.options import JobOptions
+from webapp.pipeline.stages import bench, fallback
+from webapp.pipeline.stages.build import build_job
+from webapp.pipeline.stages.importers import import_model
+from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize.variants import quantize_job
+from webapp.targets import get
+
+pytestmark = pytest.mark.slow
+
+
+def inverted_residual(path) -> None:
+    """A MobileNetV2 block and a classifier: its depthwise conv is the layer int8 speeds up least
+    (no dot product sums within a channel). The TorchScript exporter writes its ReLU6 as a Clip with
+    bounds from Constant nodes, which TVM's ONNX importer makes PrimFuncs beside main: quantization
+    keeps them (it failed with "no definition of GlobalVar maximum" before quantize.with_main)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 192, 1),
+        torch.nn.ReLU6(),
+        torch.nn.Conv2d(192, 192, 3, padding=1, groups=192),
+        torch.nn.ReLU6(),
+        torch.nn.Conv2d(192, 32, 1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 14 * 14, 10),
+    ).eval()
+    torch.onnx.export(model, (torch.randn(1, 3, 14, 14),), str(path), dynamo=False, input_names=["x"])
+
+
+def quantized_build(tmp_path):
+    target = get("x86-avx2")
+    inverted_residual(tmp_path / "block.onnx")
+    model = import_model(tmp_path / "block.onnx")
+    optimized = optimize(model.mod, target, tmp_path)
+    quantized = quantize_job(model, target, JobOptions(quantize="int8"), tmp_path, None, None, lambda f: None)
+    first = quantized.variants[0]
+    built = build_job(
+        optimized.fused, quantized, target, None, tmp_path, lambda f: None, model.layers, optimized.fusion
+    )
+    return model, quantized, first, built
+
+
+def outputs(built, model, variant: str) -> np.ndarray:
+    run = bench.tvm_runner(
+        built.executables[(variant, False)], bench.make_inputs(model.inputs), get("x86-avx2").device()
+    )
+    return bench.flatten_outputs(run())[0]
+
+
+def test_every_quantized_layer_is_timed_against_its_float_kernel_and_the_slower_ones_named(tmp_path):
+    run_here_or_skip("x86-avx2")
+    model, quantized, first, built = quantized_build(tmp_path)
+    q = quantized.variants[0]
+    speed = q.layer_speed
+    rows = {row["layer"]: row for row in speed["layers"]}
+    assert set(rows) == {r.layer.name for r in first.layers}  # all five, as first quantized
+    assert rows["02 conv2d 192x1x3x3"]["form"] == "depthwise conv2d"
+    assert rows["04 matmul 6272x10"]["form"] == "matmul"
+    for row in rows.values():
+        assert row["fp32_ms"] > 0 and row["quant_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["quant_ms"] / row["fp32_ms"])
+        assert row["fp32_kernel"] != row["quant_kernel"]
+    assert rows["01 conv2d 192x32x1x1"]["quant_schedule"] == "default rule: int8 conv2d NHWC (AVX2)"
+    assert speed["slower"] == [name for name, row in rows.items() if row["ratio"] > fallback.SLOWER_BY]
+    check = speed.get("fallback")
+    if check is not None:  # some layer was slower: the build with it in float was timed against this one
+        assert check["layers"] == speed["slower"]
+        assert check["kept"] == (check["mixed_ms"] < check["quant_ms"] * (1 - check["min_gain"]))
+        assert ({layer.name for layer in q.skipped} >= set(check["layers"])) == check["kept"]
+    assert "layer_speed" in quantized.to_json()["quantization"]
+
+
+def test_layers_kept_in_float_leave_the_int8_weights_and_the_build_computes_the_same_model(
+    tmp_path, monkeypatch
+):
+    """With the threshold set so that layers count as slower and any gain kept (the decision's inputs,
+    not its outcome, forced), the variant is quantized and built again with them in float: the page's
+    build (model.so) is that one, and it still computes the float model's outputs."""
+    run_here_or_skip("x86-avx2")
+    monkeypatch.setattr(fallback, "MODEL_CHECK_GAIN", -1e9)  # the build without them always kept
+    float_kinds = {"depthwise conv2d", "matmul"}
+    original = fallback.layer_times
+
+    def two_slower(layers, float_build, quant_build, profiles):  # the real times, two of them above the bar
+        rows = original(layers, float_build, quant_build, profiles)
+        for row in rows:
+            row["ratio"] = 2.0 if row["form"] in float_kinds else 0.0
+        return rows
+
+    monkeypatch.setattr(fallback, "layer_times", two_slower)
+    model, quantized, first, built = quantized_build(tmp_path)
+    q = quantized.variants[0]
+    assert q is not first and q.variant == "int8"
+    kept = ["02 conv2d 192x1x3x3", "04 matmul 6272x10"]
+    assert q.layer_speed["fallback"]["layers"] == kept and q.layer_speed["fallback"]["kept"]
+    assert [layer.name for layer in q.skipped] == kept
+    assert [r.layer.name for r in q.layers] == [
+        "00 conv2d 32x3x3x3",
+        "01 conv2d 192x32x1x1",
+        "03 conv2d 32x192x1x1",
+    ]
+    saved = np.load(tmp_path / "files" / "weights-int8.npz")
+    assert sorted(saved.files) == sorted(r.layer.name for r in q.layers)
+    script = (tmp_path / code_file("relax-quantized")).read_text()
+    assert script.count('out_dtype="int32"') == 3  # three integer layers left
+    assert built.executable is built.executables[("int8", False)]
+    fp32, int8 = outputs(built, model, "fp32"), outputs(built, model, "int8")
+    assert bench.fidelity([int8], [fp32], classifier=False)["sqnr_db"] > 25
