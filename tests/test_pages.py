@@ -544,7 +544,8 @@ def test_quantization_section_says_nothing_of_a_worst_layer_when_the_sqnr_only_r
 
 def layer_speed(kept: bool | None) -> dict:
     """quantization.layer_speed as stages.fallback writes it: conv2 (depthwise) slower in int8; with
-    `kept` not None, the build with it in float was timed too."""
+    `kept` not None, the build with it in float was timed too (and with `kept`, the rows are of that
+    build: conv2's only among the slower)."""
     rows = [
         {"layer": "conv1", "form": "conv2d", "fp32_ms": 0.2, "quant_ms": 0.1, "ratio": 0.5},
         {"layer": "conv2", "form": "depthwise conv2d", "fp32_ms": 0.02, "quant_ms": 0.035, "ratio": 1.75},
@@ -555,7 +556,8 @@ def layer_speed(kept: bool | None) -> dict:
             "fp32_schedule": "default rule: conv2d NHWC",
             "quant_schedule": "default rule: depthwise conv2d",
         }
-    speed = {"device": "x86_64 CPU (haswell)", "slower_by": 1.1, "layers": rows, "slower": ["conv2"]}
+    speed = {"device": "x86_64 CPU (haswell)", "slower_by": 1.1, "quantized_layers": 3, "timed": 3}
+    speed |= {"layers": [rows[0], rows[2]] if kept else rows, "slower": [rows[1]]}
     if kept is not None:
         speed["fallback"] = {"layers": ["conv2"], "quant_ms": 2.6, "mixed_ms": 2.4 if kept else 2.59}
         speed["fallback"] |= {"min_gain": 0.02, "kept": kept}
@@ -596,6 +598,22 @@ def test_quantization_section_says_when_every_layer_was_faster_in_int8(app, web)
     )
     assert "Each of the 3 quantized layers took less time in int8 than in float" in said
     assert "took longer" not in said
+
+
+def test_quantization_section_says_why_slower_layers_stay_and_when_timing_them_failed(app, web):
+    results = crafted_results()
+    results["quantization"]["layer_speed"] = layer_speed(None) | {"not_tried": "sweep", "timed": 2}
+    said = text(
+        section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "quantization")
+    )
+    assert "1 of the 2 quantized layers timed (of 3: the others could not be followed" in said
+    assert "They stay in int8: a sweep compares each bit-width whole" in said
+    results["quantization"]["layer_speed"] = {"error": "RuntimeError: the requantization broke"}
+    said = text(
+        section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "quantization")
+    )
+    assert "Timing the layers against float stopped: RuntimeError: the requantization broke" in said
+    assert "took less time" not in said and "took longer" not in said
 
 
 def test_device_section_shows_the_board_emulated_its_times_and_bit_exact_outputs(app, web):

@@ -144,38 +144,50 @@ def worst_layer(layer_errors: list[dict]) -> dict | None:
     return worst
 
 
-def why_layer_slower(row: dict) -> str:
+def why_layer_slower(row: dict, variant: str) -> str:
     """Why one quantized layer took longer than in float (a row of quantization.layer_speed), from
     what its two kernels are."""
     timed = (
-        f"{row['quant_ms'] * 1e3:.1f} us in int8 against {row['fp32_ms'] * 1e3:.1f} us in float, "
+        f"{row['quant_ms'] * 1e3:.1f} us in {variant} against {row['fp32_ms'] * 1e3:.1f} us in float, "
         f"{row['ratio']:.2f}× as long"
     )
     if row["form"] in ("depthwise conv2d", "grouped conv2d"):
         return (
             f"{timed}: a {row['form']} sums its products within a channel (or a few), where no "
-            "dot-product or pair-multiply instruction applies, so its int8 kernel "
+            "dot-product or pair-multiply instruction applies, so its integer kernel "
             f"({row['quant_schedule']}) widens the 8-bit values before it multiplies them, "
             "more instructions per multiply-add than the float kernel's FMAs"
         )
-    return (
-        f"{timed}: its int8 kernel ({row['quant_schedule']}) against the float one ({row['fp32_schedule']})"
-    )
+    kernels = f"its integer kernel ({row['quant_schedule']}) against the float one ({row['fp32_schedule']})"
+    return f"{timed}: {kernels}"
 
 
-def layer_speed_summary(speed: dict) -> dict:
-    """The layers int8 made slower, each with why, and what the build did with them."""
-    rows = {row["layer"]: row for row in speed.get("layers", [])}
+# Why the build did not try the layers that were slower in float (layer_speed's "not_tried")
+NOT_TRIED = {
+    "all_slower": (
+        "no layer was faster quantized: the build keeps them quantized, as asked; the float build is "
+        "model-fp32.so, timed against this one above"
+    ),
+    "sweep": "a sweep compares each bit-width whole, so none of its variants keeps a layer in float",
+}
+
+
+def layer_speed_summary(speed: dict, variant: str) -> dict:
+    """The layers the quantized variant made slower, each with why, and what the build did with them."""
     fallback = speed.get("fallback") or {}
     return {
         "device": speed.get("device"),
-        "timed": len(rows),
-        "slower": [{"layer": name, "why": why_layer_slower(rows[name])} for name in speed.get("slower", [])],
+        "timed": speed.get("timed", 0),
+        "quantized_layers": speed.get("quantized_layers", 0),
+        "slower": [
+            {"layer": row["layer"], "why": why_layer_slower(row, variant)} for row in speed.get("slower", [])
+        ],
         "kept_float": bool(fallback.get("kept")),
-        "all_slower": bool(speed.get("all_slower")),
+        "not_tried": NOT_TRIED.get(speed.get("not_tried")),
         "quant_ms": fallback.get("quant_ms"),
         "mixed_ms": fallback.get("mixed_ms"),
         "min_gain": fallback.get("min_gain"),
+        "error": speed.get("error"),
     }
 
 
@@ -202,7 +214,7 @@ def quantization_summary(results: dict) -> dict:
         if fp32_top1 is not None and quant_top1 is not None
         else None,
         "worst_layer": worst_layer(errors),
-        "layer_speed": layer_speed_summary(q["layer_speed"]) if q.get("layer_speed") else None,
+        "layer_speed": layer_speed_summary(q["layer_speed"], variant) if q.get("layer_speed") else None,
         # how many layer-to-layer steps had an SQNR on both sides (0: nothing to say about growth)
         "layer_steps_compared": sum(
             1

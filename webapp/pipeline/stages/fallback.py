@@ -7,14 +7,18 @@ whole-model runs) and gives each quantized layer the time of the kernel that com
 build (for a kernel called for several layers, its time per call). A layer whose quantized kernel
 took more than SLOWER_BY times its float kernel is quantized again in float, the model is built
 again, and the two builds are timed in turn (bench.time_models): the one with the float layers is
-kept when it is faster by more than bench.MODEL_CHECK_GAIN. quantization.layer_speed in
-result.json says what was measured and what was kept, and the page shows it.
+kept when it is faster by more than bench.MODEL_CHECK_GAIN (not in a sweep, which compares each
+bit-width whole). quantization.layer_speed in result.json says what was measured and what was kept,
+and the page shows it. Timings decide, so two runs of one job on a busy machine can keep different
+layers in float; what each kept is on its page.
 """
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 
+from webapp.pipeline.errors import error_message
 from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, profile_kernels, time_models
 from webapp.pipeline.stages.optimize import Fusion
 
@@ -94,27 +98,49 @@ def layer_times(
 def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:
     """The variant's layers timed against the float build's (quantized.layer_speed); the variant
     again with its slower layers in float (job: variants.QuantizedJob; rebuild(quantized) -> Build)
-    where that is faster."""
+    where that is faster. Never the build's failure: a step that fails leaves the variant as it was,
+    with the message (layer_speed's "error")."""
+    try:
+        return fall_back(variant, float_build, job, target, rebuild)
+    except Exception as exc:  # noqa: BLE001 - the variant as built is kept
+        traceback.print_exc()
+        variant.quantized.layer_speed = (variant.quantized.layer_speed or {}) | {"error": error_message(exc)}
+        return variant
+
+
+def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build:
     inputs = model_inputs(variant.fused)
     if inputs is None:  # an input without a fixed shape: nothing to time
         return variant
     dev = target.device()
-    profiles = tuple(profile_kernels(b.built.executable, inputs, dev) for b in (float_build, variant))
+    float_profile = profile_kernels(float_build.built.executable, inputs, dev)
     q = variant.quantized
-    rows = layer_times(q.layers, float_build, variant, profiles)
-    slower = [row["layer"] for row in rows if row["ratio"] is not None and row["ratio"] > SLOWER_BY]
-    speed = {"device": target.device_name(), "slower_by": SLOWER_BY, "layers": rows, "slower": slower}
-    q.layer_speed = speed
+    rows = layer_times(
+        q.layers,
+        float_build,
+        variant,
+        (float_profile, profile_kernels(variant.built.executable, inputs, dev)),
+    )
+    if not rows:  # no layer could be followed into the kernels of both builds
+        return variant
+    slower = [row for row in rows if row["ratio"] is not None and row["ratio"] > SLOWER_BY]
+    speed = {"device": target.device_name(), "slower_by": SLOWER_BY, "quantized_layers": len(q.layers)}
+    speed["timed"] = len(rows)
+    q.layer_speed = speed = speed | {"layers": rows, "slower": slower}
     if not slower:
         return variant
-    if len(slower) == len(q.layers):  # no layer gains: the float build is the model without them
-        speed["all_slower"] = True
+    if len(slower) == len(q.layers):  # no layer gains: the float build (model-fp32.so) is that model
+        speed["not_tried"] = "all_slower"
         return variant
-    mixed = rebuild(job.without(q, set(slower)))
+    if job.sweep:  # a sweep compares bit-widths, each variant whole
+        speed["not_tried"] = "sweep"
+        return variant
+    names = [row["layer"] for row in slower]
+    mixed = rebuild(job.without(q, set(names)))
     times = time_models({"quantized": variant.built.executable, "mixed": mixed.built.executable}, inputs, dev)
     kept = times["mixed"] < times["quantized"] * (1 - MODEL_CHECK_GAIN)
     speed["fallback"] = {
-        "layers": slower,
+        "layers": names,
         "quant_ms": times["quantized"],
         "mixed_ms": times["mixed"],
         "min_gain": MODEL_CHECK_GAIN,
@@ -122,6 +148,10 @@ def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:
     }
     if not kept:
         return variant
-    mixed.quantized.layer_speed = speed
+    # the per-layer times of the build kept (its integer layers may have other kernels: a model with a
+    # float convolution stays NCHW, quantize.integer_layout); the slower layers' rows stay as measured
+    profile = profile_kernels(mixed.built.executable, inputs, dev)
+    kept_rows = layer_times(mixed.quantized.layers, float_build, mixed, (float_profile, profile))
+    mixed.quantized.layer_speed = speed | {"layers": kept_rows}
     job.replace(q, mixed.quantized)
     return mixed
