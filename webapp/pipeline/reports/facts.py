@@ -144,22 +144,23 @@ def worst_layer(layer_errors: list[dict]) -> dict | None:
     return worst
 
 
-def why_layer_slower(row: dict, variant: str) -> str:
-    """Why one quantized layer took longer than in float (a row of quantization.layer_speed), from
-    what its two kernels are."""
+def layer_slower(row: dict, variant: str) -> dict:
+    """One layer the quantized variant made slower (a row of quantization.layer_speed): its times, and
+    why from what its two kernels are (`why`, the same for every layer of a form)."""
     timed = (
-        f"{row['quant_ms'] * 1e3:.1f} us in {variant} against {row['fp32_ms'] * 1e3:.1f} us in float, "
+        f"{row['quant_ms'] * 1e3:.1f} µs in {variant} against {row['fp32_ms'] * 1e3:.1f} µs in float, "
         f"{row['ratio']:.2f}× as long"
     )
     if row["form"] in ("depthwise conv2d", "grouped conv2d"):
-        return (
-            f"{timed}: a {row['form']} sums its products within a channel (or a few), where no "
-            "dot-product or pair-multiply instruction applies, so its integer kernel "
-            f"({row['quant_schedule']}) widens the 8-bit values before it multiplies them, "
-            "more instructions per multiply-add than the float kernel's FMAs"
+        why = (
+            f"a {row['form']} sums its products within a channel (or a few), where no dot-product or "
+            f"pair-multiply instruction applies, so its integer kernel ({row['quant_schedule']}) widens the "
+            "8-bit values before it multiplies them: more instructions per multiply-add than the float "
+            "kernel's FMAs"
         )
-    kernels = f"its integer kernel ({row['quant_schedule']}) against the float one ({row['fp32_schedule']})"
-    return f"{timed}: {kernels}"
+    else:
+        why = f"its integer kernel is {row['quant_schedule']}, the float one {row['fp32_schedule']}"
+    return {"layer": row["layer"], "form": row["form"], "timed": timed, "why": why}
 
 
 # Why the build did not try the layers that were slower in float (layer_speed's "not_tried")
@@ -175,12 +176,16 @@ NOT_TRIED = {
 def layer_speed_summary(speed: dict, variant: str) -> dict:
     """The layers the quantized variant made slower, each with why, and what the build did with them."""
     fallback = speed.get("fallback") or {}
+    slower = [layer_slower(row, variant) for row in speed.get("slower", [])]
     return {
         "device": speed.get("device"),
         "timed": speed.get("timed", 0),
         "quantized_layers": speed.get("quantized_layers", 0),
-        "slower": [
-            {"layer": row["layer"], "why": why_layer_slower(row, variant)} for row in speed.get("slower", [])
+        "slower": slower,
+        # each reason once, with the layers it explains
+        "reasons": [
+            {"why": why, "layers": [s["layer"] for s in slower if s["why"] == why]}
+            for why in dict.fromkeys(s["why"] for s in slower)
         ],
         "kept_float": bool(fallback.get("kept")),
         "not_tried": NOT_TRIED.get(speed.get("not_tried")),
