@@ -170,6 +170,7 @@ NOT_TRIED = {
         "model-fp32.so, timed against this one above"
     ),
     "sweep": "a sweep compares each bit-width whole, so none of its variants keeps a layer in float",
+    "prequantized": "the model came quantized by another tool, and its layers run as it quantized them",
 }
 
 

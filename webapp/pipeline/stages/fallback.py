@@ -8,7 +8,8 @@ build (for a kernel called for several layers, its time per call). A layer whose
 took more than SLOWER_BY times its float kernel is quantized again in float, the model is built
 again, and the two builds are timed in turn (bench.time_models): the one with the float layers is
 kept when it is faster by more than bench.MODEL_CHECK_GAIN (not in a sweep, which compares each
-bit-width whole). quantization.layer_speed in result.json says what was measured and what was kept,
+bit-width whole, nor for a model quantized by another tool, which runs as it came).
+quantization.layer_speed in result.json says what was measured and what was kept,
 and the page shows it. Timings decide, so two runs of one job on a busy machine can keep different
 layers in float; what each kept is on its page.
 """
@@ -134,6 +135,9 @@ def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build
         return variant
     if job.sweep:  # a sweep compares bit-widths, each variant whole
         speed["not_tried"] = "sweep"
+        return variant
+    if any(r.layer.given_scale is not None for r in q.layers):  # quantized by another tool: kept as it is
+        speed["not_tried"] = "prequantized"
         return variant
     names = [row["layer"] for row in slower]
     mixed = rebuild(job.without(q, set(names)))
