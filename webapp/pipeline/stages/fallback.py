@@ -17,6 +17,7 @@ layers in float; what each kept is on its page.
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 
 from webapp.pipeline.errors import error_message
@@ -49,9 +50,7 @@ def per_layer_ms(layers: list, fusion: Fusion, profile: dict) -> dict[str, tuple
     kernel's ms per call, from the build's profile: a kernel computing several of the layers (one call
     each, or one call for several) shares its time among them."""
     kernel_of = {r.layer.name: fusion.kernel_of.get(r.layer.head.name) for r in layers}
-    sharing: dict[str, int] = {}
-    for kernel in kernel_of.values():
-        sharing[kernel] = sharing.get(kernel, 0) + 1
+    sharing = Counter(kernel_of.values())
     out = {}
     for name, kernel in kernel_of.items():
         timed = profile["kernels"].get(kernel)
@@ -125,9 +124,14 @@ def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build
     if not rows:  # no layer could be followed into the kernels of both builds
         return variant
     slower = [row for row in rows if row["ratio"] is not None and row["ratio"] > SLOWER_BY]
-    speed = {"device": target.device_name(), "slower_by": SLOWER_BY, "quantized_layers": len(q.layers)}
-    speed["timed"] = len(rows)
-    q.layer_speed = speed = speed | {"layers": rows, "slower": slower}
+    q.layer_speed = speed = {
+        "device": target.device_name(),
+        "slower_by": SLOWER_BY,
+        "quantized_layers": len(q.layers),
+        "timed": len(rows),
+        "layers": rows,
+        "slower": slower,
+    }
     if not slower:
         return variant
     if len(slower) == len(q.layers):  # no layer gains: the float build (model-fp32.so) is that model

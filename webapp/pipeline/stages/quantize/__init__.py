@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tvm
@@ -39,7 +38,6 @@ class Quantized:
 
     variant: str = ""  # its name in the job: "int8", or in a sweep e.g. "int8 kl"
     origin: dict = field(default_factory=dict)  # a var of mod -> the vars of the float model it computes
-    job_dir: Path | None = None  # where its files are saved (variants.save_weights)
     # its layers timed against the float build's, and those kept in float (stages.fallback)
     layer_speed: dict | None = None
 

@@ -52,9 +52,12 @@ class QuantizedJob:
     def replace(self, old: Quantized, new: Quantized) -> None:
         """`new` in the place of `old` (the variant with layers kept in float), saved as old was."""
         self.variants[self.variants.index(old)] = new
-        save_weights(old.job_dir, new)
-        if new is self.variants[0]:
-            (new.job_dir / code_file("relax-quantized")).write_text(new.mod.script())
+        save_weights(self.inputs[0], new)
+        self.write_view()
+
+    def write_view(self) -> None:
+        """The code view of the first variant's integer model (Relax, before legalization)."""
+        (self.inputs[0] / code_file("relax-quantized")).write_text(self.variants[0].mod.script())
 
     def to_json(self) -> dict:
         out = {"quantization": self.variants[0].to_json()}
@@ -132,7 +135,7 @@ def quantize_job(
             job.fail(name, "quantize", exc)
     if not job.variants:
         raise StageError("Every variant failed: " + "; ".join(f["message"] for f in job.failed))
-    (job_dir / code_file("relax-quantized")).write_text(job.variants[0].mod.script())
+    job.write_view()
     return job
 
 
@@ -152,7 +155,7 @@ def quantize_variant(
     if options.calibration == "global":
         source = f"none (one global threshold of {options.global_scale:g})"
     quantized = quantize(None, target, options, samples, report, observed)
-    quantized.variant, quantized.job_dir = name, job_dir
+    quantized.variant = name
     quantized.calibration = {"source": source, "samples": len(samples)}
     quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
     if save:
