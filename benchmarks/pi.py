@@ -1,10 +1,11 @@
 """TVM against ONNX Runtime on the emulated Raspberry Pi boards, fp32 and int8, measured in one run.
 
-For each model and board (rpi4: QEMU cortex-a72, NEON only; rpi5: QEMU cortex-a76, NEON and sdot):
+For each model and board (rpi4: QEMU cortex-a72, NEON only; rpi5: QEMU cortex-a76, NEON and sdot;
+graviton3, with --boards: QEMU's max core for a Neoverse V1, NEON, sdot and i8mm's smmla):
 - TVM: one job through the whole pipeline (sandboxed, as a job runs) with target=<board> and
   quantize=int8, on a device pool this script starts on a free port: the job times its fp32 and its
   int8 build on the same emulated board in one session. The count of the instruction its int8
-  kernels multiply with (sdot on rpi5, smull on rpi4) is that of the job's assembly.
+  kernels multiply with (sdot on rpi5, smull on rpi4, smmla on graviton3) is that of the job's assembly.
 - ONNX Runtime, the peer: its aarch64 wheel in the same arm64 root file system (the "onnxruntime"
   extra of webapp/devices/rootfs.py), under the same qemu-aarch64 with the same QEMU_CPU and the same
   thread count, timed the way the board times TVM (a warm-up, then max(3, budget / first) runs, at
@@ -62,7 +63,17 @@ CPUINFO = {
         "1",
         "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp",
     ),
+    # graviton3's board: QEMU's max core, reported as the Neoverse V1 it stands for (i8mm, sve)
+    "max": (
+        "0x1",
+        "0xd40",
+        "1",
+        "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc "
+        "dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs dcpodp svei8mm svebf16 "
+        "i8mm bf16 dgh rng",
+    ),
 }
+BOARDS = [name for name, t in TARGETS.items() if t.board]  # rpi4, rpi5, graviton3
 
 # Run by the root file system's Python under qemu-aarch64: times one .onnx, prints JSON.
 ORT_SCRIPT = """
@@ -313,7 +324,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--models", nargs="+", default=MODELS.split(","), help="examples (space or comma)")
-    parser.add_argument("--boards", nargs="+", default=["rpi4", "rpi5"], help="rpi4 and/or rpi5")
+    parser.add_argument("--boards", nargs="+", default=["rpi4", "rpi5"], help=f"of {', '.join(BOARDS)}")
     parser.add_argument("--threads", type=int, default=2, help="threads of TVM and of ONNX Runtime")
     parser.add_argument("--budget", type=float, default=3.0, help="timing seconds per runtime, model, board")
     parser.add_argument(
@@ -325,7 +336,7 @@ def main() -> int:
     args = parser.parse_args()
     names = [n for m in args.models for n in m.split(",") if n]
     boards = [b for m in args.boards for b in m.split(",") if b]
-    unknown = [n for n in names if n not in EXAMPLES] + [b for b in boards if b not in ("rpi4", "rpi5")]
+    unknown = [n for n in names if n not in EXAMPLES] + [b for b in boards if b not in BOARDS]
     if unknown:
         parser.error(f"unknown model or board: {', '.join(unknown)}")
     if not shutil.which("bwrap") or not shutil.which("qemu-aarch64-static"):

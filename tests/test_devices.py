@@ -67,12 +67,12 @@ def run_job(config: Config, out: Path, example: str, **form) -> tuple[dict | Non
     return error, result, {s["name"]: s for s in progress["stages"]}
 
 
-def test_pool_registers_one_emulated_board_per_pi_target(pool):
+def test_pool_registers_one_emulated_board_per_arm_target(pool):
     status = read_status(pool)
-    assert [b["key"] for b in status["boards"]] == ["rpi4", "rpi5"]
+    assert [b["key"] for b in status["boards"]] == ["rpi4", "rpi5", "graviton3"]
     assert all(b["state"] == "running" for b in status["boards"])
     keys = pool_of(tracker_summary(pool.tracker))
-    assert keys["rpi4"]["boards"] == 1 and keys["rpi5"]["boards"] == 1
+    assert all(keys[key]["boards"] == 1 for key in ("rpi4", "rpi5", "graviton3"))
 
 
 def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, tmp_path):
@@ -90,19 +90,39 @@ def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, 
     assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
 
 
+def stride_1_cnn(path: Path) -> Path:
+    """An RGB image through two 3x3 convolutions, the second 16 -> 16 channels at stride 1 (an i8mm
+    conv: 8 input channels an instruction, output pixels in pairs), pooled into a linear layer."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    torch.onnx.export(model.eval(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
+    return path
+
+
 @pytest.mark.parametrize(
     "board, example, rule, mnemonic",
     [
         ("rpi5", "mlp", "int8 matmul (sdot)", "sdot"),
         ("rpi4", "mlp", "int8 matmul (NEON)", "smull"),
         ("rpi4", "cnn-small", "int8 conv2d NHWC (NEON)", "smull"),
+        ("graviton3", "mlp", "int8 matmul (i8mm)", "smmla"),
+        ("graviton3", "stride-1 cnn", "int8 conv2d NHWC (i8mm)", "smmla"),
     ],
 )
 def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     pool, tmp_path, board, example, rule, mnemonic
 ):
-    """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + smlal + sadalp: on the
-    emulated board, both builds timed there, the int8 output the same integers as on this server."""
+    """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + smlal + sadalp, the
+    i8mm core's on smmla: on the emulated board, both builds timed there, the int8 output the same
+    integers as on this server."""
+    if example == "stride-1 cnn":
+        example = str(stride_1_cnn(tmp_path / "cnn.onnx"))
     error, result, _ = run_job(pool, tmp_path / "job", example, target=board, quantize="int8")
     assert error is None, error
     assert result["instructions"][mnemonic] > 0
@@ -110,7 +130,7 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     assert f"default rule: {rule}" in rules and not any("naive" in r for r in rules)
     rows = {(b["variant"], b["tuned"]): b for b in result["benchmarks"]}
     assert set(rows) == {("fp32", False), ("int8", False)}  # both, same board, same session
-    core = {"rpi4": "cortex-a72", "rpi5": "cortex-a76"}[board]
+    core = {"rpi4": "cortex-a72", "rpi5": "cortex-a76", "graviton3": "max"}[board]
     assert {b["device"] for b in rows.values()} == {f"{board} (emulated: QEMU {core})"}
     exact = next(f for f in result["fidelity"] if f["reference"] == "int8 on this server")
     assert exact["variant"] == "int8" and exact["max_abs_err"] == 0.0

@@ -791,7 +791,7 @@ def test_target_picker_groups_targets_by_where_they_run(web):
     html = web.get("/").get_data(as_text=True)
     groups = dict(re.findall(r'<legend class="group">([^<]+)</legend>(.*?)</fieldset>', html, re.S))
     pool = groups["Run on a board of the device pool (TVM RPC)"]
-    assert re.findall(r'name="target" value="([^"]+)"', pool) == ["rpi4", "rpi5"]
+    assert re.findall(r'name="target" value="([^"]+)"', pool) == ["rpi4", "rpi5", "graviton3"]
     assert "runs on a &#39;rpi5&#39; board of the device pool" in pool and 'id="pool-status"' in pool
     here = groups["Run on this server"]  # this server is x86-64
     assert (

@@ -167,14 +167,21 @@ def test_job_options_parse_with_one_default_and_one_name_each():
         JobOptions.parse({"tune_trials": "-1"})
 
 
-def test_raspberry_pi_presets_name_their_board_core_and_features():
+def test_arm_board_presets_name_their_board_core_and_features():
+    """The Pis, and an i8mm server core that QEMU 7.2 emulates only as its `max` core."""
     listed = {t.name: t.to_json() for t in targets.TARGETS.values()}
-    for name, core, dotprod in (("rpi4", "cortex-a72", False), ("rpi5", "cortex-a76", True)):
+    for name, core, qemu, dotprod, i8mm in (
+        ("rpi4", "cortex-a72", "cortex-a72", False, False),
+        ("rpi5", "cortex-a76", "cortex-a76", True, False),
+        ("graviton3", "neoverse-v1", "max", True, True),
+    ):
         preset = targets.get(name)
-        assert preset.board == name and preset.core == core and not preset.can_run_here
+        assert preset.board == name and preset.core == qemu and not preset.can_run_here
         assert listed[name]["board"] == name and "device pool" in listed[name]["runs_on"]
         tvm_target = preset.tvm_target()
         assert int(tvm_target.attrs["num-cores"]) == 4 and tvm_target.attrs["mcpu"] == core
         assert bool(tvm_target.attrs["feature.has_dotprod"]) is dotprod
+        assert bool(tvm_target.attrs["feature.has_matmul_i8"]) is i8mm
+        assert preset.int8_mnemonic() == ("smmla" if i8mm else "sdot" if dotprod else "smull")
     with pytest.raises(SubmitError, match="board of the device pool"):
         JobOptions.parse({"target": "rpi5", "tune_trials": "8"})

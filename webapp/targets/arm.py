@@ -12,11 +12,13 @@ class Arm(LLVMCPU):
     cross_compiler = "aarch64-linux-gnu-g++"
     activation_dtype = "int8"  # sdot multiplies int8 by int8
     dot_instructions = (
+        # i8mm's matrix multiply-accumulate: 2 x 8 by 8 x 2 int8 into a 2 x 2 int32 tile (rules/int8_mmla.py)
+        ("i8mm", 2, "int8", ("smmla", "llvm.aarch64.neon.smmla.v4i32.v16i8"), "i8mm"),
         ("sdot", 4, "int8", "llvm.aarch64.neon.sdot.v4i32.v16i8", "dotprod"),
         # without a dot product: smull and smlal (int8 x int8 into int16), sadalp (pairs into int32)
         ("NEON", 4, "int8", ("smull", "llvm.aarch64.neon.smull", "llvm.aarch64.neon.saddlp"), "neon"),
     )
-    int8_mnemonics = {"sdot": "sdot", "NEON": "smull"}
+    int8_mnemonics = {"i8mm": "smmla", "sdot": "sdot", "NEON": "smull"}
 
     def vector_shape(self) -> tuple[int, int]:
         return 4, 32  # NEON: 128-bit vectors, 32 registers
@@ -28,17 +30,21 @@ class Arm(LLVMCPU):
 
     @property
     def core(self) -> str:
-        """The board's CPU core, as LLVM and QEMU name it (the emulated board runs this core)."""
-        return self.spec["mcpu"]
+        """The board's CPU core as QEMU names it (the emulated board runs this core): LLVM's name, or
+        `max` (every extension QEMU has) for a core QEMU 7.2 does not model."""
+        return QEMU_CORES.get(self.spec["mcpu"], self.spec["mcpu"])
 
 
-def raspberry_pi(name: str, title: str, core: str, features: list[str], description: str) -> Arm:
+QEMU_CORES = {"neoverse-v1": "max"}  # QEMU 7.2 (Debian 12) models no core with i8mm
+
+
+def board(name: str, title: str, core: str, features: list[str], description: str) -> Arm:
     spec = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": core, "mattr": features, "num-cores": 4}
     return Arm(name, title, description, spec, board=name)
 
 
 PRESETS = [
-    raspberry_pi(
+    board(
         "rpi4",
         "Raspberry Pi 4 (Cortex-A72)",
         "cortex-a72",
@@ -47,12 +53,22 @@ PRESETS = [
         "kernels multiply with smull and smlal into 16 bits, then add pairs with sadalp). Runs on an "
         "rpi4 board of the device pool.",
     ),
-    raspberry_pi(
+    board(
         "rpi5",
         "Raspberry Pi 5 (Cortex-A76)",
         "cortex-a76",
         ["+neon", "+dotprod"],
         "64-bit Raspberry Pi OS on a Pi 5: four Cortex-A76 cores with NEON and the sdot/udot dot "
         "product (int8 kernels use sdot). Runs on an rpi5 board of the device pool.",
+    ),
+    board(
+        "graviton3",
+        "AWS Graviton3 (Neoverse V1)",
+        "neoverse-v1",
+        ["+neon", "+dotprod", "+i8mm"],
+        "An Arm server core with the i8mm matrix multiply (AWS c7g, 4 vCPUs; Neoverse V1, as in "
+        "Graviton3): int8 kernels use smmla, a 2 x 8 by 8 x 2 int8 block into a 2 x 2 int32 tile per "
+        "instruction, where sdot does 4 x 4. Runs on a graviton3 board of the device pool: emulated "
+        "here by QEMU's max core (QEMU 7.2 has no Neoverse V1), or a real instance over TVM RPC.",
     ),
 ]

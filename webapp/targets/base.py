@@ -158,14 +158,16 @@ class LLVMCPU(Target):
     # the target has (None: it has none, and the products are widened first).
     int8_mnemonics: ClassVar[dict[str | None, str]] = {}
 
-    def dot_instruction(self, channels: int | None = None) -> str | None:
-        """The integer dot-product instruction the target has (a dot_instructions name), if any: the
-        widest whose lanes divide `channels` when given."""
+    def dot_instruction(self, channels: int | None = None, skip: tuple = ()) -> str | None:
+        """The integer dot-product instruction the target has (a dot_instructions name, not one of
+        `skip`), if any: the widest whose lanes divide `channels` when given."""
         return next(
             (
                 name
                 for name, lanes, _, _, feature in self.dot_instructions
-                if has_feature(self.tvm, feature) and (channels is None or channels % lanes == 0)
+                if name not in skip
+                and has_feature(self.tvm, feature)
+                and (channels is None or channels % lanes == 0)
             ),
             None,
         )

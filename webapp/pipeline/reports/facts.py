@@ -13,7 +13,7 @@ from webapp.naming import natural_key
 
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
 NO_SPEEDUP_BELOW = 1.1
-DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot", "IDP.4A")  # IDP.4A: CUDA dp4a, in the SASS
+DOT_PRODUCT_INSTRUCTIONS = ("vpdpbusd", "sdot", "smmla", "IDP.4A")  # IDP.4A: CUDA dp4a, in the SASS
 EMULATED_NOTE = (
     "Emulated under QEMU, which translates every Arm instruction into x86 ones: these times compare "
     "fp32 with the quantized build on the same board, run for run; they are not predictions of a real "

@@ -5,9 +5,10 @@ AVX-512BW), Arm NEON without one (int8_neon: `smull` + `smlal` + `sadalp`, the P
 
 from __future__ import annotations
 
-from tvm import s_tir
+import tvm
+from tvm import s_tir, tirx
 
-from webapp.pipeline.rules import int8_dot, int8_neon, int8_pairs
+from webapp.pipeline.rules import int8_dot, int8_mmla, int8_neon, int8_pairs
 from webapp.pipeline.rules.common import (
     PREPROC,
     choice,
@@ -32,7 +33,8 @@ from webapp.pipeline.rules.cpu import (
 )
 from webapp.targets import KINDS
 
-FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon}  # the tag of a form of several instructions
+# the modules of the forms other than one dot-product instruction, by their tag
+FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon, "smmla": int8_mmla}
 
 # The int8 instruction forms of every target kind (webapp/targets): name -> (int32 lanes per
 # intrinsic, activation dtype, the LLVM intrinsic of a dot-product instruction or a form of several
@@ -43,7 +45,8 @@ DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, 
 
 def form(kind: str):
     """The module of the instruction's form: one dot-product instruction (int8_dot), x86's
-    vpmaddubsw + vpmaddwd (int8_pairs), Arm NEON's smull + smlal + sadalp (int8_neon)."""
+    vpmaddubsw + vpmaddwd (int8_pairs), Arm NEON's smull + smlal + sadalp (int8_neon), Arm i8mm's
+    smmla (int8_mmla)."""
     intrinsic = DOT_INSTRUCTIONS[kind][2]
     return int8_dot if isinstance(intrinsic, str) else FORMS[intrinsic[0]]
 
@@ -94,6 +97,10 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     data, weight = stmt.reads[0].source, stmt.reads[1].source
     ic, oc = int(weight.shape[2]), int(weight.shape[3])
     kind = target.dot_instruction(oc)
+    if kind is not None and form(kind) is int8_mmla:
+        if mmla_fits(sch, conv, ic):
+            return conv2d_nhwc_mmla(sch, conv, kind)
+        kind = target.dot_instruction(oc, skip=(kind,))
     if int(data.shape[3]) != ic or kind is None or ic % 4:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]
@@ -145,6 +152,65 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
     if width:
         sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return f"default rule: int8 conv2d NHWC ({kind})"
+
+
+def mmla_fits(sch: s_tir.Schedule, conv, ic: int) -> bool:
+    """Whether smmla's 2 pixels x 8 input channels fit an NHWC conv: input channels in 8s, ungrouped, an
+    even row of output pixels a stride of 1 apart (the two rows of the instruction, one input pixel
+    apart). Other convs (a first layer's 4 channels, stride 2, odd rows of 7) take the dot product."""
+    stmt = sch.get(conv)
+    data, weight = stmt.reads[0].source, stmt.reads[1].source
+    column = stmt.reads[0].region[2].min  # the input column a pixel reads: w * stride + kw
+    linear = tvm.sym.pattern.detect_linear_equation(column, [stmt.iter_vars[2].var])
+    stride_1 = len(linear) == 2 and isinstance(linear[0], tirx.IntImm) and int(linear[0]) == 1
+    return (
+        ic % 8 == 0
+        and int(data.shape[3]) == ic
+        and int(weight.shape[2]) == ic
+        and stride_1
+        and (extent(sch, sch.get_loops(conv)[2]) % 2 == 0)
+    )
+
+
+def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv, kind: str) -> str:
+    """conv2d_nhwc_int8 on Arm's smmla: a register tile of pixel pairs x channel pairs (4 x 4: 16
+    accumulators of 2 x 2, 4 vectors of weights, 4 of two pixels' input bytes), weights repacked
+    (O/v, KH, KW, I/8, v/2, 2, 8), the sums kept as (pixels/2, channels/2, 2, 2) and written out by
+    an unrolled epilogue (the tile's sums stay in registers)."""
+    n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
+    oc = extent(sch, oc_loop)
+    pairs = choice("vectors", next(p for p in (4, 2, 1) if oc % (2 * p) == 0))
+    if oc % (2 * pairs):
+        raise ValueError(f"{oc} channels in blocks of {2 * pairs}")
+    block_oc = 2 * pairs
+    epilogue = inline_epilogue(sch, conv)
+    pack = sch.cache_read(conv, 1, "global")
+    tile = int8_mmla.weight_tile
+    sch.transform_layout(
+        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 8, *tile(o % block_oc, i % 8))
+    )
+    sch.annotate(pack, PREPROC, True)
+    epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
+    sch.transform_layout(conv, ("write", 0), lambda n, h, w, c: (n, h, w // 2, c // 2, w % 2, c % 2))
+    w_o, w_p = inner_split(sch, w_loop, 2 * largest_divisor(extent(sch, w_loop) // 2, 4), 16)
+    w_p, w_2 = sch.split(w_p, [None, 2])
+    oc_o, oc_p, oc_2 = sch.split(oc_loop, [None, pairs, 2])
+    ic_o, ic_8 = sch.split(ic_loop, [None, 8])
+    if choice("channels_outer", False):  # as conv2d_nhwc_int8: tuning tries both orders
+        sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_o, w_p, oc_p, w_2, oc_2, ic_8)
+    else:
+        sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_p, oc_p, w_2, oc_2, ic_8)
+    tile = sch.fuse(*sch.get_loops(conv)[:4])
+    parallel(sch, tile)
+    sch.reverse_compute_at(epilogue, tile)
+    init = sch.decompose_reduction(conv, kh_loop)
+    sch.vectorize(sch.fuse(*sch.get_loops(init)[-2:]))
+    sch.unroll(w_p)
+    sch.unroll(oc_p)
+    sch.tensorize(w_2, register_dot(kind))
+    for loop in loops_below(sch, epilogue, tile):
+        sch.unroll(loop)
     return f"default rule: int8 conv2d NHWC ({kind})"
 
 
@@ -233,6 +299,10 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
     m, n, k = (extent(sch, loop) for loop in (i_loop, j_loop, k_loop))
     kind = target.dot_instruction(n) or target.dot_instruction()
+    if kind is not None and form(kind) is int8_mmla:
+        if k % 8 == 0 and n % 2 == 0:
+            return matmul_mmla(sch, block, transposed, kind)
+        kind = target.dot_instruction(n, skip=(kind,)) or target.dot_instruction(skip=(kind,))
     if k % 4 or kind is None:
         return None
     lanes = DOT_INSTRUCTIONS[kind][0]
@@ -273,4 +343,48 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
     if width:
         sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    return f"default rule: int8 matmul ({kind})"
+
+
+def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str | None:
+    """matmul_int8 on Arm's smmla: a register tile of row pairs x column pairs (4 x 4 where they
+    divide), the weight repacked (N/v, K/8, v/2, 2, 8), the sums kept as (rows/2, columns/2, 2, 2)
+    and written out by an unrolled epilogue; rows and columns padded to the tile as matmul_int8 pads."""
+    *_, i_loop, j_loop, _ = sch.get_loops(block)
+    m, n = extent(sch, i_loop), extent(sch, j_loop)
+    waste = {p: -(-n // (2 * p)) * 2 * p - n for p in (4, 2, 1)}  # padded columns, as matmul_int8
+    pairs = choice("vectors", next(p for p in (4, 2, 1) if waste[p] <= 0.03 * n or p == 1))
+    rows = 2 * min(4, -(-m // 2))
+    if space_choices.get() is not None and (m % rows or n % (2 * pairs)):
+        return None  # as matmul_int8: no design space pads
+    block_n = 2 * pairs
+    epilogue, pack = padded_operands(sch, block, rows, block_n, 4)
+    tile = int8_mmla.weight_tile
+    if transposed:
+        layout = lambda jj, kk: (jj // block_n, kk // 8, *tile(jj % block_n, kk % 8))  # noqa: E731
+    else:
+        layout = lambda kk, jj: (jj // block_n, kk // 8, *tile(jj % block_n, kk % 8))  # noqa: E731
+    sch.transform_layout(block, ("read", 1), layout)
+    sch.annotate(pack, PREPROC, True)
+    if epilogue is None:
+        epilogue = sch.cache_write(block, 0, "global")
+    sch.set_scope(block, 0, "local")
+    sch.transform_layout(
+        block, ("write", 0), lambda *x: (*x[:-2], x[-2] // 2, x[-1] // 2, x[-2] % 2, x[-1] % 2)
+    )
+    *batch_loops, i_loop, j_loop, k_loop = sch.get_loops(block)
+    i_o, i_p, i_2 = sch.split(i_loop, [None, rows // 2, 2])
+    j_o, j_p, j_2 = sch.split(j_loop, [None, pairs, 2])
+    k_o, k_8 = sch.split(k_loop, [None, 8])
+    sch.reorder(*batch_loops, j_o, i_o, k_o, i_p, j_p, i_2, j_2, k_8)
+    tile_loop = sch.fuse(*batch_loops, j_o, i_o)
+    parallel(sch, tile_loop)
+    sch.reverse_compute_at(epilogue, tile_loop)
+    init = sch.decompose_reduction(block, k_o)
+    sch.vectorize(sch.fuse(*sch.get_loops(init)[-2:]))
+    sch.unroll(i_p)
+    sch.unroll(j_p)
+    sch.tensorize(i_2, register_dot(kind))
+    for loop in loops_below(sch, epilogue, tile_loop):
+        sch.unroll(loop)
     return f"default rule: int8 matmul ({kind})"

@@ -154,7 +154,8 @@ def inspect_build(
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2
-# multiply-adds, Arm dot product, NEON's widening multiply and pairwise add) and float fused multiply-adds.
+# multiply-adds, Arm dot product and i8mm matrix multiply, NEON's widening multiply and pairwise
+# add) and float fused multiply-adds.
 COUNTED_INSTRUCTIONS = {
     "vpdpbusd": "uint8 x int8 dot product, 4 per lane (AVX-512 VNNI / AVX-VNNI)",
     "vpdpwssd": "int16 x int16 dot product, 2 per lane (VNNI)",
@@ -162,6 +163,7 @@ COUNTED_INSTRUCTIONS = {
     "vpmaddwd": "int16 multiply-add to int32",
     "sdot": "int8 dot product, 4 per lane (Arm dot product)",
     "udot": "uint8 dot product, 4 per lane (Arm dot product)",
+    "smmla": "int8 2x8 by 8x2 matrix multiply into a 2x2 int32 tile (Arm i8mm)",
     "smull": "int8 x int8 multiply to int16 (Arm NEON without a dot product)",
     "smlal": "int8 x int8 multiply added into int16 (Arm NEON)",
     "sadalp": "int16 pairs added into int32 (Arm NEON)",

@@ -243,10 +243,11 @@ def quantize(
         levels = probe.qmax - probe.zero_point  # positive levels, for KL's histogram
         limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_scale
         acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2", dtype)
-    realizer = Realizer(func, layers, acts, options, pair_limit=target.int8_pair_limit())
+    means = channel_means(observed)
+    realizer = Realizer(func, layers, acts, options, pair_limit=target.int8_pair_limit(), means=means)
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(observed, acts, options, samples[0], target.int8_pair_limit())
+    errors = layer_errors(observed, acts, options, samples[0], target.int8_pair_limit(), means)
     report(1.0)
     return Quantized(
         integer_layout(with_main(observed.module, qfunc)),
@@ -260,14 +261,29 @@ def quantize(
     )
 
 
-def layer_errors(observed: Observed, acts, options, sample, pair_limit=None) -> list[dict]:
+def channel_means(observed: Observed) -> dict:
+    """Each quantized layer's float input -> its mean per input channel over the calibration runs (axis
+    1 of a conv2d's NCHW input, the last of a matmul's), for the bias correction."""
+    means = {}
+    for layer in observed.layers:
+        arrays = observed.float_of.get(layer.data)
+        if arrays is None or not layer.quantized:
+            continue
+        axis = 1 if layer.kind == "conv2d" else arrays[0].ndim - 1
+        means[layer.data] = np.mean(
+            [np.moveaxis(a, axis, 0).reshape(a.shape[axis], -1).mean(axis=1) for a in arrays], axis=0
+        )
+    return means
+
+
+def layer_errors(observed: Observed, acts, options, sample, pair_limit=None, means=None) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer."""
     from webapp.pipeline.stages.bench import fidelity
     from webapp.pipeline.stages.build import compile_relax
 
     func, layers, float_of = observed.func, observed.layers, observed.float_of
-    exposed = Realizer(func, layers, acts, options, expose=True, pair_limit=pair_limit)
+    exposed = Realizer(func, layers, acts, options, expose=True, pair_limit=pair_limit, means=means)
     executable, _ = compile_relax(with_main(observed.module, exposed.run()), host())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]

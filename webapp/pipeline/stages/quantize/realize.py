@@ -79,8 +79,11 @@ def substitute(expr, env: dict):
 
 
 class Realizer:
-    def __init__(self, func, layers: list[Layer], acts: dict, options, expose: bool = False, pair_limit=None):
+    def __init__(
+        self, func, layers: list[Layer], acts: dict, options, expose=False, pair_limit=None, means=None
+    ):
         self.func, self.bits = func, options.bits
+        self.means = means or {}  # a layer's float input Var -> its mean per input channel (calibration)
         # the most a pair of 8-bit weights may add up to, where the target's int8 kernels sum pairs of
         # products in 16 bits (Target.int8_pair_limit; None: any)
         self.pair_limit = pair_limit if options.bits == 8 else None
@@ -216,6 +219,7 @@ class Realizer:
         flat_scale = np.broadcast_to(w_scale.reshape(-1), (channels,)).astype(np.float64)
         acc_scale = p_in.scale * flat_scale
         bias = layer.bias if layer.bias is not None else np.zeros(channels)
+        bias = bias.reshape(-1) + self.rounding_bias(layer, w - wq * w_scale)
         bias_q = np.round(bias / acc_scale).astype(np.int64) - p_in.zero_point * w_sum
         shape = (1, channels, 1, 1) if layer.kind == "conv2d" else (channels,)
 
@@ -282,6 +286,19 @@ class Realizer:
         self.report.append(
             LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
         )
+
+    def rounding_bias(self, layer: Layer, error: np.ndarray) -> np.ndarray:
+        """What the weights' rounding adds to each output channel on average, given back through the bias
+        (bias correction, Nagel et al. 2019): the weights' error by the input's mean per channel from
+        the calibration runs."""
+        mean = self.means.get(layer.data)
+        if mean is None or layer.given_scale is not None:
+            return np.zeros(error.shape[layer.channel_axis])
+        if layer.kind == "matmul":
+            return np.einsum("kn,k->n", error, mean) if error.ndim == 2 else np.zeros(error.shape[1])
+        groups = int(layer.attrs.groups)
+        per_group = mean.reshape(groups, -1)[np.arange(error.shape[0]) // (error.shape[0] // groups)]
+        return np.einsum("oihw,oi->o", error, per_group)
 
     def clip(self, x, lo, hi, dtype: str):
         """max then min with constants: unlike R.clip, these keep the layout ConvertLayout chose."""
