@@ -44,7 +44,7 @@ class Config:
     # The device pool (webapp/devices): TVM's RPC tracker, and boards registered under a target's key.
     tracker: str = "127.0.0.1:9190"  # where clients and boards reach the tracker
     tracker_bind: str | None = None  # the address it listens on (0.0.0.0 to let real boards join)
-    emulated_boards: bool = True  # one QEMU board per Raspberry Pi target, started by the pool
+    emulated_boards: bool = True  # one QEMU board per Arm board target, started by the pool
     # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
     reuse_results: bool = True
     # A running job's worker writes a heartbeat into the store; one silent for lost_after_s is given up

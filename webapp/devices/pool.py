@@ -1,4 +1,5 @@
-"""The device pool: TVM's RPC tracker, and one emulated board per Raspberry Pi target, kept alive.
+"""The device pool: TVM's RPC tracker, and one emulated board per Arm board target (the Pis, graviton3),
+kept alive.
 
 `run_pool` is what `tvm-playground pool` (and so `make serve`) runs. It starts the tracker at once,
 then, in the background, builds the arm64 root file system if it is missing and starts the boards:
