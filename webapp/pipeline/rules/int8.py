@@ -201,17 +201,24 @@ def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv, kind: str) -> str:
         sch.reorder(n_loop, oc_o, h_loop, w_o, kh_loop, kw_loop, ic_o, w_p, oc_p, w_2, oc_2, ic_8)
     else:
         sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_p, oc_p, w_2, oc_2, ic_8)
-    tile = sch.fuse(*sch.get_loops(conv)[:4])
+    mmla_tile(sch, conv, epilogue, sch.fuse(*sch.get_loops(conv)[:4]), kh_loop, (w_p, oc_p, w_2), kind)
+    return f"default rule: int8 conv2d NHWC ({kind})"
+
+
+def mmla_tile(sch: s_tir.Schedule, block, epilogue, tile, reduction, pairs: tuple, kind: str) -> None:
+    """The register tile of both smmla rules: parallel over `tile`, the sums zeroed before the
+    `reduction` loop (4 lanes at a time), the pairs of rows and of columns unrolled, smmla at the
+    pair of rows, and the epilogue unrolled (it reads the tile's sums where they lie, in registers)."""
+    row_pairs, column_pairs, rows = pairs
     parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
-    init = sch.decompose_reduction(conv, kh_loop)
+    init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.fuse(*sch.get_loops(init)[-2:]))
-    sch.unroll(w_p)
-    sch.unroll(oc_p)
-    sch.tensorize(w_2, register_dot(kind))
+    sch.unroll(row_pairs)
+    sch.unroll(column_pairs)
+    sch.tensorize(rows, register_dot(kind))
     for loop in loops_below(sch, epilogue, tile):
         sch.unroll(loop)
-    return f"default rule: int8 conv2d NHWC ({kind})"
 
 
 def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
@@ -359,11 +366,11 @@ def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str 
         return None  # as matmul_int8: no design space pads
     block_n = 2 * pairs
     epilogue, pack = padded_operands(sch, block, rows, block_n, 4)
-    tile = int8_mmla.weight_tile
+    packed = int8_mmla.weight_tile
     if transposed:
-        layout = lambda jj, kk: (jj // block_n, kk // 8, *tile(jj % block_n, kk % 8))  # noqa: E731
+        layout = lambda jj, kk: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8))  # noqa: E731
     else:
-        layout = lambda kk, jj: (jj // block_n, kk // 8, *tile(jj % block_n, kk % 8))  # noqa: E731
+        layout = lambda kk, jj: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8))  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:
@@ -377,14 +384,5 @@ def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str 
     j_o, j_p, j_2 = sch.split(j_loop, [None, pairs, 2])
     k_o, k_8 = sch.split(k_loop, [None, 8])
     sch.reorder(*batch_loops, j_o, i_o, k_o, i_p, j_p, i_2, j_2, k_8)
-    tile_loop = sch.fuse(*batch_loops, j_o, i_o)
-    parallel(sch, tile_loop)
-    sch.reverse_compute_at(epilogue, tile_loop)
-    init = sch.decompose_reduction(block, k_o)
-    sch.vectorize(sch.fuse(*sch.get_loops(init)[-2:]))
-    sch.unroll(i_p)
-    sch.unroll(j_p)
-    sch.tensorize(i_2, register_dot(kind))
-    for loop in loops_below(sch, epilogue, tile_loop):
-        sch.unroll(loop)
+    mmla_tile(sch, block, epilogue, sch.fuse(*batch_loops, j_o, i_o), k_o, (i_p, j_p, i_2), kind)
     return f"default rule: int8 matmul ({kind})"
