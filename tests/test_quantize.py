@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import tvm
 from numpy.lib.stride_tricks import sliding_window_view
-from tvm import relax
+from tvm import relax, s_tir
 from tvm.relax import op as R
 
 from tests.conftest import run_here_or_skip
 from webapp.options import JobOptions
 from webapp.pipeline.passes.legalize import fuse
+from webapp.pipeline.rules.schedules import design_spaces
 from webapp.pipeline.stages import bench
 from webapp.pipeline.stages.build import build, compile_relax, schedule
 from webapp.pipeline.stages.quantize import quantize
@@ -379,6 +380,15 @@ def test_int8_on_an_i8mm_core_multiplies_with_smmla_and_strided_convs_with_sdot(
         return build(lowered, target, None).mod.imports[0].inspect_source("asm"), rules
 
     asm, rules = build_for(1)
+    # tuning's design spaces (schedules.SPACES) hold the smmla tiles too, as they hold VNNI's
+    mod, shapes = float_model(kind, 1)
+    samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(2)]
+    fused = fuse(quantize(mod, target, JobOptions(quantize="int8"), samples).mod, target)
+    _, labels = schedule(fused, target)
+    for name in (name for name, label in labels.items() if "(i8mm)" in label):
+        spaces = design_spaces(s_tir.Schedule(fused[name]), target)
+        assert len(spaces) == (6 if kind == "conv2d" else 3), name
+        assert all("playground_dot_2x4_i8mm" in str(space.trace) for space in spaces)
     if kind == "matmul":
         assert rules == ["default rule: int8 matmul (i8mm)"] * 2
         assert "sdot" not in asm

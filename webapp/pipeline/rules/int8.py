@@ -188,13 +188,13 @@ def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv, kind: str) -> str:
     pack = sch.cache_read(conv, 1, "global")
     tile = int8_mmla.weight_tile
     sch.transform_layout(
-        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 8, *tile(o % block_oc, i % 8))
+        conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i // 8, *tile(o % block_oc, i % 8, pairs))
     )
     sch.annotate(pack, PREPROC, True)
     epilogue = nhwc_input_and_accumulator(sch, conv, epilogue)
     sch.transform_layout(conv, ("write", 0), lambda n, h, w, c: (n, h, w // 2, c // 2, w % 2, c % 2))
-    w_o, w_p = inner_split(sch, w_loop, 2 * largest_divisor(extent(sch, w_loop) // 2, 4), 16)
-    w_p, w_2 = sch.split(w_p, [None, 2])
+    w_p, w_2 = sch.split(w_loop, [None, 2])
+    w_o, w_p = inner_split(sch, w_p, largest_divisor(extent(sch, w_p), 4), 8)
     oc_o, oc_p, oc_2 = sch.split(oc_loop, [None, pairs, 2])
     ic_o, ic_8 = sch.split(ic_loop, [None, 8])
     if choice("channels_outer", False):  # as conv2d_nhwc_int8: tuning tries both orders
@@ -368,9 +368,9 @@ def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str 
     epilogue, pack = padded_operands(sch, block, rows, block_n, 4)
     packed = int8_mmla.weight_tile
     if transposed:
-        layout = lambda jj, kk: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8))  # noqa: E731
+        layout = lambda jj, kk: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8, pairs))  # noqa: E731
     else:
-        layout = lambda kk, jj: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8))  # noqa: E731
+        layout = lambda kk, jj: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8, pairs))  # noqa: E731
     sch.transform_layout(block, ("read", 1), layout)
     sch.annotate(pack, PREPROC, True)
     if epilogue is None:

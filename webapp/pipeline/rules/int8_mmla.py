@@ -11,10 +11,10 @@ from __future__ import annotations
 ROWS, COLS, DEPTH = 2, 2, 8  # an instruction: 2 rows x 2 columns, 8 products each
 
 
-def weight_tile(o, i) -> tuple:
-    """Where output channel o (within its register tile) and input channel i (within its 8) of a weight
-    lie in the repacked weights: a pair of channels' 8 bytes each, together."""
-    return (o // COLS, o % COLS, i)
+def weight_tile(o, i, pairs: int) -> tuple:
+    """Where output channel o (within its register tile of `pairs` pairs) and input channel i (within
+    its 8) of a weight lie in the repacked weights: a pair of channels' 8 bytes each, together."""
+    return ((o // COLS,) if pairs > 1 else ()) + (o % COLS, i)
 
 
 def register(name: str, lanes: int, a_dtype: str, intrinsic: tuple) -> str:
