@@ -134,6 +134,16 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     assert {b["device"] for b in rows.values()} == {f"{board} (emulated: QEMU {core})"}
     exact = next(f for f in result["fidelity"] if f["reference"] == "int8 on this server")
     assert exact["variant"] == "int8" and exact["max_abs_err"] == 0.0
+    # each quantized layer's kernel timed against its float kernel on the board, alone
+    speed = result["quantization"]["layer_speed"]
+    assert "error" not in speed, speed["error"]
+    assert speed["device"] == f"{board} (emulated: QEMU {core})" and speed["method"] == "alone"
+    assert speed["timed"] == speed["quantized_layers"] == len(speed["layers"]) > 0
+    assert all(r["fp32_ms"] > 0 and r["quant_ms"] > 0 for r in speed["layers"])
+    assert any(r["quant_schedule"] == f"default rule: {rule}" for r in speed["layers"])
+    assert speed["slower"] == [r for r in speed["layers"] if r["ratio"] > speed["slower_by"]]
+    if speed["slower"] and len(speed["slower"]) < speed["timed"]:  # named, not rebuilt in float
+        assert speed["not_tried"] == "board"
 
 
 def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_board(pool, tmp_path):

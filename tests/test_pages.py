@@ -617,6 +617,23 @@ def test_quantization_section_says_why_slower_layers_stay_and_when_timing_them_f
     assert "took less time" not in said and "took longer" not in said
 
 
+def test_quantization_section_says_a_board_timed_each_kernel_alone_and_names_its_slower_layers(app, web):
+    """A job timed on a board (remote.time_layers): the layers' kernels timed alone there; the slower
+    ones named, not rebuilt in float, since the build was made before the board was reached."""
+    results = crafted_results()
+    speed = layer_speed(None) | {"device": "rpi4 (emulated: QEMU cortex-a72)", "method": "alone"}
+    results["quantization"]["layer_speed"] = speed | {"not_tried": "board"}
+    said = text(
+        section(web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True), "quantization")
+    )
+    assert (
+        "1 of the 3 quantized layers took longer in int8 than in float, each layer's kernel timed alone, "
+        "on random inputs of its shapes (time_evaluator), in both builds on rpi4 (emulated: QEMU cortex-a72)"
+    ) in said
+    assert "conv2 (depthwise conv2d): 35.0 µs in int8 against 20.0 µs in float, 1.75× as long." in said
+    assert "They stay in int8: the build is made before the board is reached" in said
+
+
 def test_device_section_shows_the_board_emulated_its_times_and_bit_exact_outputs(app, web):
     html = web.get(f"/r/{write_job(app, with_facts(board_results()))}").get_data(as_text=True)
     device = section(html, "device")

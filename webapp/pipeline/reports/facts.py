@@ -171,6 +171,15 @@ NOT_TRIED = {
     ),
     "sweep": "a sweep compares each bit-width whole, so none of its variants keeps a layer in float",
     "prequantized": "the model came quantized by another tool, and its layers run as it quantized them",
+    "board": (
+        "the build is made before the board is reached (its sandbox has no way to the device pool), so "
+        "it cannot try them in float and time that on the board"
+    ),
+}
+# How a layer's kernels were timed (layer_speed's "method")
+TIMED_HOW = {
+    "profile": "within whole-model runs of both builds",
+    "alone": "alone, on random inputs of its shapes (time_evaluator), in both builds",
 }
 
 
@@ -180,6 +189,7 @@ def layer_speed_summary(speed: dict, variant: str) -> dict:
     slower = [layer_slower(row, variant) for row in speed.get("slower", [])]
     return {
         "device": speed.get("device"),
+        "how": TIMED_HOW[speed.get("method", "profile")],
         "timed": speed.get("timed", 0),
         "quantized_layers": speed.get("quantized_layers", 0),
         "slower": slower,

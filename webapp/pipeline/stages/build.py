@@ -214,6 +214,7 @@ class Built:
     libraries: dict = field(default_factory=dict)  # (variant, tuned) -> the library exported for it
     record_check: list[dict] = field(default_factory=list)  # per build with faster records: model_check
     fusion: object = None  # a quantized build's optimize.Fusion (the float one is the optimize stage's)
+    board_plan: dict | None = None  # the layers' kernels a board times alone (fallback.board_plan)
 
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
@@ -235,7 +236,8 @@ def build_job(
     quantization also each quantized variant, the same way, the first of which becomes model.so and
     the code the page shows (the float library is kept beside it as model-fp32.so). The first
     variant's layers are timed against the float build's where the target runs here, and the ones
-    int8 made slower are kept in float when that makes the model faster (stages.fallback)."""
+    int8 made slower are kept in float when that makes the model faster (stages.fallback); for a
+    board, the plan of that timing is kept for the remote stage (Built.board_plan)."""
     from webapp.pipeline.stages import fallback
 
     library = job_dir / "files" / "model.so"
@@ -258,6 +260,12 @@ def build_job(
                     lambda q: fallback.Build(q, *build_quantized(q, target, tuning_dir, layer_of)),
                 )
                 q, qfused, variant, fusion = checked.quantized, checked.fused, checked.built, checked.fusion
+            elif shown is None and target.board and float_fusion is not None:
+                built.board_plan = fallback.board_plan(
+                    fallback.Build(q, qfused, variant, fusion),
+                    fallback.Build(None, fused, built, float_fusion),
+                    quantized.sweep,
+                )
         except Exception as exc:  # in a sweep the other variants go on
             quantized.fail(q.variant, "build", exc)
             continue

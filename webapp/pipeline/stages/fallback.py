@@ -12,6 +12,10 @@ bit-width whole, nor for a model quantized by another tool, which runs as it cam
 quantization.layer_speed in result.json says what was measured and what was kept,
 and the page shows it. Timings decide, so two runs of one job on a busy machine can keep different
 layers in float; what each kept is on its page.
+
+A target timed on a board gets board_plan instead: the remote stage times each layer's kernel of
+both builds alone on the board (board_speed); the layers it finds slower are named, not rebuilt,
+since the build was made before the board was reached.
 """
 
 from __future__ import annotations
@@ -93,6 +97,99 @@ def layer_times(
             }
         )
     return rows
+
+
+def board_plan(variant: Build, float_build: Build, sweep: bool) -> dict | None:
+    """For a target timed on a board, which this build cannot reach (its sandbox has no network): each
+    quantized layer's kernel in both builds, with their labels, and each such kernel's arguments
+    (shape, dtype), for the remote stage to time every kernel alone on the board (remote.py,
+    time_layers). None when no layer can be followed into both builds, or when the plan fails (never
+    the build's failure)."""
+    try:
+        return plan_layers(variant, float_build, sweep)
+    except Exception:  # noqa: BLE001 - the job is timed on the board without its layers
+        traceback.print_exc()
+        return None
+
+
+def plan_layers(variant: Build, float_build: Build, sweep: bool) -> dict | None:
+    q = variant.quantized
+    rows = []
+    for r in q.layers:
+        head = r.layer.head.name
+        fk, qk = float_build.fusion.kernel_of.get(head), variant.fusion.kernel_of.get(head)
+        if fk is None or qk is None:
+            continue
+        rows.append(
+            {
+                "layer": r.layer.name,
+                "form": layer_form(r.layer),
+                "fp32_kernel": fk,
+                "fp32_schedule": float_build.built.labels.get(fk, "naive"),
+                "quant_kernel": qk,
+                "quant_schedule": variant.built.labels.get(qk, "naive"),
+            }
+        )
+    kernels = {
+        "fp32": kernel_args(float_build.built.lowered, {row["fp32_kernel"] for row in rows}),
+        q.variant: kernel_args(variant.built.lowered, {row["quant_kernel"] for row in rows}),
+    }
+    rows = [
+        r for r in rows if r["fp32_kernel"] in kernels["fp32"] and r["quant_kernel"] in kernels[q.variant]
+    ]
+    if not rows:
+        return None
+    prequantized = any(r.layer.given_scale is not None for r in q.layers)
+    return {
+        "variant": q.variant,
+        "quantized_layers": len(q.layers),
+        "layers": rows,
+        "kernels": kernels,
+        "not_tried": "sweep" if sweep else "prequantized" if prequantized else "board",
+    }
+
+
+def kernel_args(lowered, names: set[str]) -> dict[str, list]:
+    """Kernel name -> its buffer arguments as [shape, dtype], for the kernels among `names` whose
+    arguments are all buffers of fixed shape."""
+    from tvm import tirx
+
+    out = {}
+    for gv, func in lowered.functions_items():
+        if gv.name_hint not in names or not isinstance(func, tirx.PrimFunc):
+            continue
+        buffers = [p.ty for p in func.params]  # a buffer argument's type is its shape and dtype
+        fixed = (
+            isinstance(b, tirx.BufferType) and all(isinstance(d, tirx.IntImm) for d in b.shape)
+            for b in buffers
+        )
+        if all(fixed):
+            out[gv.name_hint] = [[[int(d) for d in b.shape], str(b.dtype)] for b in buffers]
+    return out
+
+
+def board_speed(plan: dict, times: dict, device: str) -> dict:
+    """quantization.layer_speed of a job timed on a board: `times`, each build's kernel -> ms per call
+    (timed alone on the board), given to the layers of the plan (board_plan)."""
+    variant = plan["variant"]
+    rows = []
+    for row in plan["layers"]:
+        fms, qms = times["fp32"].get(row["fp32_kernel"]), times[variant].get(row["quant_kernel"])
+        if fms is not None and qms is not None:
+            rows.append(row | {"fp32_ms": fms, "quant_ms": qms, "ratio": qms / fms if fms else None})
+    slower = [row for row in rows if row["ratio"] is not None and row["ratio"] > SLOWER_BY]
+    speed = {
+        "device": device,
+        "method": "alone",
+        "slower_by": SLOWER_BY,
+        "quantized_layers": plan["quantized_layers"],
+        "timed": len(rows),
+        "layers": rows,
+        "slower": slower,
+    }
+    if slower:
+        speed["not_tried"] = "all_slower" if len(slower) == plan["quantized_layers"] else plan["not_tried"]
+    return speed
 
 
 def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:

@@ -80,6 +80,7 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
         expected[f"{q.variant} on this server"] = flatten_outputs(out)
     report(0.6)
     builds = []
+    layers = built.board_plan
     for (variant, tuned), executable in sorted(built.executables.items()):
         file = f"{slug(variant, tuned)}.so"
         (folder / file).unlink(missing_ok=True)
@@ -88,11 +89,15 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
         else:
             target.export_library(executable, str(folder / file))
         builds.append({"variant": variant, "tuned": tuned, "file": file})
+        if layers and not tuned and variant in layers["kernels"]:  # its kernels alone, to time one by one
+            builds[-1]["kernels_file"] = f"{slug(variant, tuned)}-kernels.so"
+            target.export_library(executable.mod.imports[0], str(folder / builds[-1]["kernels_file"]))
     np.savez(folder / "inputs.npz", *inputs.values())
     np.savez(
         folder / "expected.npz", **{f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)}
     )
     plan = {"builds": builds, "references": list(expected), "classifier": is_classifier(model.outputs)}
+    plan |= {"layers": layers} if layers else {}
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     report(1.0)
     return {"unavailable_runtimes": unavailable, "classifier": plan["classifier"]}
@@ -158,7 +163,8 @@ def run_remote(job: Remote, report) -> dict:
 
     folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())
-    if not all(LIBRARY_NAME.fullmatch(str(b.get("file"))) for b in plan["builds"]):
+    files = [b.get(k) for b in plan["builds"] for k in ("file", "kernels_file") if k == "file" or k in b]
+    if not all(LIBRARY_NAME.fullmatch(str(f)) for f in files):
         raise StageError("remote/plan.json names a library outside remote/: refused.")
     with np.load(folder / "inputs.npz", allow_pickle=False) as data:
         inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
@@ -196,6 +202,7 @@ def run_remote(job: Remote, report) -> dict:
         rows.append({"runtime": "tvm", "variant": build["variant"], "tuned": build["tuned"]}
                     | {"device": board["name"], "threads": threads, **timing})  # fmt: skip
         report((i + 1) / len(plan["builds"]), {"board": board["name"]})
+    speed = time_layers(session, dev, folder, plan, board)
     fid = []
     for (variant, tuned), out in outs.items():
         own = f"{variant} on this server"
@@ -205,7 +212,47 @@ def run_remote(job: Remote, report) -> dict:
         for ref, ref_out in checks.items():
             row = fidelity(out, ref_out, plan["classifier"])
             fid.append({"variant": variant, "tuned": tuned, "reference": ref, **row})
-    return {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
+    out = {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
+    return out | ({"layer_speed": speed} if speed else {})
+
+
+def time_layers(session, dev, folder: Path, plan: dict, board: dict) -> dict | None:
+    """The quantized layers timed against float on the board (quantization.layer_speed): each
+    layer's kernel in both builds, alone, on random inputs of its arguments' shapes (`time_evaluator`,
+    the median of 3 repeats of at least 20 ms), from each build's library of kernels. A failure
+    leaves the job as timed whole, with the message."""
+    from webapp.pipeline.stages.fallback import board_speed
+
+    layers = plan.get("layers")
+    if not layers:
+        return None
+    rng = np.random.default_rng(0)
+    times: dict[str, dict[str, float]] = {}
+    try:
+        for build in plan["builds"]:
+            if "kernels_file" not in build:
+                continue
+            session.upload(str(folder / build["kernels_file"]))
+            kernels = session.load_module(build["kernels_file"])
+            own = times.setdefault(build["variant"], {})
+            for name, args in layers["kernels"][build["variant"]].items():
+                arrays = [tvm_tensor(rng, shape, dtype, dev) for shape, dtype in args]
+                timer = kernels.time_evaluator(name, dev, number=1, repeat=3, min_repeat_ms=20)
+                own[name] = float(np.median(timer(*arrays).results)) * 1e3
+        return board_speed(layers, times, board["name"])
+    except Exception as exc:  # noqa: BLE001 - the model's own timings stand
+        return {"device": board["name"], "error": crash_message(board, "the layers' kernels", exc)}
+
+
+def tvm_tensor(rng, shape: list[int], dtype: str, dev):
+    """Random values of a kernel argument (small integers for integer dtypes), on the board."""
+    import tvm
+
+    if dtype.startswith(("int", "uint")):
+        values = rng.integers(0 if dtype.startswith("uint") else -8, 8, size=shape)
+    else:
+        values = rng.standard_normal(shape)
+    return tvm.runtime.tensor(values.astype(dtype), dev)
 
 
 def crash_message(board: dict, what: str, exc: Exception) -> str:
@@ -227,7 +274,11 @@ def main(argv: list[str]) -> None:
 
     job = Remote.from_argv(argv)
     progress, results = Progress(job.job_dir, STAGES, resume=True), Results(job.job_dir, resume=True)
-    results.save(**progress.run_stage("remote", lambda report: run_remote(job, report)))
+    out = progress.run_stage("remote", lambda report: run_remote(job, report)) or {}
+    speed = out.pop("layer_speed", None)
+    if speed and results.data.get("quantization"):  # the quantized layers, as timed on the board
+        out["quantization"] = results.data["quantization"] | {"layer_speed": speed}
+    results.save(**out)
 
 
 if __name__ == "__main__":
