@@ -139,7 +139,21 @@ def tvm_on_board(config: Config, name: str, board: str, out: Path) -> dict:
         "int8_instructions": result.get("instructions", {}).get(TARGETS[board].int8_mnemonic(), 0),
         "tvm_fp32_max_abs_err": fp32_err,  # against PyTorch and ONNX Runtime on this host
         "tvm_int8_sqnr_db": sqnr,  # against TVM fp32 on the same board
+        "layers": layer_split(result.get("quantization", {}).get("layer_speed") or {}),
     }
+
+
+def layer_split(speed: dict) -> dict:
+    """Where the quantized layers' time goes on the board (each kernel timed alone there: the job's
+    quantization.layer_speed), by layer form: layers, fp32 and int8 ms, and how many int8 made slower."""
+    split: dict = {}
+    for row in speed.get("layers", []):
+        form = split.setdefault(row["form"], {"layers": 0, "fp32_ms": 0.0, "int8_ms": 0.0, "slower": 0})
+        form["layers"] += 1
+        form["fp32_ms"] += row["fp32_ms"]
+        form["int8_ms"] += row["quant_ms"]
+        form["slower"] += row["ratio"] is not None and row["ratio"] > speed["slower_by"]
+    return split
 
 
 # ---------------------------------------------------------------- ONNX Runtime on the emulated board
@@ -309,6 +323,13 @@ def print_tables(rows: list[dict], boards: list[str]) -> None:
         "\nint8 x: fp32 time / int8 time of the same runtime. TVM/ORT: TVM's time / ONNX Runtime's "
         "(below 1: TVM faster). SQNR (dB): int8 outputs against the same runtime's fp32 on the board."
     )
+    print("\nTVM's quantized layers by form, each kernel timed alone on the board (ms, fp32 -> int8):")
+    for r in rows:
+        for form, f in sorted((r.get("layers") or {}).items()):
+            print(
+                f"  {r['board']:<9} {r['model']:<14} {form:<18} {f['layers']:3d} layers "
+                f"{f['fp32_ms']:9.2f} -> {f['int8_ms']:9.2f}, {f['slower']} slower in int8"
+            )
     goal = [r for r in rows if "error" not in r and r["model"] in ("resnet50", "mobilenet-v2")]
     for r in goal:  # issue 31's bar on both boards
         met = r["tvm_int8_speedup"] >= 1.8 and r["tvm_over_ort_int8"] <= 1.0
