@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.servers import free_port, wait_until
@@ -105,10 +106,26 @@ def stride_1_cnn(path: Path) -> Path:
     return path
 
 
+def depthwise_cnn(path: Path) -> Path:
+    """MobileNet's block in small: a 3x3 conv to 16 channels, a 3x3 depthwise conv over them (8-bit
+    inputs: vectors of 8 channels, int8 x int8 into int16 with smull, added into int32), a 1x1 conv."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU6(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU6(),
+        nn.Conv2d(16, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    torch.onnx.export(model.eval(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
+    return path
+
+
 @pytest.mark.parametrize(
     "board, example, rule, mnemonic",
     [
         ("rpi5", "mlp", "int8 matmul (sdot)", "sdot"),
+        ("rpi5", "depthwise cnn", "depthwise conv2d", "sdot"),
         ("rpi4", "mlp", "int8 matmul (NEON)", "smull"),
         ("rpi4", "cnn-small", "int8 conv2d NHWC (NEON)", "smull"),
         ("graviton3", "mlp", "int8 matmul (i8mm)", "smmla"),
@@ -123,6 +140,8 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     integers as on this server."""
     if example == "stride-1 cnn":
         example = str(stride_1_cnn(tmp_path / "cnn.onnx"))
+    if example == "depthwise cnn":
+        example = str(depthwise_cnn(tmp_path / "cnn.onnx"))
     error, result, _ = run_job(pool, tmp_path / "job", example, target=board, quantize="int8")
     assert error is None, error
     assert result["instructions"][mnemonic] > 0
@@ -144,6 +163,45 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     assert speed["slower"] == [r for r in speed["layers"] if r["ratio"] > speed["slower_by"]]
     if speed["slower"] and len(speed["slower"]) < speed["timed"]:  # named, not rebuilt in float
         assert speed["not_tried"] == "board"
+
+
+def test_floor_to_int_on_arm_is_one_fcvtms_and_equals_numpy_floor_at_the_extremes(pool, tmp_path):
+    """A quantized layer's last rounding, int32(floor(x)), in one fcvtms on Arm (passes/lowering.py),
+    scalar and in vectors of 8: on the emulated board, the same integers as numpy's floor, saturated at
+    the int32 bounds (infinities too), NaN as 0, as frintm + fcvtzs gave."""
+    import tvm
+    from tvm import rpc
+    from tvm.script import tirx as T
+
+    from webapp.pipeline.passes import lowering
+    from webapp.targets import get
+
+    @T.prim_func
+    def floor_to_int(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "int32"), C: T.Buffer((64,), "int32")):
+        for i in range(64):
+            B[i] = T.Cast("int32", T.floor(A[i]))
+        for o in range(8):
+            for i in T.vectorized(8):
+                C[o * 8 + i] = T.Cast("int32", T.floor(A[o * 8 + i]))
+
+    target = get("rpi5")
+    lib = tvm.tirx.build(tvm.IRModule({"main": floor_to_int}), target=target.tvm, pipeline=lowering.PIPELINE)
+    asm = lib.inspect_source("asm")
+    assert "fcvtms" in asm and "frintm" not in asm and "fcvtzs" not in asm
+    target.export_library(lib, str(tmp_path / "floor.so"))
+
+    edges = [-3e9, 3e9, np.nan, np.inf, -np.inf, -2.5, -2.0, -0.5, -0.0, 0.5, 2.5, 1e-30, -1e-30, 7.99999]
+    spread = np.random.default_rng(0).standard_normal(64 - len(edges)) * 1000
+    values = np.array(edges + list(spread), "float32")
+    host, port, matchkey = Tracker(pool.tracker).request("rpi5", 60)
+    session = rpc.connect(host, port, matchkey)
+    session.upload(str(tmp_path / "floor.so"))
+    dev = session.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (values, np.zeros(64, "int32"), np.zeros(64, "int32"))]
+    session.load_module("floor.so")["main"](*args)
+    expected = np.clip(np.floor(np.nan_to_num(values.astype("float64"), nan=0.0)), -(2**31), 2**31 - 1)
+    expected = expected.astype("int32")
+    assert (args[1].numpy() == expected).all() and (args[2].numpy() == expected).all()
 
 
 def test_a_board_killed_mid_job_fails_it_and_the_next_job_runs_on_the_restarted_board(pool, tmp_path):

@@ -33,6 +33,9 @@ class Target:
     rule_family: ClassVar[str] = ""
     no_quantization: ClassVar[str] = ""  # why quantized builds are refused for the kind, if they are
     rewrites: ClassVar[tuple[str, ...]] = ()  # the project's Relax rewrites it runs first, by name
+    # whether a float beyond an int's range converts to that int's bound (AArch64's fcvt*), not to an
+    # arbitrary value (x86's cvttps2dq gives INT_MIN): a quantized layer then clips in integers
+    converts_saturating: ClassVar[bool] = False
 
     # --- what the web process may ask (no TVM) ---
     @property

@@ -21,6 +21,7 @@ import tvm_ffi
 from tvm import tirx
 
 PIPELINE = "playground"
+FLOOR = tvm.ir.Op.get("tirx.floor")
 STACK_LIMIT_BYTES = 64 * 1024  # a larger local buffer stays in the workspace pool (threads' stacks are 8 MB)
 
 
@@ -40,13 +41,57 @@ def local_buffers_on_stack(func, _mod, _ctx):
     return tvm_ffi.structural_map(func, [(tirx.AllocBuffer, on_stack)])
 
 
+# Arm's convert to integer rounding toward minus infinity: one instruction for the floor and the
+# conversion that requantization ends with (floor(x * multiplier + zero point + 1/2), then int32)
+FCVTMS = "llvm.aarch64.neon.fcvtms"
+
+
+def fcvtms(cast: tirx.Cast) -> tirx.PrimExpr:
+    """int32(floor(x)) of float32 as one `fcvtms` (4 lanes an instruction), where LLVM makes a
+    `frintm` and an `fcvtzs`: the same result in every case (both saturate beyond int32, NaN gives 0),
+    one instruction fewer per vector of every int8 layer's requantization. Under QEMU each of the
+    three is a call, frintm the dearest: measured here (QEMU 7.2 cortex-a76 on the 2-core EPYC, 8 of
+    each in a loop, ns each): frintm 57, fcvtzs 40, fcvtms 41, fmla 38, scvtf 11, sdot 11, smax 0.9."""
+    value, dtype = cast.value, cast.ty.dtype
+    if not (
+        isinstance(value, tvm.ir.Call)
+        and value.op.same_as(FLOOR)
+        and str(value.ty.dtype).startswith("float32")
+        and str(dtype).startswith("int32")
+        and (dtype.lanes == 1 or dtype.lanes % 4 == 0)
+    ):
+        return cast
+    x = value.args[0]
+    if dtype.lanes == 1:
+        return tirx.call_llvm_pure_intrin("int32", f"{FCVTMS}.i32.f32", x)
+    # a vector of 8 or 16 in fours (LLVM splits no target intrinsic), the value bound once
+    var = tirx.Var("to_floor", str(value.ty.dtype))
+
+    def lanes(vectors, indices):
+        return tirx.Shuffle(vectors, [tirx.IntImm("int32", i) for i in indices])
+
+    quarters = [
+        tirx.call_llvm_pure_intrin("int32x4", f"{FCVTMS}.v4i32.v4f32", lanes([var], range(i, i + 4)))
+        for i in range(0, dtype.lanes, 4)
+    ]
+    return tirx.Let(var, x, quarters[0] if dtype.lanes == 4 else lanes(quarters, range(dtype.lanes)))
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="FloorToIntOnArm")
+def floor_to_int_on_arm(func, _mod, _ctx):
+    target = func.attrs.get("target") if func.attrs else None
+    if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
+        return func
+    return tvm_ffi.structural_map(func, [(tirx.Cast, fcvtms)])
+
+
 def _pipeline():
     from tvm.s_tir.pipeline import default_s_tir_pipeline
 
     pipeline, finalize_host, finalize_device = default_s_tir_pipeline()
 
     def host_passes():
-        return tvm.transform.Sequential([local_buffers_on_stack, finalize_host()])
+        return tvm.transform.Sequential([local_buffers_on_stack, floor_to_int_on_arm, finalize_host()])
 
     return pipeline, host_passes, finalize_device
 

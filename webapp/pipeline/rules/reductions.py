@@ -35,6 +35,11 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     if spatial == 0 or "S" in kinds[spatial:]:
         return None
     lanes, _ = simd(target)
+    # 8-bit inputs (an int8 depthwise conv, into int32): two registers of sums a vector (and half the
+    # tile of them), so that the bytes widen once to 16 bits for a pair of widening multiply-adds
+    # (NEON: smlal and smlal2 on 8 channels, where 4 took a load, two widenings and one smlal)
+    wide = 2 if all(str(r.source.dtype) in ("int8", "uint8") for r in stmt.reads) else 1
+    lanes *= wide
     loops = sch.get_loops(block)
     if len(loops) != len(kinds):
         return None
@@ -69,7 +74,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     # `tile` vectors of neighbouring outputs along the next axis out (columns in NHWC, rows in NCHW)
     # accumulate at once: one accumulator waits on each FMA of its window in turn (measured here on a
     # padded 3x3 depthwise conv, 14x14x384 NHWC: 24 us with one accumulator, 21 with 7).
-    tile = largest_divisor(extent(sch, rows[-1]), WINDOW_TILE) if rows and reductions else 1
+    tile = largest_divisor(extent(sch, rows[-1]), WINDOW_TILE // wide) if rows and reductions else 1
     tiled = []
     if tile > 1:
         rows[-1], row_i = sch.split(rows[-1], [None, tile])

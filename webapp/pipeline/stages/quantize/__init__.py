@@ -244,7 +244,15 @@ def quantize(
         limit = threshold(stats[t], options.calibration, levels) if t in stats else options.global_scale
         acts[t] = ActQuant.make(limit, nonnegative, options.bits, options.weight_scale == "power2", dtype)
     means = channel_means(observed)
-    realizer = Realizer(func, layers, acts, options, pair_limit=target.int8_pair_limit(), means=means)
+    realizer = Realizer(
+        func,
+        layers,
+        acts,
+        options,
+        pair_limit=target.int8_pair_limit(),
+        means=means,
+        saturating=target.converts_saturating,
+    )
     qfunc = realizer.run()
     report(0.6)
     errors = layer_errors(observed, acts, options, samples[0], target.int8_pair_limit(), means)

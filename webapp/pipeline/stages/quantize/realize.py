@@ -80,13 +80,24 @@ def substitute(expr, env: dict):
 
 class Realizer:
     def __init__(
-        self, func, layers: list[Layer], acts: dict, options, expose=False, pair_limit=None, means=None
+        self,
+        func,
+        layers: list[Layer],
+        acts: dict,
+        options,
+        expose=False,
+        pair_limit=None,
+        means=None,
+        saturating=False,
     ):
         self.func, self.bits = func, options.bits
         self.means = means or {}  # a layer's float input Var -> its mean per input channel (calibration)
         # the most a pair of 8-bit weights may add up to, where the target's int8 kernels sum pairs of
         # products in 16 bits (Target.int8_pair_limit; None: any)
         self.pair_limit = pair_limit if options.bits == 8 else None
+        # whether the target's float -> int conversion saturates (Target.converts_saturating): then a
+        # rounded value converts first and is clipped in int32 (to_bits)
+        self.saturating = saturating
         self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
         self.expose = expose  # also return every quantized layer's result, in float32
         self.layers = {layer.head: layer for layer in layers if layer.quantized}
@@ -145,8 +156,7 @@ class Realizer:
                 R.multiply(x, scalar(1.0 / p.scale, "float32", x)), scalar(p.zero_point + 0.5, "float32", x)
             )
             q = self.emit(R.floor(shifted), "quantize")
-            q = self.clip(q, p.qmin, p.qmax, "float32")
-            self.quants[var] = self.emit(R.astype(q, p.dtype), "quantized")
+            self.quants[var] = self.to_bits(q, p.qmin, p.qmax, p.dtype, "quantized")
         return self.quants[var]
 
     def run(self) -> relax.Function:
@@ -273,8 +283,7 @@ class Realizer:
                 if layer.activation[0] == "clip":
                     hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
             y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
-            y = self.clip(y, lo, hi, str(y.ty.dtype))
-            self.quants[layer.out] = self.emit(R.astype(y, p_out.dtype), "requantized")
+            self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
         else:
             p_out, multiplier, how = None, acc_scale, "float"
             y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
@@ -299,6 +308,18 @@ class Realizer:
         groups = int(layer.attrs.groups)
         per_group = mean.reshape(groups, -1)[np.arange(error.shape[0]) // (error.shape[0] // groups)]
         return np.einsum("oihw,oi->o", error, per_group)
+
+    def to_bits(self, y, lo: int, hi: int, dtype: str, name: str):
+        """A rounded value (float32 integers, or int32 from a rounding shift) clipped to [lo, hi] and
+        stored in `dtype`. Where the target's float -> int conversion saturates (Arm: a float beyond the
+        int32 range becomes its bound, as the clip would make it), the float converts first and the clip
+        is integer max and min: float ones cost a compare and a select each on NEON (the bounds are
+        buffers, NaN-aware), and under QEMU each float vector op is a call while integer ones run inline
+        (MobileNetV2's 1x1 convolutions over 16-32 channels spend as many instructions requantizing as
+        multiplying). Elsewhere (x86's conversion gives INT_MIN beyond the range) the clip is in float."""
+        if self.saturating and str(y.ty.dtype) == "float32":
+            y = self.emit(R.astype(y, "int32"), f"{name}_int")
+        return self.emit(R.astype(self.clip(y, lo, hi, str(y.ty.dtype)), dtype), name)
 
     def clip(self, x, lo, hi, dtype: str):
         """max then min with constants: unlike R.clip, these keep the layout ConvertLayout chose."""
