@@ -46,8 +46,10 @@ def assert_on_integer_kernels_like_onnxruntime(job: dict, form: str, layers: int
     r = job["results"]
     assert r["model"]["prequantized"] == {"form": form, "layers": layers, "in_float": []}
     assert r["quantization"]["variant"] == "int8" and not r["quantization"]["skipped"]
-    speed = r["quantization"].get("layer_speed") or {}  # its layers timed, never replaced by float ones
-    assert "fallback" not in speed and speed.get("not_tried") in (None, "prequantized")
+    # its layers timed, never replaced by float ones (a tiny model's every layer can time slower in
+    # int8, as x86-avx2 here on a busy machine: then "all_slower" is said first)
+    speed = r["quantization"].get("layer_speed") or {}
+    assert "fallback" not in speed and speed.get("not_tried") in (None, "prequantized", "all_slower")
     assert r["instructions"][int8_instruction("x86-host")] > 0  # vpdpbusd with VNNI
     rows = {(b["runtime"], b["variant"]) for b in r["benchmarks"]}
     assert ("onnxruntime", "int8") in rows and ("tvm", "int8") in rows  # ORT runs the quantized file
