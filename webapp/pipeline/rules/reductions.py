@@ -36,8 +36,8 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
         return None
     lanes, _ = simd(target)
     # 8-bit inputs (an int8 depthwise conv, into int32): two registers of sums a vector (and half the
-    # tile of them), so that the bytes widen once to 16 bits for a pair of widening multiply-adds
-    # (NEON: smlal and smlal2 on 8 channels, where 4 took a load, two widenings and one smlal)
+    # tile of them), so that 8 channels multiply at once into int16 and widen as they add (NEON: one
+    # smull, then saddw and saddw2, where 4 channels took a load, two widenings and an smlal)
     wide = 2 if all(str(r.source.dtype) in ("int8", "uint8") for r in stmt.reads) else 1
     lanes *= wide
     loops = sch.get_loops(block)
