@@ -92,34 +92,40 @@ def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, 
     assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
 
 
+def exported(model, path: Path) -> Path:
+    """A crafted model of 16x16 RGB images as an .onnx file (TorchScript's exporter) at `path`."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.onnx.export(model.eval(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
+    return path
+
+
 def stride_1_cnn(path: Path) -> Path:
     """An RGB image through two 3x3 convolutions, the second 16 -> 16 channels at stride 1 (an i8mm
     conv: 8 input channels an instruction, output pixels in pairs), pooled into a linear layer."""
-    import torch
     from torch import nn
 
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
     )  # fmt: skip
-    torch.manual_seed(0)
-    torch.onnx.export(model.eval(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
-    return path
+    return exported(model, path)
 
 
 def depthwise_cnn(path: Path) -> Path:
     """MobileNet's block in small: a 3x3 conv to 16 channels, a 3x3 depthwise conv over them (8-bit
     inputs: vectors of 8 channels, int8 x int8 into int16 with smull, added into int32), a 1x1 conv."""
-    import torch
     from torch import nn
 
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU6(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU6(),
         nn.Conv2d(16, 16, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
     )  # fmt: skip
-    torch.manual_seed(0)
-    torch.onnx.export(model.eval(), (torch.randn(1, 3, 16, 16),), str(path), dynamo=False, input_names=["x"])
-    return path
+    return exported(model, path)
+
+
+CRAFTED = {"stride-1 cnn": stride_1_cnn, "depthwise cnn": depthwise_cnn}  # beside the examples
 
 
 @pytest.mark.parametrize(
@@ -139,10 +145,8 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
     """The Pi 5's int8 kernels on sdot, the Pi 4's (no dot product) on smull + smlal + sadalp, the
     i8mm core's on smmla: on the emulated board, both builds timed there, the int8 output the same
     integers as on this server."""
-    if example == "stride-1 cnn":
-        example = str(stride_1_cnn(tmp_path / "cnn.onnx"))
-    if example == "depthwise cnn":
-        example = str(depthwise_cnn(tmp_path / "cnn.onnx"))
+    if example in CRAFTED:
+        example = str(CRAFTED[example](tmp_path / "cnn.onnx"))
     error, result, _ = run_job(pool, tmp_path / "job", example, target=board, quantize="int8")
     assert error is None, error
     assert result["instructions"][mnemonic] > 0

@@ -21,7 +21,6 @@ import tvm_ffi
 from tvm import tirx
 
 PIPELINE = "playground"
-FLOOR = tvm.ir.Op.get("tirx.floor")
 STACK_LIMIT_BYTES = 64 * 1024  # a larger local buffer stays in the workspace pool (threads' stacks are 8 MB)
 
 
@@ -44,6 +43,7 @@ def local_buffers_on_stack(func, _mod, _ctx):
 # Arm's convert to integer rounding toward minus infinity: one instruction for the floor and the
 # conversion that requantization ends with (floor(x * multiplier + zero point + 1/2), then int32)
 FCVTMS = "llvm.aarch64.neon.fcvtms"
+FLOOR = tvm.ir.Op.get("tirx.floor")
 
 
 def fcvtms(cast: tirx.Cast) -> tirx.PrimExpr:
