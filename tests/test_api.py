@@ -74,7 +74,10 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     kernel_names = {k["name"] for k in results["kernels"]}
     assert set(profile["kernels"]) <= kernel_names and len(profile["kernels"]) >= len(kernel_names) - 1
     assert sum(k["share"] for k in profile["kernels"].values()) == pytest.approx(1.0)
-    assert 0.6 < profile["kernels_of_run"] < 1.5  # the kernels are most of a run
+    # the kernels are most of a run; above 1 is the hook's own few microseconds a call, which on this
+    # small model and a busy 2-core CI machine reached 1.50 (2.5 still fails
+    # if the hooked runs' times were added up, 5 runs, instead of their median taken)
+    assert 0.6 < profile["kernels_of_run"] < 2.5
     # the kernel table's ms are shares of the benchmark's median: they add up to it
     median = next(b["median_ms"] for b in job["results"]["benchmarks"] if b["runtime"] == "tvm")
     assert profile["benchmark_ms"] == median
