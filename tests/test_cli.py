@@ -39,6 +39,9 @@ def test_tune_compile_to_a_package_and_run_it_with_the_runtime_alone(example_fil
     assert made.returncode == 0, made.stdout + made.stderr
     result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["tuning"]["pretuned"] > 0  # it started from the records
+    # the page's headline, as the result JSON says it
+    assert f"* {result['headline']['speed']['text']}\n" in made.stdout
+    assert f"* Look next: {result['headline']['look_next']['text']}" in made.stdout
     with tarfile.open(tmp_path / "model.tar") as tar:
         assert sorted(tar.getnames()) == ["README.txt", "metadata.json", "model.so", "run.py"]
         meta = json.loads(tar.extractfile("metadata.json").read())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from html import unescape
 from html.parser import HTMLParser
 
 import pytest
@@ -53,7 +54,12 @@ def crafted_results() -> dict:
             "outputs": [{"name": "output", "shape": [1, 10], "dtype": "float32"}],
             "param_count": 1234,
         },
-        "target": {"preset": "x86-host", "tvm": {"kind": "llvm"}},
+        "target": {
+            "preset": "x86-host",
+            "title": "x86-64, this server's CPU",
+            "description": "LLVM for the CPU of the machine that runs the job.",
+            "tvm": {"kind": "llvm"},
+        },
         "passes": [
             {
                 "index": 0,
@@ -374,10 +380,13 @@ def test_derive_on_partial_results_states_only_what_is_measured():
     assert derive({}) == {}
     results = crafted_results()
     only_import = {"model": results["model"], "target": results["target"]}
-    assert derive(only_import) == {}
+    # the headline names the target from the start, and nothing it has not measured
+    named = {k: results["target"][k] for k in ("preset", "title", "description")} | {"mcpu": None}
+    nothing_yet = {"target": named, "speed": None, "quantized": None}
+    assert derive(only_import) == {"headline": nothing_yet | {"look_next": None}}
     after_quantize = {**only_import, "quantization": results["quantization"]}
     facts = derive(after_quantize)
-    assert set(facts) == {"quantization_summary"}
+    assert set(facts) == {"quantization_summary", "headline"}
     assert facts["quantization_summary"]["speedup"] is None  # nothing timed yet
     assert facts["quantization_summary"]["worst_layer"]["layer"] == "fc"
     assert set(derive(results)) == {
@@ -385,6 +394,7 @@ def test_derive_on_partial_results_states_only_what_is_measured():
         "quantization_summary",
         "tuning_summary",
         "kernel_summary",
+        "headline",
     }
     assert derive(with_facts(results)) == derive(results)  # derive reads none of its own keys
 
@@ -456,6 +466,43 @@ def test_device_summary_states_the_board_its_speedup_and_that_emulated_times_are
     assert not real["emulated"] and real["note"] is None and real["threads"] is None
 
 
+def test_headline_puts_tvm_against_the_fastest_other_runtime_on_its_device_and_says_what_to_look_at():
+    h = derive(crafted_results())["headline"]
+    assert h["target"]["title"] == "x86-64, this server's CPU"
+    # TVM's fastest build (int8, 0.05 ms) against ONNX Runtime fp32 (0.012 ms), the fastest other one
+    speed = h["speed"]
+    assert (speed["tvm"], speed["peer"], speed["peer_over_tvm"]) == ("TVM int8", "ONNX Runtime fp32", 0.24)
+    assert speed["text"].startswith("TVM int8 4.17× slower than ONNX Runtime fp32")
+    assert h["quantized"]["speedup"] == pytest.approx(1.18) and h["quantized"]["sqnr_db"] == 25.0
+    assert h["quantized"]["text"].startswith("int8 1.18× faster than TVM fp32, top-1 accuracy -68.0 points")
+    # int8 lost 68 points: the reader is sent to the layer where its error grows the most
+    assert (h["look_next"]["section"], h["look_next"]["layer"]) == ("quantization", "fc")
+
+    # accurate int8, ONNX Runtime slower: TVM is the faster one, and the slowest kernel comes next
+    results = crafted_results()
+    results["accuracy"][1]["top1"] = 0.97
+    results["fidelity"][0]["sqnr_db"] = 41.0
+    results["benchmarks"][3]["median_ms"] = 0.08
+    results["kernels"][2] |= {"ms": 0.03, "share": 0.6}
+    results["kernels"][0] |= {"ms": 0.02, "share": 0.4}
+    h = derive(results)["headline"]
+    assert h["speed"]["text"].startswith("TVM int8 1.60× faster than ONNX Runtime fp32")
+    assert (
+        h["look_next"]["kernel"] == "fused_conv2d2_add_relu"
+        and "60% of the kernels' time" in h["look_next"]["text"]
+    )
+    results["benchmarks"][3]["median_ms"] = 0.051
+    assert derive(results)["headline"]["speed"]["text"].startswith(
+        "TVM int8 about as fast as ONNX Runtime fp32"
+    )
+
+    # on a board the other runtimes are not timed: no ratio, and the headline says why
+    board = derive(board_results())["headline"]
+    assert board["speed"]["peer"] is None and board["speed"]["peer_over_tvm"] is None
+    assert "not timed on a board" in board["speed"]["text"] and board["quantized"]["speedup"] == 5.0
+    assert board["target"]["mcpu"] == "cortex-a76"
+
+
 def test_cli_table_of_a_board_job_says_emulated_and_bit_exact():
     from webapp.cli import benchmark_table
 
@@ -520,6 +567,36 @@ def test_natural_key_orders_numbered_kernels():
 
 
 # ---------------------------------------------------------------- the page states the facts
+
+
+def test_the_page_opens_on_its_headline_and_contents_with_benchmark_before_code(app, web):
+    results = with_facts(crafted_results())
+    html = web.get(f"/r/{write_job(app, results)}").get_data(as_text=True)
+    assert "<title>digits-cnn int8 on x86-host · TVM Playground</title>" in html
+    head = re.search(r'<section class="job-head" id="headline">.*?</section>', html, re.S).group(0)
+    said = unescape(text(head))
+    assert "x86-64, this server's CPU" in said and '{"kind"' not in head  # no raw JSON up here
+    assert said.count(results["headline"]["speed"]["text"]) == 1
+    assert results["headline"]["quantized"]["text"] in said
+    assert '<a href="#quantization">layer fc, where the int8 error grows the most' in head
+    contents = re.findall(
+        r'<a href="#(\w+)">', re.search(r'<nav class="contents".*?</nav>', head, re.S).group(0)
+    )
+    assert contents[:3] == ["benchmark", "fidelity", "quantization"] and contents[-2:] == [
+        "code",
+        "downloads",
+    ]
+    # each entry is a section of the page, in the page's order
+    positions = [html.index(f'<section class="card" id="{name}"') for name in contents]
+    assert positions == sorted(positions) and html.index('id="headline"') < positions[0]
+    # the TVM target's JSON is still on the page, in the model's summary
+    assert '<code id="tvm-target">{"kind": "llvm"}</code>' in section(html, "summary")
+    fp32 = write_job(
+        app, results, options={"example": "digits-cnn", "target": "x86-avx2", "quantize": "none"}
+    )
+    assert "<title>digits-cnn fp32 on x86-avx2 · TVM Playground</title>" in web.get(f"/r/{fp32}").get_data(
+        as_text=True
+    )
 
 
 def test_quantization_section_names_the_layer_where_the_error_grows(app, web):

@@ -240,6 +240,7 @@ def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> i
         return 1
     result = json.loads((out / "result.json").read_text())
     print(benchmark_table(result))
+    print(headline_lines(result))
     if getattr(args, "out", None):  # else a scratch folder, removed
         print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
     return 0
@@ -332,6 +333,16 @@ def multipart(fields_: dict[str, str], files: dict[str, tuple[str, bytes]]) -> t
         head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
         parts.append(head.encode() + b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n")
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def headline_lines(result: dict) -> str:
+    """The result page's headline: TVM against the fastest other runtime, the quantized build's gain,
+    what to look at next (each as the result JSON says it)."""
+    h = result.get("headline") or {}
+    lines = [h[k]["text"] for k in ("speed", "quantized") if h.get(k)]
+    if h.get("look_next"):
+        lines.append(f"Look next: {h['look_next']['text']}")
+    return "\n".join(f"* {line}" for line in lines)
 
 
 def benchmark_table(result: dict) -> str:

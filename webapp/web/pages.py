@@ -51,20 +51,33 @@ FILE_HEADERS = {
 
 # The result page's sections, in order: each is one partial (templates/_<name>.html) that renders its
 # section, or nothing while the job has not measured what it shows. A running job's page polls
-# /r/<id>/live, which sends back the sections whose HTML changed.
+# /r/<id>/live, which sends back the sections whose HTML changed. The head (headline and contents)
+# comes first, then what was measured, then how it was made; each section's label in the contents.
 PARTS = (
     "head",
-    "summary",
-    "graph",
-    "sweep",
-    "quantization",
-    "tuning",
-    "code",
     "benchmark",
     "device",
     "fidelity",
+    "quantization",
+    "sweep",
+    "tuning",
+    "summary",
+    "graph",
+    "code",
     "downloads",
 )
+SECTION_LABELS = {
+    "benchmark": "Benchmark",
+    "device": "Board",
+    "fidelity": "Fidelity",
+    "quantization": "Quantization",
+    "sweep": "Bits sweep",
+    "tuning": "Tuning",
+    "summary": "Model",
+    "graph": "Graph",
+    "code": "Code and kernels",
+    "downloads": "Downloads",
+}
 PART_TEMPLATES = {"code": "_code_section.html"}  # _code.html is the code panel inside it
 
 # What the form says of each choice the catalog offers (a choice without a line shows its name).
@@ -293,10 +306,22 @@ def shown_graph(graphs: dict) -> str:
     return "fused" if "fused" in graphs else "imported"
 
 
+def job_title(job: dict) -> str:
+    """What a result is called (its tab title, its heading, the compare page's): the model, then the
+    options that tell two jobs of it apart, as the form says them."""
+    options = job["options"]
+    model = options.get("example") or options.get("filename") or "model"
+    quantize = options.get("quantize") or "none"
+    variant = "fp32" if quantize == "none" else quantize
+    tuned = f", {options['tune_trials']} tuning trials" if options.get("tune_trials") else ""
+    return f"{model} {variant} on {options.get('target', '?')}{tuned}"
+
+
 def render_parts(job: dict) -> list[tuple[str, str, str]]:
     """(name, html, version) of each section; the version changes exactly when the html does."""
     page = {
         "job": job,
+        "job_title": job_title(job),
         "r": job["results"],
         "code": requested_code_view(job),
         "chart": bench_chart(job["results"]),
@@ -306,11 +331,13 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
         "graph_shown": shown_graph(job["results"].get("graphs") or {}),
     }
-    parts = []
-    for name in PARTS:
-        html = render_template(PART_TEMPLATES.get(name, f"_{name}.html"), **page)
-        parts.append((name, Markup(html), hashlib.sha1(html.encode()).hexdigest()[:16]))
-    return parts
+    htmls = {name: render_template(PART_TEMPLATES.get(name, f"_{name}.html"), **page) for name in PARTS[1:]}
+    # the head last: its contents list the sections that have something to show
+    sections = [(name, SECTION_LABELS[name]) for name, html in htmls.items() if html.strip()]
+    htmls = {"head": render_template("_head.html", **page, sections=sections)} | htmls
+    return [
+        (name, Markup(html), hashlib.sha1(html.encode()).hexdigest()[:16]) for name, html in htmls.items()
+    ]
 
 
 def is_live(job: dict) -> bool:
@@ -324,7 +351,13 @@ def result(job_id: str):
     token = request.cookies.get(f"delete-{job_id}", "")  # set for the browser that submitted it
     deletable = delete_url(job_id, token) if ctx()[1].may_delete(job_id, token) else None
     return render_template(
-        "job.html", job=job, parts=render_parts(job), live=is_live(job), reused=reused, delete_url=deletable
+        "job.html",
+        job=job,
+        title=job_title(job),
+        parts=render_parts(job),
+        live=is_live(job),
+        reused=reused,
+        delete_url=deletable,
     )
 
 

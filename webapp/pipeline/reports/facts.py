@@ -36,6 +36,8 @@ def derive(results: dict) -> dict:
         facts["kernel_summary"] = kernel_summary(results)
     if results.get("device"):
         facts["device_summary"] = device_summary(results, facts.get("quantization_summary"))
+    if results.get("target"):
+        facts["headline"] = headline(results, facts)
     return facts
 
 
@@ -391,4 +393,132 @@ def kernel_summary(results: dict) -> dict:
     return {
         "count": len(results["kernels"]),
         "schedules": [[kind, n] for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+    }
+
+
+# ---------------------------------------------------------------- the headline: the page's first lines
+
+RUNTIME_NAMES = {"tvm": "TVM", "onnxruntime": "ONNX Runtime", "pytorch": "PyTorch"}
+ABOUT_AS_FAST = 1.05  # two times within 5% of each other are "about as fast"
+# A quantized build whose accuracy fell this much sends the reader to its worst layer first
+ACCURACY_FELL_POINTS, LOW_SQNR_DB = -1.0, 30.0
+
+
+def build_name(row: dict) -> str:
+    """'TVM int8', 'ONNX Runtime fp32', 'TVM fp32 tuned'."""
+    tuned = " tuned" if row.get("tuned") else ""
+    return f"{RUNTIME_NAMES.get(row['runtime'], row['runtime'])} {row['variant']}{tuned}"
+
+
+def speed_line(results: dict) -> dict | None:
+    """TVM's fastest build against the fastest other runtime timed on the same device: both times,
+    their ratio (peer_over_tvm: above 1, TVM is faster) and the sentence that says it; where no other
+    runtime ran on TVM's device (a board: the references run on this server), why not."""
+    rows = [b for b in results.get("benchmarks") or [] if b.get("median_ms")]
+    ours = [b for b in rows if b["runtime"] == "tvm"]
+    if not ours:
+        return None
+    best = min(ours, key=lambda b: b["median_ms"])
+    peers = [b for b in rows if b["runtime"] != "tvm" and b.get("device") == best.get("device")]
+    line = {"tvm": build_name(best), "tvm_ms": best["median_ms"], "device": best.get("device")}
+    if not peers:
+        if results.get("device"):  # a board's job: the references' outputs come from this server
+            where = (
+                "the other runtimes are not timed on a board (their outputs, made on this server, "
+                "check the board's)"
+            )
+        elif results.get("unavailable_runtimes"):
+            names = [RUNTIME_NAMES.get(u["runtime"], u["runtime"]) for u in results["unavailable_runtimes"]]
+            where = f"{' and '.join(names)} could not run this model"
+        else:
+            where = "no other runtime was timed"
+        text = f"{line['tvm']} {best['median_ms']:.3g} ms on {best.get('device')}; {where}"
+        return line | {"peer": None, "peer_ms": None, "peer_over_tvm": None, "text": text}
+    peer = min(peers, key=lambda b: b["median_ms"])
+    ratio = peer["median_ms"] / best["median_ms"]
+    if 1 / ABOUT_AS_FAST <= ratio <= ABOUT_AS_FAST:
+        verdict = "about as fast as"
+    elif ratio > 1:
+        verdict = f"{ratio:.2f}× faster than"
+    else:
+        verdict = f"{1 / ratio:.2f}× slower than"
+    text = (
+        f"{line['tvm']} {verdict} {build_name(peer)}, the fastest other runtime on {best.get('device')}: "
+        f"{best['median_ms']:.3g} ms against {peer['median_ms']:.3g} ms"
+    )
+    return line | {
+        "peer": build_name(peer),
+        "peer_ms": peer["median_ms"],
+        "peer_over_tvm": ratio,
+        "text": text,
+    }
+
+
+def quantized_line(results: dict, summary: dict | None) -> dict | None:
+    """The quantized build against TVM fp32: its speedup and how far its outputs are from fp32's."""
+    if not summary or not summary.get("speedup"):
+        return None
+    variant = summary["variant"]
+    sqnr = next(
+        (
+            f["sqnr_db"]
+            for f in results.get("fidelity") or []
+            if f["variant"] == variant
+            and not f.get("tuned")
+            and f["reference"].lower().startswith("tvm fp32")
+        ),
+        None,
+    )
+    speedup = summary["speedup"]
+    gain = f"{speedup:.2f}× faster than" if speedup >= 1 else f"{1 / speedup:.2f}× slower than"
+    parts = [f"{variant} {gain} TVM fp32"]
+    if summary.get("top1_change_points") is not None:
+        parts.append(f"top-1 accuracy {summary['top1_change_points']:+.1f} points")
+    if sqnr is not None:
+        parts.append(f"SQNR {sqnr:.1f} dB against fp32")
+    return {"variant": variant, "speedup": speedup, "sqnr_db": sqnr, "text": ", ".join(parts)}
+
+
+def look_next(results: dict, summary: dict | None, sqnr_db: float | None) -> dict | None:
+    """The one thing to look at next: why the quantized build is no faster, where it is; else its
+    worst layer, where its accuracy fell; else the kernel that takes the most of a run."""
+    summary = summary or {}
+    if summary.get("why_no_speedup"):
+        return {"section": "quantization", "text": f"why {summary['variant']} is no faster than fp32"}
+    change, worst = summary.get("top1_change_points"), summary.get("worst_layer")
+    fell = (change is not None and change <= ACCURACY_FELL_POINTS) or (
+        sqnr_db is not None and sqnr_db < LOW_SQNR_DB
+    )
+    if fell and worst:
+        return {
+            "section": "quantization",
+            "layer": worst["layer"],
+            "text": f"layer {worst['layer']}, where the {summary['variant']} error grows the most "
+            f"(SQNR {worst['from_db']:.1f} → {worst['to_db']:.1f} dB)",
+        }
+    timed = [k for k in results.get("kernels") or [] if k.get("ms")]
+    if not timed:
+        return None
+    k = max(timed, key=lambda k: k["ms"])
+    return {
+        "section": "code",
+        "kernel": k["name"],
+        "text": f"the slowest kernel, {k['name']}: {k['share']:.0%} of the kernels' time, "
+        f"{k['ms']:.3g} ms a run ({k.get('schedule', 'naive')})",
+    }
+
+
+def headline(results: dict, facts: dict) -> dict:
+    """The result page's first lines (and the CLI's): the target by its name and description, TVM
+    against the fastest other runtime on the same device, the quantized build's gain, and the one
+    thing to look at next; each None until measured."""
+    target = results["target"]
+    summary = facts.get("quantization_summary")
+    quantized = quantized_line(results, summary)
+    return {
+        "target": {k: target.get(k) for k in ("preset", "title", "description")}
+        | {"mcpu": (target.get("tvm") or {}).get("mcpu")},
+        "speed": speed_line(results),
+        "quantized": quantized,
+        "look_next": look_next(results, summary, quantized and quantized["sqnr_db"]),
     }

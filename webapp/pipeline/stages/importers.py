@@ -492,6 +492,12 @@ def import_stage(ctx, report) -> ImportedModel:
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     ctx.results.save(
-        model=model.to_json(), target={"preset": ctx.target.name, "tvm": target_json(ctx.target.tvm)}
+        model=model.to_json(),
+        target={
+            "preset": ctx.target.name,
+            "title": ctx.target.title,
+            "description": ctx.target.description,
+            "tvm": target_json(ctx.target.tvm),
+        },
     )
     return model
