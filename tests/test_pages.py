@@ -1111,6 +1111,11 @@ def test_chart_on_the_page_has_tick_labels_and_values_at_the_bar_ends(app, web):
 
 def test_compare_takes_a_pasted_link_and_answers_for_two_results(app, web):
     a, b = (write_job(app, with_facts(crafted_results())) for _ in range(2))
+    fp32 = write_job(
+        app, with_facts(crafted_results()), options={"example": "digits-cnn", "target": "x86-host"}
+    )
+    title = "<title>digits-cnn int8 on x86-host vs digits-cnn fp32 on x86-host · TVM Playground</title>"
+    assert title in web.get(f"/compare/{a}/{fp32}").get_data(as_text=True)
     resp = web.get(f"/compare?a={a}&b=https://example.org/r/{b}?view=asm%23code")
     assert resp.status_code == 302 and resp.headers["Location"].endswith(f"/compare/{a}/{b}")
     assert web.get(f"/compare?a={a}&b={b}").headers["Location"].endswith(f"/compare/{a}/{b}")

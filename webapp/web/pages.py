@@ -39,7 +39,7 @@ from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.code import code_view, highlighted, pygments_css, safe_job_file
-from webapp.web.compare import code_diff, compare
+from webapp.web.compare import code_diff, compare, job_title
 
 bp = Blueprint("pages", __name__)
 
@@ -304,17 +304,6 @@ def shown_graph(graphs: dict) -> str:
     if folded and fused > FOLDED_FROM and 3 * folded <= fused:
         return "layers"
     return "fused" if "fused" in graphs else "imported"
-
-
-def job_title(job: dict) -> str:
-    """What a result is called (its tab title, its heading, the compare page's): the model, then the
-    options that tell two jobs of it apart, as the form says them."""
-    options = job["options"]
-    model = options.get("example") or options.get("filename") or "model"
-    quantize = options.get("quantize") or "none"
-    variant = "fp32" if quantize == "none" else quantize
-    tuned = f", {options['tune_trials']} tuning trials" if options.get("tune_trials") else ""
-    return f"{model} {variant} on {options.get('target', '?')}{tuned}"
 
 
 def render_parts(job: dict) -> list[tuple[str, str, str]]:
