@@ -6,9 +6,23 @@ function setupTabs(root) {
   root.querySelectorAll(".tabs").forEach((tabs) => {
     if (tabs.dataset.ready) return;
     tabs.dataset.ready = "1";
-    tabs.querySelectorAll("button.tab").forEach((button) => {
+    const buttons = [...tabs.querySelectorAll("button.tab")];
+    buttons.forEach((button, i) => {
+      // the keyboard moves between tabs with the arrow keys, Home and End (one tab stop, as ARIA's tabs)
+      button.addEventListener("keydown", (e) => {
+        const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: buttons.length - 1 }[e.key];
+        if (to === undefined) return;
+        e.preventDefault();
+        const next = buttons[(to + buttons.length) % buttons.length];
+        next.focus();
+        next.click();
+      });
       button.addEventListener("click", () => {
-        tabs.querySelectorAll("button.tab").forEach((b) => b.classList.toggle("active", b === button));
+        buttons.forEach((b) => {
+          b.classList.toggle("active", b === button);
+          b.setAttribute("aria-selected", b === button ? "true" : "false");
+          b.tabIndex = b === button ? 0 : -1;
+        });
         const section = tabs.parentElement;
         section.querySelectorAll(".tab-panel").forEach((p) => p.classList.toggle("active", p.id === button.dataset.tab));
         const img = section.querySelector("#" + button.dataset.tab + " .panzoom");
@@ -87,7 +101,25 @@ function setup(root) {
   root.querySelectorAll(".panzoom").forEach((view) => { if (!view.closest(".graph-view")) setupPanZoom(view); });
   root.querySelectorAll(".graph-view").forEach(setupGraphView);
   root.querySelectorAll(".code-box").forEach(scrollToHotLoop);
+  markScrollable();
 }
+
+// A card wider than the window scrolls sideways inside itself: the keyboard can reach it (a tab stop,
+// named by its heading) to scroll it with the arrow keys. Checked again when the window is resized.
+function markScrollable() {
+  document.querySelectorAll(".card").forEach((card) => {
+    const wide = card.scrollWidth > card.clientWidth + 1;
+    if (wide && !card.hasAttribute("tabindex")) {
+      card.tabIndex = 0;
+      card.setAttribute("role", "region");
+      card.setAttribute("aria-label", (card.querySelector("h2")?.textContent || "section").trim() + ", scrolls sideways");
+      card.dataset.scrollMarked = "1";
+    } else if (!wide && card.dataset.scrollMarked) {
+      ["tabindex", "role", "aria-label", "data-scroll-marked"].forEach((a) => card.removeAttribute(a));
+    }
+  });
+}
+window.addEventListener("resize", markScrollable);
 
 function scrollToHotLoop(box) { // a kernel's assembly opens at its hot loop
   const hot = box.querySelector(".hll");

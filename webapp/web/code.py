@@ -102,7 +102,7 @@ def highlighted(text: str, lexer_name: str, numbered: bool = False, marked: tupl
     text: a copy takes the code alone), `marked` highlights those lines (1-based)."""
     lexer = get_lexer_by_name(lexer_name)
     formatter = HtmlFormatter(
-        cssclass="code", linenos="table" if numbered else False, hl_lines=list(marked), lineanchors="L"
+        cssclass="code", linenos="table" if numbered else False, hl_lines=list(marked), linespans="L"
     )
     return Markup(highlight(text, lexer, formatter))
 
@@ -230,4 +230,8 @@ def code_view(
 
 
 def pygments_css() -> str:
-    return HtmlFormatter(cssclass="code", style="default").get_style_defs(".code")
+    """The code's colours: Pygments' default style, and its github-dark style under a dark colour
+    scheme (the page follows prefers-color-scheme)."""
+    light = HtmlFormatter(cssclass="code", style="default").get_style_defs(".code")
+    dark = HtmlFormatter(cssclass="code", style="github-dark").get_style_defs(".code")
+    return f"{light}\n@media (prefers-color-scheme: dark) {{\n{dark}\n}}\n"

@@ -485,6 +485,12 @@ def pygments_stylesheet():
     return Response(pygments_css(), mimetype="text/css")
 
 
+@bp.get("/favicon.ico")
+def favicon():
+    """What browsers ask for on their own: the page's icon (an SVG, which they all read)."""
+    return redirect(url_for("static", filename="favicon.svg"), code=301)
+
+
 # ---------------------------------------------------------------- the benchmark chart
 
 
