@@ -217,6 +217,40 @@ async function setupGraphView(root) {
     if (hit && nodes[hit.id]) select(hit.id, false);
   });
 
+  // the keyboard: each node is a tab stop (Enter or space opens its details, as a click does; a node
+  // that takes the focus out of view is brought into it); on the graph, the arrows pan, + and − zoom,
+  // 0 fits the whole graph
+  svg.querySelectorAll("g.node").forEach((g) => {
+    const n = nodes[g.id];
+    if (!n) return;
+    g.setAttribute("tabindex", "0");
+    g.setAttribute("role", "button");
+    const drawn = [...g.querySelectorAll("text")].map((t) => t.textContent.trim()).filter(Boolean).join(" ");
+    g.setAttribute("aria-label", `${drawn || n.label}: open its details`); // what it shows, then what it does
+    g.addEventListener("focus", () => {
+      const r = g.getBoundingClientRect(), v = view.getBoundingClientRect();
+      if (r.left < v.left || r.right > v.right || r.top < v.top || r.bottom > v.bottom) {
+        const [x0, y0] = pz.toGraph(r.left, r.top), [x1, y1] = pz.toGraph(r.right, r.bottom);
+        pz.centre((x0 + x1) / 2, (y0 + y1) / 2, 0);
+      }
+    });
+    g.addEventListener("keydown", (e) => {
+      if (e.key !== "Enter" && e.key !== " ") return;
+      e.preventDefault();
+      select(g.id, false);
+    });
+  });
+  view.addEventListener("keydown", (e) => {
+    if (!pz.pz || e.target.closest("button") || e.altKey || e.ctrlKey || e.metaKey) return;
+    const pan = { ArrowLeft: [60, 0], ArrowRight: [-60, 0], ArrowUp: [0, 60], ArrowDown: [0, -60] }[e.key];
+    if (pan) pz.pz.panBy({ x: pan[0], y: pan[1] });
+    else if (e.key === "+" || e.key === "=") pz.pz.zoomIn();
+    else if (e.key === "-" || e.key === "−") pz.pz.zoomOut();
+    else if (e.key === "0") pz.fit();
+    else return;
+    e.preventDefault();
+  });
+
   // the overview strip: click or drag to move the view there
   const moveTo = (e) => {
     const r = mini.getBoundingClientRect(), ms = Math.min(r.width / pz.W, r.height / pz.H);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -326,18 +327,20 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
 
 
 @pytest.mark.isa
-def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page, live_server):
-    def run(options: dict) -> str:
-        job = page.request.post(
-            live_server + "/api/jobs", multipart={"example": "cnn-small", "target": "x86-host", **options}
-        ).json()
-        deadline = time.monotonic() + 300
-        while page.request.get(job["api_url"]).json()["status"] not in ("done", "failed"):
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-        return job["url"]
+def run_example(page, live_server, options: dict) -> str:
+    """A cnn-small job by the API, waited for; its page's address (an identical job answers at once)."""
+    job = page.request.post(
+        live_server + "/api/jobs", multipart={"example": "cnn-small", "target": "x86-host", **options}
+    ).json()
+    deadline = time.monotonic() + 300
+    while page.request.get(job["api_url"]).json()["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    return job["url"]
 
-    fp32, int8 = run({}), run({"quantize": "int8"})
+
+def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page, live_server):
+    fp32, int8 = run_example(page, live_server, {}), run_example(page, live_server, {"quantize": "int8"})
     page.goto(fp32)
     page.fill("#compare-other", int8 + "#quantization")  # a pasted link, as copied from the address bar
     page.click("#compare-with button")
@@ -425,3 +428,70 @@ def test_a_model_with_repeated_blocks_shows_its_graph_folded_by_block(page, live
     details.locator("a.to-node", has_text="before fusion").click()
     expect(page.locator("button.tab.active[data-tab=graph-imported]")).to_be_visible()
     expect(page.locator("#graph-imported .node-details")).to_contain_text("layers.1")
+
+
+AXE = Path(__file__).parent / "vendor" / "axe-core-4.14.1.min.js"
+RUN_AXE = """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+  .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+  .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', ')}`)"""
+
+
+def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(page, live_server):
+    fp32, int8 = run_example(page, live_server, {}), run_example(page, live_server, {"quantize": "int8"})
+    a, b = fp32.rsplit("/", 1)[1], int8.rsplit("/", 1)[1]
+    pages = {
+        "index": live_server + "/",
+        "result": int8,
+        "code view": int8 + "?view=asm#code",
+        "compare": f"{live_server}/compare/{a}/{b}",
+    }
+    browser = page.context.browser
+    for width, scheme in ((1280, "light"), (1024, "light"), (390, "dark")):
+        view = browser.new_page(viewport={"width": width, "height": 900}, color_scheme=scheme)
+        for name, url in pages.items():
+            view.goto(url)
+            view.wait_for_load_state("networkidle")
+            # no sideways scroll of the page: wide tables and code scroll inside their card
+            scroll, client = view.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+            )
+            assert scroll <= client, f"{name} at {width} px: {scroll} px wide"
+            background = view.evaluate("getComputedStyle(document.body).backgroundColor")
+            assert background == ("rgb(18, 21, 28)" if scheme == "dark" else "rgb(246, 247, 249)"), (
+                name,
+                scheme,
+            )
+            if width != 1024:  # axe-core, vendored: no serious or critical violation, light and dark
+                view.add_script_tag(path=str(AXE))
+                assert view.evaluate(RUN_AXE) == [], f"{name} at {width} px, {scheme}"
+        view.close()
+
+    # the keyboard: graph tabs by arrow keys, a node by Tab and Enter, pan and zoom by keys
+    page.goto(int8)
+    tab = page.locator("#graph button.tab[aria-selected=true]")
+    other = page.locator("#graph button.tab[aria-selected=false]").first.get_attribute("data-tab")
+    tab.focus()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator(f"#graph button.tab[data-tab={other}]")).to_have_attribute("aria-selected", "true")
+    expect(page.locator(f"#{other}")).to_be_visible()
+    page.keyboard.press("ArrowLeft")
+    shown = page.locator("#graph .tab-panel.active")
+    graph = shown.locator(".graph-view .panzoom")
+    expect(graph.locator("svg g.node").first).to_be_visible()
+    graph.focus()
+    page.keyboard.press("Tab")
+    label = page.evaluate(
+        "document.activeElement.matches('g.node') && document.activeElement.getAttribute('aria-label')"
+    )
+    assert label and label.endswith("open its details"), label
+    page.keyboard.press("Enter")
+    expect(shown.locator(".node-details h3")).to_be_visible()
+    assert page.evaluate("document.activeElement.classList.contains('selected')")  # the node opened
+    viewport = shown.locator("g.svg-pan-zoom_viewport")
+    before = viewport.get_attribute("transform")
+    graph.focus()
+    page.keyboard.press("+")
+    expect(viewport).not_to_have_attribute("transform", before)
+    zoomed = viewport.get_attribute("transform")
+    page.keyboard.press("ArrowLeft")
+    expect(viewport).not_to_have_attribute("transform", zoomed)
