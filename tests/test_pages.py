@@ -1144,3 +1144,70 @@ def test_a_large_graph_opens_folded_by_block_and_a_small_one_whole():
     blocks = ["m.embeddings", "m.encoder.layer.0", "m.encoder.layer.1", "m.encoder.layer.2", "m.lm_head"]
     assert blocks_text(blocks) == "m.embeddings, m.encoder.layer.0–2, m.lm_head"
     assert blocks_text(["layers.0", "layers.2"]) == "layers.0, layers.2"
+
+
+# ---------------------------------------------------------------- a finished result is rendered once
+
+
+def test_a_finished_result_is_rendered_once_and_answered_by_its_etag_compressed(app, web):
+    results = with_facts(crafted_results())
+    job_id = write_job(app, results)
+    store = app.extensions["playground"]["store"]
+    for url, mimetype in ((f"/r/{job_id}", "text/html"), (f"/r/{job_id}.json", "application/json"),
+                          (f"/r/{job_id}/code?view=tir", "text/html")):  # fmt: skip
+        first = web.get(url)
+        etag = first.headers["ETag"].strip('"')
+        assert first.status_code == 200 and first.mimetype == mimetype
+        assert first.headers["Cache-Control"] == "public, max-age=3600"
+        # the page was written once, beside the job, and is what the next request gets
+        assert (store.job_dir(job_id) / "rendered" / f"{etag}.html").read_text() == first.get_data(
+            as_text=True
+        )
+        again = web.get(url, headers={"If-None-Match": f'"{etag}"'})
+        assert again.status_code == 304 and not again.get_data()
+        # as the compression marked it (what a browser sends back): the same answer
+        assert web.get(url, headers={"If-None-Match": f'"{etag}:br"'}).status_code == 304
+        packed = web.get(url, headers={"Accept-Encoding": "gzip"})
+        assert packed.headers["Content-Encoding"] == "gzip" and packed.headers["Vary"] == "Accept-Encoding"
+        assert len(packed.get_data()) < len(first.get_data()) / 2
+    # another view is another page; a result that changes (a rewritten result.json) is another page
+    assert web.get(f"/r/{job_id}?view=asm").headers["ETag"] != web.get(f"/r/{job_id}").headers["ETag"]
+    before = web.get(f"/r/{job_id}").headers["ETag"]
+    update_job(app, job_id, {**results, "threads": 4}, "done")
+    assert web.get(f"/r/{job_id}", headers={"If-None-Match": before}).status_code == 200
+    # files of a finished job, static files (their hash in the URL) and the code colours: a year
+    page = web.get(f"/r/{job_id}").get_data(as_text=True)
+    for asset in re.findall(r'(?:href|src)="(/(?:static/[^"]+|pygments\.css[^"]*))"', page):
+        assert "?v=" in asset, asset
+        assert web.get(unescape(asset)).headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    svg = web.get(f"/r/{job_id}/files/graph-fused.svg")
+    assert svg.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    favicon = web.get("/favicon.ico")
+    assert favicon.status_code == 301 and favicon.headers["Location"].startswith("/static/favicon.svg")
+
+
+def test_a_running_job_and_the_submitters_own_page_are_not_kept_by_shared_caches(app, web):
+    store = app.extensions["playground"]["store"]
+    running = write_job(app, None, "running")
+    page = web.get(f"/r/{running}")
+    assert page.status_code == 200 and "ETag" not in page.headers and "Cache-Control" not in page.headers
+    assert not (store.job_dir(running) / "rendered").exists()
+    # the browser that submitted it has the delete link on its page: private, a page of its own
+    job_id = new_job_id()
+    (store.job_dir(job_id) / "files").mkdir(parents=True)
+    store.create(job_id, {"example": "digits-cnn", "target": "x86-host"}, token="the-token")
+    update_job(app, job_id, with_facts(crafted_results()), "done")
+    public = web.get(f"/r/{job_id}")
+    web.set_cookie(f"delete-{job_id}", "the-token", path=f"/r/{job_id}")
+    own = web.get(f"/r/{job_id}")
+    assert own.headers["Cache-Control"] == "private, max-age=3600" and 'id="delete-link"' in own.get_data(
+        as_text=True
+    )
+    assert public.headers["Cache-Control"] == "public, max-age=3600"
+    assert (
+        'id="delete-link"' not in public.get_data(as_text=True)
+        and own.headers["ETag"] != public.headers["ETag"]
+    )
+    # deleted: the page the delete answers with is one no browser has kept, and it says 410
+    gone = web.post(f"/r/{job_id}/delete", data={"token": "the-token"})
+    assert gone.status_code == 303 and web.get(gone.headers["Location"]).status_code == 410

@@ -29,11 +29,42 @@ def create_app(config: Config | None = None) -> Flask:
     }
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    cache_and_compress(app)
     if config.submit_rate:
         limit_submissions(app, config)
     for name in app.jinja_env.list_templates():  # compiled now, not by the first requests (which
         app.jinja_env.get_template(name)  # tripled the p99 of benchmarks/load.py --no-warm-up)
     return app
+
+
+def cache_and_compress(app: Flask) -> None:
+    """Responses compressed (Flask-Compress: brotli, zstd or gzip, as the browser takes them), graphs'
+    SVG included; static files and the code colours addressed by their content's hash (?v=...) and
+    cached for a year (webapp.web.cache)."""
+    from flask import request
+    from flask_compress import Compress
+
+    from webapp.web.cache import SITE_VERSION, cache_forever, static_version
+
+    app.config["COMPRESS_MIMETYPES"] = [
+        "text/html", "text/css", "text/plain", "text/javascript", "application/javascript",
+        "application/json", "image/svg+xml",
+    ]  # fmt: skip
+    app.config["COMPRESS_ALGORITHM"] = ["br", "zstd", "gzip"]
+    Compress(app)
+
+    @app.url_defaults
+    def versioned(endpoint: str, values: dict) -> None:
+        if endpoint == "static" and "v" not in values:
+            values["v"] = static_version(values.get("filename", ""))
+        elif endpoint == "pages.pygments_stylesheet":
+            values.setdefault("v", SITE_VERSION)
+
+    @app.after_request
+    def static_forever(response):
+        if request.endpoint == "static" and request.args.get("v") and response.status_code == 200:
+            cache_forever(response)
+        return response
 
 
 def limit_submissions(app: Flask, config: Config) -> None:

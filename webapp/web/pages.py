@@ -13,6 +13,7 @@ from flask import (
     Blueprint,
     Response,
     abort,
+    current_app,
     jsonify,
     redirect,
     render_template,
@@ -38,6 +39,7 @@ from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
+from webapp.web.cache import FINISHED, cache_forever, cached_page
 from webapp.web.code import code_view, highlighted, pygments_css, safe_job_file
 from webapp.web.compare import code_diff, compare, job_title
 
@@ -269,7 +271,8 @@ def too_large(e):
 
 @bp.get("/r/<job_id>.json")
 def result_json(job_id: str):
-    return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))
+    view = lambda: current_app.json.dumps(view_or_404(job_id, request.url_root.rstrip("/")))  # noqa: E731
+    return cached_page(job_id, view, mimetype="application/json")
 
 
 def requested_code_view(job: dict) -> dict:
@@ -335,19 +338,23 @@ def is_live(job: dict) -> bool:
 
 @bp.get("/r/<job_id>")
 def result(job_id: str):
-    job = view_or_404(job_id)
     reused = request.args.get("reused") == "1"  # the form's submission was answered by this job
     token = request.cookies.get(f"delete-{job_id}", "")  # set for the browser that submitted it
     deletable = delete_url(job_id, token) if ctx()[1].may_delete(job_id, token) else None
-    return render_template(
-        "job.html",
-        job=job,
-        title=job_title(job),
-        parts=render_parts(job),
-        live=is_live(job),
-        reused=reused,
-        delete_url=deletable,
-    )
+
+    def render() -> str:
+        job = view_or_404(job_id)
+        return render_template(
+            "job.html",
+            job=job,
+            title=job_title(job),
+            parts=render_parts(job),
+            live=is_live(job),
+            reused=reused,
+            delete_url=deletable,
+        )
+
+    return cached_page(job_id, render, deletable, private=bool(deletable))
 
 
 @bp.get("/r/<job_id>/delete")
@@ -360,7 +367,8 @@ def confirm_delete(job_id: str):
 @bp.post("/r/<job_id>/delete")
 def delete(job_id: str):
     delete_with_token(job_id, request.form.get("token", ""))
-    response = redirect(url_for("pages.result", job_id=job_id), code=303)
+    # to an address no browser has cached (the result's own page may be, for an hour): it says 410 Gone
+    response = redirect(url_for("pages.result", job_id=job_id, deleted=1), code=303)
     response.delete_cookie(f"delete-{job_id}", path=f"/r/{job_id}")
     return response
 
@@ -393,8 +401,11 @@ def cancel(job_id: str):
 
 @bp.get("/r/<job_id>/code")
 def code(job_id: str):
-    job = view_or_404(job_id)
-    return render_template("_code.html", job=job, code=requested_code_view(job))
+    def render() -> str:
+        job = view_or_404(job_id)
+        return render_template("_code.html", job=job, code=requested_code_view(job))
+
+    return cached_page(job_id, render)
 
 
 # ---------------------------------------------------------------- two results side by side
@@ -451,16 +462,17 @@ def compare_page(a: str, b: str):
 @bp.get("/r/<job_id>/graph-<key>.json")
 def graph_json(job_id: str, key: str):
     """A graph of the job as JSON (nodes, edges; the layers, kernels and times linked to them)."""
-    view_or_404(job_id)
+    job = view_or_404(job_id)
     path = safe_job_file(ctx()[1].job_dir(job_id), f"views/graph-{key}.json") if key in GRAPHS else None
     if path is None:
         abort(404)
-    return send_file(path, mimetype="application/json", max_age=0)
+    resp = send_file(path, mimetype="application/json", max_age=0)
+    return cache_forever(resp) if job["status"] in FINISHED else resp
 
 
 @bp.get("/r/<job_id>/files/<name>")
 def files(job_id: str, name: str):
-    view_or_404(job_id)
+    job = view_or_404(job_id)
     _, store, _ = ctx()
     if name == "result.json":
         return result_json(job_id)
@@ -477,12 +489,13 @@ def files(job_id: str, name: str):
         max_age=0,
     )
     resp.headers.update(FILE_HEADERS)
-    return resp
+    return cache_forever(resp) if job["status"] in FINISHED else resp
 
 
 @bp.get("/pygments.css")
 def pygments_stylesheet():
-    return Response(pygments_css(), mimetype="text/css")
+    """Pygments' colours; its URL carries the site's version (?v=), so browsers keep it a year."""
+    return cache_forever(Response(pygments_css(), mimetype="text/css"))
 
 
 @bp.get("/favicon.ico")
