@@ -1211,3 +1211,39 @@ def test_a_running_job_and_the_submitters_own_page_are_not_kept_by_shared_caches
     # deleted: the page the delete answers with is one no browser has kept, and it says 410
     gone = web.post(f"/r/{job_id}/delete", data={"token": "the-token"})
     assert gone.status_code == 303 and web.get(gone.headers["Location"]).status_code == 410
+
+
+# ---------------------------------------------------------------- progress is never silent
+
+
+def test_a_queued_job_says_its_place_and_when_it_should_start():
+    from webapp.jobs.store import queue_estimate
+
+    # 3 ahead, shared by 2 busy workers at 40 s a job, the running ones half done: 1.5 + 0.5 jobs
+    assert queue_estimate({"place": 4, "running": 2, "median_s": 40.0, "recent": 9})["start_in_s"] == 80.0
+    assert queue_estimate({"place": 1, "running": 0, "median_s": 40.0, "recent": 9})["start_in_s"] == 0.0
+    assert queue_estimate({"place": 2, "running": 0, "median_s": None, "recent": 0})["start_in_s"] is None
+
+
+def test_queue_place_starting_and_skipped_stages_are_said_on_the_page(app, web):
+    store = app.extensions["playground"]["store"]
+    first, second = write_job(app, None, "queued"), write_job(app, None, "queued")
+    place = store.queue_place(second, store.get(second)["created"])
+    assert place["place"] == store.queue_place(first, store.get(first)["created"])["place"] + 1
+    said = text(web.get(f"/r/{second}").get_data(as_text=True))
+    assert f"In the queue: place {place['place']} ({place['place'] - 1} job" in said
+    view = web.get(f"/api/jobs/{second}").get_json()["queue"]
+    assert view["place"] == place["place"] and "start_in_s" in view
+    # a worker took it, and no stage has begun: the page says what is happening
+    pending = [{**s, "status": "pending", "progress": None, "seconds": None} for s in STAGES_DONE]
+    update_job(app, second, None, "running", pending)
+    page = web.get(f"/r/{second}").get_data(as_text=True)
+    assert 'id="starting"' in page and "opening its sandbox" in page and "In the queue" not in page
+    # a skipped stage says why
+    stages = [dict(s) for s in STAGES_DONE]
+    stages[3] = {**stages[3], "status": "skipped", "why": "no tuning trials asked"}
+    update_job(app, second, with_facts(crafted_results()), "done", stages)
+    page = web.get(f"/r/{second}").get_data(as_text=True)
+    assert (
+        'id="starting"' not in page and '<span class="detail skip-why">no tuning trials asked</span>' in page
+    )

@@ -259,6 +259,21 @@ class JobStore:
         """The queued jobs' ids, oldest first."""
         return [r["id"] for r in self.query("SELECT id FROM jobs WHERE status = 'queued' ORDER BY created")]
 
+    def queue_place(self, job_id: str, created: float, recent: int = 20) -> dict:
+        """Where a queued job stands: its place in the queue (1: next), the jobs running now, and the
+        median time from start to end of the last `recent` jobs that ended (None before any)."""
+        ahead = self.query("SELECT COUNT(*) AS n FROM jobs WHERE status = 'queued' AND created < ?", created)
+        running = self.query("SELECT COUNT(*) AS n FROM jobs WHERE status = 'running'")
+        took = self.query(
+            "SELECT finished - started AS s FROM jobs WHERE status IN ('done', 'failed') "
+            "AND started IS NOT NULL AND finished IS NOT NULL ORDER BY finished DESC LIMIT ?",
+            recent,
+        )
+        durations = sorted(r["s"] for r in took)
+        median = durations[len(durations) // 2] if durations else None
+        return {"place": int(ahead[0]["n"]) + 1, "running": int(running[0]["n"]), "median_s": median,
+                "recent": len(durations)}  # fmt: skip
+
     def queued_count(self, client: str | None = None) -> int:
         """Jobs waiting or running, of one client address or of everyone."""
         sql = "SELECT COUNT(*) AS n FROM jobs WHERE status IN ('queued', 'running')"
@@ -290,8 +305,10 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
     stages = progress.get("stages") or [
         {"name": s, "status": "pending", "seconds": None, "progress": None} for s in STAGES
     ]
+    queue = None
     if job["status"] == "queued":
         stages = [{**s, "status": "queued"} for s in stages]
+        queue = queue_estimate(store.queue_place(job_id, job["created"]))
     return {
         "id": job_id,
         "status": job["status"],
@@ -303,7 +320,18 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
         "error": job["error"],
         "note": job["note"],  # e.g. "retried after the worker stopped"
         "expired": job["expired"],  # {"at", "reason", "files"} once the retention policy removed artifacts
+        "queue": queue,  # a queued job's place, and when it may start (queue_estimate)
         "results": read_untrusted_json(job_dir / "result.json") or {},
         "url": f"{url_root}/r/{job_id}",
         "api_url": f"{url_root}/api/jobs/{job_id}",
     }
+
+
+def queue_estimate(place: dict) -> dict:
+    """A queued job's place and about when it starts: the jobs ahead of it, shared among the workers
+    busy now (at least one), each taking the recent median; the running ones half done. None where no
+    job has ended yet to take the median of."""
+    median = place["median_s"]
+    workers = max(place["running"], 1)
+    start = median * ((place["place"] - 1) / workers + (0.5 if place["running"] else 0)) if median else None
+    return place | {"start_in_s": start}

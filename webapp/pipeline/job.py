@@ -129,8 +129,8 @@ class Progress:
         if detail is not None or time.monotonic() - self.last_write > 0.5:
             self.write()
 
-    def skip(self, name: str) -> None:
-        self.stage(name).update(status="skipped")
+    def skip(self, name: str, why: str) -> None:
+        self.stage(name).update(status="skipped", why=why)
         self.write()
 
     def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
@@ -170,14 +170,14 @@ class Context:
     def options(self) -> JobOptions:
         return self.job.options
 
-    def stage(self, name: str, stage, *inputs, when: bool = True, required: bool = True):
+    def stage(self, name: str, stage, *inputs, skip: str | None = None, required: bool = True):
         """Runs stage(ctx, report, *inputs) as the stage `name` (its status, seconds and progress
         recorded; a failure ends the job, unless the stage is not `required`: then it is marked failed
-        with its message, and the job keeps what the stages before it made), or records it skipped
-        when `when` is false."""
-        if not when:
-            return self.skip(name)
+        with its message, and the job keeps what the stages before it made), or records it skipped,
+        with why, when `skip` says why."""
+        if skip:
+            return self.skip(name, skip)
         return self.progress.run_stage(name, lambda report: stage(self, report, *inputs), required)
 
-    def skip(self, name: str) -> None:
-        self.progress.skip(name)
+    def skip(self, name: str, why: str) -> None:
+        self.progress.skip(name, why)

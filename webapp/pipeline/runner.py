@@ -9,7 +9,7 @@ from pathlib import Path
 
 from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
-from webapp.pipeline.stages.bench import benchmark_stage
+from webapp.pipeline.stages.bench import benchmark_stage, untimed
 from webapp.pipeline.stages.build import build_stage
 from webapp.pipeline.stages.importers import import_stage
 from webapp.pipeline.stages.inspect import inspect_stage
@@ -23,15 +23,22 @@ def run(job_dir: Path) -> None:
     ctx = Context.open(job_dir, STAGES)
     model = ctx.stage("import", import_stage)
     optimized = ctx.stage("optimize", optimize_stage, model)
-    quantized = ctx.stage("quantize", quantize_stage, model, when=quantizes(ctx, model))
-    ctx.stage("tune", tune_stage, optimized, quantized, when=tunes(ctx))
+    no_quantize = "no quantization asked (quantize: none), and the model has no scales of its own"
+    quantized = ctx.stage(
+        "quantize", quantize_stage, model, skip=None if quantizes(ctx, model) else no_quantize
+    )
+    no_tune = f"no tuning trials asked, and no shared tuning records for {ctx.target.name}"
+    ctx.stage("tune", tune_stage, optimized, quantized, skip=None if tunes(ctx) else no_tune)
     built = ctx.stage("build", build_stage, model, optimized, quantized)
     ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
     if ctx.target.board:  # timed on a board: the worker runs the remote stage next
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
     else:  # a benchmark that cannot run is marked failed; the job is done with its build and views
-        ctx.stage("benchmark", benchmark_stage, model, built, required=False)
-        ctx.skip("remote")
+        why = untimed(ctx.target)
+        if why:  # built for a device this server lacks: said in the benchmark section too
+            ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
+        ctx.stage("benchmark", benchmark_stage, model, built, skip=why, required=False)
+        ctx.skip("remote", "timed on this server, not on a board of the device pool")
 
 
 if __name__ == "__main__":
