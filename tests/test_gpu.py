@@ -175,6 +175,8 @@ def test_int8_cuda_job_is_done_with_device_code_ptx_sass_and_the_no_gpu_line(cli
     r = job["results"]
     if cuda_devices() == 0:
         assert r["not_timed"] == NO_GPU and r["benchmarks"] == []
+        benchmark = next(s for s in job["stages"] if s["name"] == "benchmark")
+        assert benchmark["status"] == "skipped" and benchmark["why"] == NO_GPU  # not "done 0.0 s"
     code = r["device_code"]
     assert (
         code["language"] == "CUDA C" and code["sm"] == "sm_90" and code["views"] == ["device", "ptx", "sass"]
