@@ -357,8 +357,16 @@ def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page,
     counts = {i["name"]: (i["a"], i["b"]) for i in comparison["instructions"]}
     before, after = counts[int8_instruction("x86-host")]  # the int8 build's integer products
     assert after > (before or 0), counts
-    assert any(k["a"] and k["b"] is None for k in comparison["kernels"])  # fp32-only kernels
-    assert any(k["b"] and k["a"] is None for k in comparison["kernels"])  # int8-only kernels
+    # kernels lined up by the source layers they compute: an fp32 kernel and its int8 twin, named
+    # otherwise, in one row; the diff's default pair is such a row's
+    twins = [r for r in comparison["kernels"] if r["layers"] and r["a"] and r["b"]]
+    assert any({k["name"] for k in r["a"]} != {k["name"] for k in r["b"]} for r in twins), comparison[
+        "kernels"
+    ]
+    row = next(
+        r for r in comparison["kernels"] if comparison["diff"]["kernel_a"] in [k["name"] for k in r["a"]]
+    )
+    assert comparison["diff"]["kernel_b"] in [k["name"] for k in row["b"]]
     # by default the assembly of each one's slowest kernel, filtered as the code panel shows it
     assert comparison["diff"]["view"] == "asm" and comparison["diff"]["text"].startswith("---")
     assert ".cfi_startproc" not in comparison["diff"]["text"]

@@ -1126,7 +1126,67 @@ def test_compare_takes_a_pasted_link_and_answers_for_two_results(app, web):
     comparison = web.get(f"/compare/{a}/{b}.json").get_json()
     assert comparison["speedup"] == pytest.approx(1.0)  # the same results: as fast
     assert all(o["same"] for o in comparison["options"])
-    assert web.get(f"/compare/{a}/nosuchjob0000000000000").status_code == 404
+    missing = web.get(f"/compare/{a}/nosuchjob0000000000000")
+    assert missing.status_code == 404
+    assert (
+        "There is no result &#39;nosuchjob0000000000000&#39; on this server (the compare page&#39;s B)"
+        in (missing.get_data(as_text=True))
+    )
+    # options as the form says them: its labels and choices, yes / no, not "None" or "False"
+    html = web.get(f"/compare/{a}/{fp32}").get_data(as_text=True)
+    options = section(html, "compare-options")
+    assert "<td>precision</td><td>int8 (integer kernels" in options and "<td>none: float32</td>" in options
+    assert "None" not in options and "False" not in options
+
+
+def test_compare_lines_up_kernels_by_the_source_layers_they_compute():
+    from webapp.web.compare import matched_kernels
+
+    a = [
+        {"name": "fused_conv2d_add_relu", "layers": ["conv1", "relu1"], "ms": 2.0},
+        {"name": "fused_matmul_add", "layers": ["fc"], "ms": 1.0},
+        {"name": "transpose", "layers": [], "ms": 0.1},
+    ]
+    b = [  # int8: conv1's kernel is named otherwise, relu1 fused into another one, fc kept in float
+        {"name": "fused_conv2d_add_cast_multiply", "layers": ["conv1"], "ms": 0.5},
+        {"name": "fused_relu_cast", "layers": ["relu1"], "ms": 0.2},
+        {"name": "fused_matmul_add", "layers": ["fc"], "ms": 1.0},
+        {"name": "transpose", "ms": 0.1},
+        {"name": "fused_quantize", "layers": ["quantize_input"], "ms": 0.3},
+    ]
+    rows = matched_kernels(a, b)
+    assert [(r["layers"], [k["name"] for k in r["a"]], [k["name"] for k in r["b"]]) for r in rows] == [
+        (
+            ["conv1", "relu1"],
+            ["fused_conv2d_add_relu"],
+            ["fused_conv2d_add_cast_multiply", "fused_relu_cast"],
+        ),
+        (["fc"], ["fused_matmul_add"], ["fused_matmul_add"]),
+        ([], ["transpose"], ["transpose"]),  # no layer: by name
+        (["quantize_input"], [], ["fused_quantize"]),  # only in B
+    ]
+    assert rows[0]["b_ms"] == pytest.approx(0.7) and rows[0]["ratio"] == pytest.approx(2.0 / 0.7)
+    assert rows[3]["a_ms"] is None and rows[3]["ratio"] is None
+
+
+def test_the_compare_picker_lists_this_browsers_results_first_then_recent_examples(app, web):
+    store = app.extensions["playground"]["store"]
+    upload = write_job(
+        app, with_facts(crafted_results()), options={"filename": "mine.onnx", "target": "x86-host"}
+    )
+    other = write_job(
+        app, with_facts(crafted_results()), options={"filename": "theirs.onnx", "target": "x86-host"}
+    )
+    example = write_job(app, with_facts(crafted_results()))
+    web.set_cookie("mine", f"{upload}.nosuchjob0000000000000")
+    picker = web.get(f"/compare/picker?a={example}").get_data(as_text=True)
+    yours, recent = picker.split('<optgroup label="Recent built-in examples">')
+    assert f'<option value="{upload}">mine.onnx fp32 on x86-host</option>' in yours
+    assert other not in picker  # someone else's upload is never listed
+    assert example not in picker  # nor the result being compared
+    assert all(j["id"] in recent for j in store.recent_examples(5) if j["id"] != example)
+    picked = web.get(f"/compare?a={example}&b=&pick={upload}")
+    assert picked.status_code == 302 and picked.headers["Location"].endswith(f"/compare/{example}/{upload}")
 
 
 def test_a_large_graph_opens_folded_by_block_and_a_small_one_whole():

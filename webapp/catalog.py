@@ -170,3 +170,52 @@ QUANTIZE_MODES = ("none", "int8", "int4", "int2", "int1", "sweep")
 CALIBRATION_MODES = ("max", "percentile", "kl", "global")
 WEIGHT_SCALE_MODES = ("max", "power2")
 WEIGHT_GRANULARITY = ("channel", "tensor")
+
+# What the form says of each choice the catalog offers (a choice without a line shows its name).
+CHOICE_TEXT = {
+    "quantize": {
+        "none": "none: float32",
+        "int8": "int8 (integer kernels, AVX-512 VNNI where the CPU has it)",
+        "int4": "int4 values",
+        "int2": "int2 values",
+        "int1": "int1: binary weights",
+        "sweep": "bits sweep: fp32, int8, int4, int2, int1 and every calibration mode, side by side",
+    },
+    "calibration": {
+        "max": "max: the largest value seen",
+        "percentile": "percentile: the 99.99th",
+        "kl": "KL divergence (entropy, as TensorRT)",
+        "global": "global: one threshold for all, no calibration run",
+    },
+    "weight_scale": {
+        "max": "max: the largest weight",
+        "power2": "power2: rounded up to a power of two (requantize by shift)",
+    },
+    "weight_granularity": {"channel": "per output channel", "tensor": "per tensor"},
+}
+# What the form calls each option (the compare page's option rows say them so)
+OPTION_LABELS = {
+    "example": "built-in example",
+    "filename": "uploaded file",
+    "target": "target",
+    "input_shapes": "input shapes",
+    "tune_trials": "auto-tuning trials",
+    "quantize": "precision",
+    "calibration": "activation calibration",
+    "global_scale": "global threshold",
+    "weight_scale": "weight scales",
+    "weight_granularity": "weight scales per",
+    "skip_first": "keep the first layer in float",
+    "skip_last": "keep the last layer in float",
+}
+
+
+def option_text(name: str, value) -> str:
+    """An option's value as the form says it: its choice's words, yes / no, or "not given"."""
+    if value is None or value == "":
+        return "not given"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    return CHOICE_TEXT.get(name, {}).get(value, str(value))

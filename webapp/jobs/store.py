@@ -274,6 +274,17 @@ class JobStore:
         return {"place": int(ahead[0]["n"]) + 1, "running": int(running[0]["n"]), "median_s": median,
                 "recent": len(durations)}  # fmt: skip
 
+    def recent_examples(self, limit: int) -> list[dict]:
+        """The newest finished jobs of the built-in examples (never an upload): id and options."""
+        rows = self.query(
+            "SELECT id, options FROM jobs WHERE status = 'done' AND options LIKE ? ORDER BY finished DESC "
+            "LIMIT ?",
+            '%"example": %',
+            limit * 3,
+        )
+        jobs = [{"id": r["id"], "options": json.loads(r["options"])} for r in rows]
+        return [j for j in jobs if j["options"].get("example")][:limit]
+
     def queued_count(self, client: str | None = None) -> int:
         """Jobs waiting or running, of one client address or of everyone."""
         sql = "SELECT COUNT(*) AS n FROM jobs WHERE status IN ('queued', 'running')"

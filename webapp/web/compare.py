@@ -4,11 +4,14 @@ result JSONs (and, for the code diff, the two jobs' code views): nothing is meas
 from __future__ import annotations
 
 import difflib
+from dataclasses import fields
 from pathlib import Path
 
-from webapp.catalog import CODE_VIEWS, code_file
+from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
+from webapp.options import JobOptions
 from webapp.web.code import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 
+OPTION_DEFAULTS = {f.name: f.default for f in fields(JobOptions)}
 OPTION_ORDER = ("target", "quantize", "calibration", "weight_scale", "weight_granularity", "tune_trials")
 
 
@@ -56,6 +59,52 @@ def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
     return [(k, index_a.get(k), index_b.get(k)) for k in keys]
 
 
+KERNEL_FIELDS = ("name", "schedule", "calls", "ms", "share", "flop")
+
+
+def matched_kernels(a: list[dict], b: list[dict]) -> list[dict]:
+    """The two builds' kernels lined up by the source layers they compute, so that an fp32 and an int8
+    build of one model (whose kernels are named differently: fused_conv2d_add_relu against
+    fused_conv2d_add_cast_multiply_...) meet layer by layer. A row is a group of kernels of A and of B
+    joined by shared layers (a layer fused differently in the two builds joins the kernels of both),
+    with their ms added up; a kernel that computes no layer of the model (a layout change the
+    compiler added) is matched by name. Rows in A's order, then B's rows that meet nothing of A."""
+    kernels = [("a", k) for k in a] + [("b", k) for k in b]
+    parent = list(range(len(kernels)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[tuple, int] = {}  # a layer (or a layerless kernel's name) -> the first kernel seen with it
+    for i, (_, k) in enumerate(kernels):
+        for key in [("layer", layer) for layer in k.get("layers") or []] or [("name", k["name"])]:
+            if key in owner:
+                parent[root(i)] = root(owner[key])
+            else:
+                owner[key] = i
+    groups: dict[int, list[int]] = {}
+    for i in range(len(kernels)):
+        groups.setdefault(root(i), []).append(i)
+    rows = []
+    for members in sorted(groups.values(), key=lambda m: (kernels[m[0]][0] != "a", m[0])):
+        row: dict = {"layers": []}
+        for i in members:
+            for layer in kernels[i][1].get("layers") or []:
+                if layer not in row["layers"]:
+                    row["layers"].append(layer)
+        for tag in ("a", "b"):
+            mine = [kernels[i][1] for i in members if kernels[i][0] == tag]
+            row[tag] = [{f: k.get(f) for f in KERNEL_FIELDS} for k in mine]
+            timed = [k["ms"] for k in mine if k.get("ms") is not None]
+            row[f"{tag}_ms"] = sum(timed) if mine and len(timed) == len(mine) else None
+        row["ratio"] = row["a_ms"] / row["b_ms"] if row["a_ms"] and row["b_ms"] else None
+        rows.append(row)
+    return rows
+
+
 def compare(job_a: dict, job_b: dict) -> dict:
     """The comparison of two results, as /compare/<a>/<b>.json gives it."""
     ra, rb = job_a["results"], job_b["results"]
@@ -63,9 +112,12 @@ def compare(job_a: dict, job_b: dict) -> dict:
     speedup = a["headline"]["ms"] / b["headline"]["ms"] if a["headline"] and b["headline"] else None
     names = [n for n in OPTION_ORDER if n in job_a["options"] or n in job_b["options"]]
     names += sorted((set(job_a["options"]) | set(job_b["options"])) - set(names))
+    # an option a job was not given is its default (a job from the API may leave any out)
+    given = [{n: job["options"].get(n, OPTION_DEFAULTS.get(n)) for n in names} for job in (job_a, job_b)]
     options = [
-        {"option": n, "a": job_a["options"].get(n), "b": job_b["options"].get(n)}
-        | {"same": job_a["options"].get(n) == job_b["options"].get(n)}
+        {"option": n, "label": OPTION_LABELS.get(n, n.replace("_", " ")), "a": given[0][n], "b": given[1][n]}
+        | {"same": given[0][n] == given[1][n], "a_text": option_text(n, given[0][n])}
+        | {"b_text": option_text(n, given[1][n])}
         for n in names
     ]
     bench_key = lambda x: (x["runtime"], x["variant"], x["tuned"])  # noqa: E731
@@ -79,14 +131,7 @@ def compare(job_a: dict, job_b: dict) -> dict:
         {"reference": k[0], "variant": k[1], "tuned": k[2], "a": x, "b": y}
         for k, x, y in paired(ra.get("fidelity", []), rb.get("fidelity", []), fidelity_key)
     ]
-    kernels = []
-    for name, x, y in paired(ra.get("kernels", []), rb.get("kernels", []), lambda k: k["name"]):
-        row = {"name": name}
-        for tag, k in (("a", x), ("b", y)):
-            row[tag] = {f: k.get(f) for f in ("schedule", "calls", "ms", "share", "flop")} if k else None
-        ms = [row[t]["ms"] if row[t] else None for t in ("a", "b")]
-        row["ratio"] = ms[0] / ms[1] if all(ms) else None
-        kernels.append(row)
+    kernels = matched_kernels(ra.get("kernels", []), rb.get("kernels", []))
     counted = list(ra.get("instructions") or {}) + [n for n in rb.get("instructions") or {}]
     instructions = [
         {"name": n, "a": (ra.get("instructions") or {}).get(n), "b": (rb.get("instructions") or {}).get(n)}

@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 
 from webapp.catalog import (
     CALIBRATION_MODES,
+    CHOICE_TEXT,
     CODE_VIEWS,
     EXAMPLES,
     GRAPHS,
@@ -81,29 +82,6 @@ SECTION_LABELS = {
     "downloads": "Downloads",
 }
 PART_TEMPLATES = {"code": "_code_section.html"}  # _code.html is the code panel inside it
-
-# What the form says of each choice the catalog offers (a choice without a line shows its name).
-CHOICE_TEXT = {
-    "quantize": {
-        "none": "none: float32",
-        "int8": "int8 (integer kernels, AVX-512 VNNI where the CPU has it)",
-        "int4": "int4 values",
-        "int2": "int2 values",
-        "int1": "int1: binary weights",
-        "sweep": "bits sweep: fp32, int8, int4, int2, int1 and every calibration mode, side by side",
-    },
-    "calibration": {
-        "max": "max: the largest value seen",
-        "percentile": "percentile: the 99.99th",
-        "kl": "KL divergence (entropy, as TensorRT)",
-        "global": "global: one threshold for all, no calibration run",
-    },
-    "weight_scale": {
-        "max": "max: the largest weight",
-        "power2": "power2: rounded up to a power of two (requantize by shift)",
-    },
-    "weight_granularity": {"channel": "per output channel", "tensor": "per tensor"},
-}
 
 
 def choices(name: str, values) -> list[tuple[str, str]]:
@@ -179,6 +157,8 @@ def http_error(e: HTTPException):
         message = f"Too many submissions from your address (at most {e.description}). Try again later."
         if request.endpoint == "pages.submit":
             return render_index(message, 429, request.form)
+    elif e.description != type(e).description:  # abort(status, "what this page says of it")
+        message = e.description
     else:
         message = ERROR_TEXT.get(status, e.description or e.name)
     if wants_json():
@@ -248,6 +228,9 @@ def submit():
     response = redirect(
         url_for("pages.result", job_id=job.id, **({"reused": 1} if job.reused else {})), code=303
     )
+    # this browser's own results, newest first: the compare picker lists them first
+    mine = [job.id] + [i for i in request.cookies.get(MINE, "").split(".") if i and i != job.id]
+    response.set_cookie(MINE, ".".join(mine[:MINE_KEPT]), max_age=365 * 86400, httponly=True, samesite="Lax")
     if job.delete_token:  # the submitter's browser keeps the delete link's token for the result page
         response.set_cookie(
             f"delete-{job.id}",
@@ -258,6 +241,25 @@ def submit():
             samesite="Lax",
         )
     return response
+
+
+MINE, MINE_KEPT = "mine", 20  # the cookie of a browser's own results (job ids: their links, no secret)
+
+
+@bp.get("/compare/picker")
+def compare_picker():
+    """The result page's "compare with" choices, fetched by the page (they change as jobs end; the page
+    itself is cached): this browser's own finished results first, then recent ones of the built-in
+    examples (an upload is listed only to the browser that submitted it)."""
+    store = ctx()[1]
+    this = request.args.get("a", "")
+    own = [i for i in request.cookies.get(MINE, "").split(".") if i and i != this]
+    jobs = [j for j in map(store.get, own) if j and j["status"] == "done"]
+    examples = [j for j in store.recent_examples(PICKER_RECENT) if j["id"] != this and j["id"] not in own]
+    return render_template("_picker.html", own=jobs, examples=examples, title=job_title)
+
+
+PICKER_RECENT = 15
 
 
 @bp.errorhandler(413)
@@ -415,23 +417,37 @@ RESULT_ID = re.compile(r"(?:/r/|/compare/[^/]+/|^)([A-Za-z0-9_-]{8,64})(?:\.json
 
 @bp.get("/compare")
 def compare_form():
-    """The result page's "compare with..." field: another result's link (or id) -> /compare/<a>/<b>."""
-    match = RESULT_ID.search(request.args.get("b", "").strip())
+    """The result page's "compare with..." field: another result's link (or id), or one picked from the
+    recent ones -> /compare/<a>/<b>."""
+    match = RESULT_ID.search((request.args.get("b") or request.args.get("pick") or "").strip())
     if match is None:
-        abort(400, "Paste the link of another result (…/r/<id>) or its id.")
+        abort(
+            400, "Paste the link of another result (…/r/<id>) or its id, or pick one of the recent results."
+        )
     return redirect(url_for("pages.compare_page", a=request.args.get("a", ""), b=match.group(1)))
 
 
 def requested_comparison(a: str, b: str) -> tuple[dict, dict]:
-    job_a, job_b = view_or_404(a), view_or_404(b)
     store = ctx()[1]
+    for side, job_id in (("A", a), ("B", b)):
+        if store.get(job_id) is None:
+            abort(
+                404,
+                f"There is no result {job_id!r} on this server (the compare page's {side}): check its link.",
+            )
+    job_a, job_b = view_or_404(a), view_or_404(b)
     args = request.args
-    # by default each one's slowest kernel (the kernels are listed slowest first), or one name in both
+    # by default A's slowest kernel (the kernels are listed slowest first) and B's kernel of the same
+    # source layers (else of the same name, else B's slowest)
+    comparison = compare(job_a, job_b)
     names = [[k["name"] for k in job["results"].get("kernels", [])] for job in (job_a, job_b)]
     kernel_a = args.get("kernel_a") or args.get("kernel") or next(iter(names[0]), "")
+    row = next((r for r in comparison["kernels"] if kernel_a in [k["name"] for k in r["a"]]), None)
+    same_layers = row["b"][0]["name"] if row and row["b"] else None
     kernel_b = (
         args.get("kernel_b")
         or args.get("kernel")
+        or same_layers
         or (kernel_a if kernel_a in names[1] else next(iter(names[1]), ""))
     )
     diff = code_diff(
@@ -443,7 +459,7 @@ def requested_comparison(a: str, b: str) -> tuple[dict, dict]:
         kernel_a,
         kernel_b,
     )
-    return compare(job_a, job_b), diff
+    return comparison, diff
 
 
 @bp.get("/compare/<a>/<b>.json")
