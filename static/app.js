@@ -183,19 +183,22 @@ async function setupGraphView(root) {
   root.dataset.ready = "1";
   const view = root.querySelector(".panzoom"), mini = root.querySelector(".minimap");
   const details = root.querySelector(".node-details"), legend = root.querySelector(".legend");
-  let svg, graph;
+  let svg, graph, svgText;
   try {
-    const [svgText, graphJson] = await Promise.all([
+    let graphJson;
+    [svgText, graphJson] = await Promise.all([
       fetch(root.dataset.svg).then((r) => r.text()), fetch(root.dataset.graph).then((r) => r.json())]);
     svg = cleanSvg(svgText); graph = graphJson;
-  } catch (e) { return; } // the picture stays as a plain image
+  } catch (e) { return; } // without the SVG or its JSON: no viewer (the page says how to open the SVG)
   if (!svg) return;
   const kernels = {};
   JSON.parse(document.getElementById("kernel-data")?.textContent || "[]").forEach((k) => { kernels[k.name] = k; });
   const nodes = {};
   graph.nodes.forEach((n) => { nodes[n.id] = n; });
 
-  view.querySelector("img").remove();
+  view.querySelector("noscript")?.remove();
+  // the overview strip draws the same SVG text, fetched once above
+  mini.querySelector("img").src = URL.createObjectURL(new Blob([svgText], { type: "image/svg+xml" }));
   const box = mini.querySelector(".viewport");
   const minimap = ({ pz, W, H }) => { // the part of the graph in view, on the overview strip
     const s = pz.getSizes(), p = pz.getPan(), z = s.realZoom;

@@ -457,8 +457,14 @@ def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(pa
     for width, scheme in ((1280, "light"), (1024, "light"), (390, "dark")):
         view = browser.new_page(viewport={"width": width, "height": 900}, color_scheme=scheme)
         for name, url in pages.items():
+            fetched = []
+            note = lambda r, fetched=fetched: fetched.append(r.url)  # noqa: E731
+            view.on("request", note)
             view.goto(url)
             view.wait_for_load_state("networkidle")
+            view.remove_listener("request", note)
+            twice = sorted({u for u in fetched if fetched.count(u) > 1})
+            assert not twice, f"{name}: fetched more than once: {twice}"  # each asset once (graphs' SVG too)
             # no sideways scroll of the page: wide tables and code scroll inside their card
             scroll, client = view.evaluate(
                 "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
