@@ -41,12 +41,12 @@ def submit(base: str, fields: dict) -> str:
 
 
 def start_serve(folder, port: int) -> subprocess.Popen:
-    """`tvm-playground serve --no-pool` on the data folder folder/data, in a process group of its own,
-    once it answers."""
+    """`tvm-playground serve --no-pool --no-example-files` on the data folder folder/data, in a process
+    group of its own, once it answers."""
     env = os.environ | {"PORT": str(port), "PLAYGROUND_DATA": str(folder / "data")}
     with open(folder / "serve.log", "a") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "webapp.cli", "serve", "--no-pool"],
+            [sys.executable, "-m", "webapp.cli", "serve", "--no-pool", "--no-example-files"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import fields, replace
 from pathlib import Path
@@ -38,6 +39,8 @@ def cmd_serve(args) -> int:
     ]
     if args.pool:  # the device pool (tracker, emulated boards) comes up in the background
         children.append(Supervised("pool", [sys.executable, "-m", "webapp.cli", "pool"]))
+    if args.example_files:
+        threading.Thread(target=make_example_files, args=(config,), daemon=True).start()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
@@ -50,6 +53,21 @@ def cmd_serve(args) -> int:
         for child in children:
             child.stop()
     return 0
+
+
+def make_example_files(config: Config) -> None:
+    """Each built-in example's .onnx and .pt2, made once in the background (at a low CPU priority) when
+    the server starts, so that its download, and its first job, do not wait for the export."""
+    from webapp.catalog import EXAMPLES
+    from webapp.jobs.worker import ensure_example_files
+
+    for name in EXAMPLES:
+        try:
+            ensure_example_files(config, name, nice=10)
+        except Exception as exc:  # noqa: BLE001 - made on first use instead
+            print(
+                f"serve: the {name} example's files were not made ({exc}); made on first use", file=sys.stderr
+            )
 
 
 def cmd_web(args) -> int:
@@ -421,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-pool", dest="pool", action="store_false", help="no device pool (tracker, boards) with it"
     )
+    p.add_argument(
+        "--no-example-files", dest="example_files", action="store_false",
+        help="make the examples' .onnx and .pt2 on first use, not in the background at start",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("web", help="serve the web app alone; workers run elsewhere (REDIS_URL, DATABASE_URL)")
     p.add_argument("--web-workers", type=int, default=2)

@@ -26,9 +26,10 @@ def worker_name(config: Config) -> str:
     return f"{config.host}:{os.getpid()}"
 
 
-def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
+def ensure_example_files(config: Config, name: str, nice: int = 0) -> tuple[Path, Path]:
     """The example's .pt2 and .onnx under data/examples, built once (trusted code, in a subprocess
-    so that this process never loads torch); a lock keeps two requests from building it at once."""
+    so that this process never loads torch, at CPU priority `nice`); a lock keeps two requests from
+    building it at once."""
     pt2, onnx = config.examples_dir / f"{name}.pt2", config.examples_dir / f"{name}.onnx"
     if pt2.exists() and onnx.exists():
         return pt2, onnx
@@ -41,6 +42,7 @@ def ensure_example_files(config: Config, name: str) -> tuple[Path, Path]:
                 check=True,
                 capture_output=True,
                 start_new_session=True,  # a stop signal to the worker's group (Ctrl-C) does not fail it
+                preexec_fn=(lambda: os.nice(nice)) if nice else None,
             )
     return pt2, onnx
 
