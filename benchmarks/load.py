@@ -1,5 +1,7 @@
 """The web under load while jobs compile: 50 concurrent clients on loopback reading a result page,
-its JSON, the job API and the front page, while two jobs compile on the same machine.
+its JSON, the job API and the front page, while two jobs compile on the same machine. Each request
+asks for a compressed answer, as browsers do, and none is conditional (no If-None-Match): every one
+is answered in full.
 
 Starts its own `tvm-playground serve --no-pool --jobs 2` on a free loopback port with a data folder
 of its own, runs one small job to have a result to read, submits two compiling jobs, and once both
@@ -75,6 +77,9 @@ def wait_for(condition, seconds: float, what: str) -> None:
         time.sleep(0.3)
 
 
+BROWSER = {"Accept-Encoding": "gzip, deflate, br, zstd"}  # what Chromium sends: compressed answers
+
+
 def client(urls: list[str], requests: int, deadline: float, samples: list, offset: int) -> None:
     for i in range(requests):
         if time.monotonic() > deadline:
@@ -82,7 +87,7 @@ def client(urls: list[str], requests: int, deadline: float, samples: list, offse
         url = urls[(offset + i) % len(urls)]
         started = time.monotonic()
         try:
-            status = fetch(url)[0]
+            status = fetch(url, headers=BROWSER)[0]
         except OSError:
             status = 0
         samples.append((url, status, time.monotonic() - started, started))
@@ -112,7 +117,7 @@ def main() -> int:
         "PLAYGROUND_REUSE_RESULTS": "0",
         "PLAYGROUND_SUBMIT_RATE": "",
     }
-    serve = [sys.executable, "-m", "webapp.cli", "serve", "--no-pool", "--jobs", "2"]
+    serve = [sys.executable, "-m", "webapp.cli", "serve", "--no-pool", "--no-example-files", "--jobs", "2"]
     serve += ["--web-workers", str(args.web_workers)]
     with open(folder / "serve.log", "w") as log:
         proc = subprocess.Popen(serve, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -50,6 +50,11 @@ class Tracker:
         data = json.dumps(list(message)).encode()
         self.sock.sendall(struct.pack("<i", len(data)) + data)
         size = struct.unpack("<i", recv_exactly(self.sock, 4))[0]
+        # The tracker writes the length and the message apart, and holds the message back until the
+        # length's ACK (Nagle), which Linux delays 40 ms by default: ACK at once (this took 44 ms a
+        # call, every front page paid it)
+        if hasattr(socket, "TCP_QUICKACK"):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         return json.loads(recv_exactly(self.sock, size))
 
     def request(self, key: str, wait_s: float) -> tuple[str, int, str]:
