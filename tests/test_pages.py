@@ -971,7 +971,9 @@ def test_a_server_error_is_a_styled_page_and_json_on_json_urls(app, web, monkeyp
     monkeypatch.setattr(pages, "bench_chart", broken)
     resp = web.get(f"/r/{job_id}")
     assert resp.status_code == 500 and 'id="error-page"' in resp.get_data(as_text=True)
-    monkeypatch.setattr(pages, "view_or_404", broken)
+    import webapp.web.cache as cache
+
+    monkeypatch.setattr(cache, "view_or_404", broken)
     resp = web.get(f"/r/{job_id}.json")
     assert resp.status_code == 500 and resp.is_json and "error" in resp.get_json()
 

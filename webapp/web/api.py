@@ -9,6 +9,7 @@ from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.jobs.worker import ensure_example_files
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
+from webapp.web.cache import job_json
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -102,4 +103,4 @@ def cancel_job(job_id: str):
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str):
-    return jsonify(view_or_404(job_id, request.url_root.rstrip("/")))
+    return job_json(job_id)

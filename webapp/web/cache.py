@@ -20,9 +20,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from flask import Response, request
+from flask import Response, current_app, request
 
-from webapp.web import ctx
+from webapp.web import ctx, view_or_404
 
 ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("done", "failed")
@@ -122,3 +122,9 @@ def rendered(job_id: str, etag: str, render: Callable[[], str]) -> str:
 def cache_forever(response: Response) -> Response:
     response.headers["Cache-Control"] = FOREVER
     return response
+
+
+def job_json(job_id: str) -> Response:
+    """A job as /api/jobs/<id> and /r/<id>.json give it (with its links on this server's address)."""
+    view = lambda: current_app.json.dumps(view_or_404(job_id, request.url_root.rstrip("/")))  # noqa: E731
+    return cached_page(job_id, view, mimetype="application/json")

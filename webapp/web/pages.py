@@ -13,7 +13,6 @@ from flask import (
     Blueprint,
     Response,
     abort,
-    current_app,
     jsonify,
     redirect,
     render_template,
@@ -40,7 +39,7 @@ from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
-from webapp.web.cache import FINISHED, cache_forever, cached_page
+from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
 from webapp.web.code import code_view, highlighted, pygments_css, safe_job_file
 from webapp.web.compare import code_diff, compare, job_title
 
@@ -273,8 +272,7 @@ def too_large(e):
 
 @bp.get("/r/<job_id>.json")
 def result_json(job_id: str):
-    view = lambda: current_app.json.dumps(view_or_404(job_id, request.url_root.rstrip("/")))  # noqa: E731
-    return cached_page(job_id, view, mimetype="application/json")
+    return job_json(job_id)
 
 
 def requested_code_view(job: dict) -> dict:
