@@ -5,6 +5,7 @@ JSON, and every link on the page answers."""
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import re
 from html import unescape
@@ -1232,6 +1233,10 @@ def test_a_finished_result_is_rendered_once_and_answered_by_its_etag_compressed(
         packed = web.get(url, headers={"Accept-Encoding": "gzip"})
         assert packed.headers["Content-Encoding"] == "gzip" and packed.headers["Vary"] == "Accept-Encoding"
         assert len(packed.get_data()) < len(first.get_data()) / 2
+        # compressed once too, kept beside it, with an ETag of its own
+        kept = store.job_dir(job_id) / "rendered" / f"{etag}.html.gzip"
+        assert kept.read_bytes() == packed.get_data() and packed.headers["ETag"] == f'"{etag}:gzip"'
+        assert gzip.decompress(packed.get_data()) == first.get_data()
     # another view is another page; a result that changes (a rewritten result.json) is another page
     assert web.get(f"/r/{job_id}?view=asm").headers["ETag"] != web.get(f"/r/{job_id}").headers["ETag"]
     before = web.get(f"/r/{job_id}").headers["ETag"]

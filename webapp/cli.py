@@ -85,6 +85,7 @@ def web_command(config: Config, workers: int) -> list[str]:
     host = os.environ.get("HOST", "127.0.0.1")
     print(f"TVM Playground on http://{host}:{config.port}  (data in {config.data_dir})", flush=True)
     command = [str(Path(sys.executable).parent / "gunicorn"), "--workers", str(workers), "--threads", "4"]
+    command += ["--worker-connections", "8"]
     return command + ["--bind", f"{host}:{config.port}", "--timeout", "120", "webapp:create_app()"]
 
 

@@ -5,6 +5,8 @@ devices/pool.json (written by webapp.devices.pool). No TVM."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 from webapp.config import Config
 from webapp.devices.tracker import TrackerError, pool_of, tracker_summary
@@ -41,6 +43,23 @@ def pool_status(config: Config) -> dict:
         status["message"] = str(exc)
     status["summary"] = summary_line(status)
     return status
+
+
+RECENT_S = 2.0  # the front page's pool status may be this old: one tracker call serves every request
+_recent: dict = {}
+_recent_lock = threading.Lock()
+
+
+def recent_pool_status(config: Config) -> dict:
+    """pool_status, asked of the tracker at most once in RECENT_S by this process (the tracker answers
+    one call at a time: 50 front pages at once waited for it in turn, up to 0.9 s)."""
+    with _recent_lock:
+        key = (config.tracker, str(config.devices_dir))
+        at, status = _recent.get(key, (0.0, None))
+        if status is None or time.monotonic() - at > RECENT_S:
+            status = pool_status(config)
+            _recent[key] = (time.monotonic(), status)
+        return status
 
 
 def summary_line(status: dict) -> str:

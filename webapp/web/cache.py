@@ -5,7 +5,8 @@ ETag made from what it is rendered from: this site's own code and templates (SIT
 record (status, end, note, what the retention policy removed), its result.json and progress.json (size
 and time written), and the request's own choices (the query string, whether it shows the delete link).
 A request that has that ETag gets 304 at once; otherwise the page is read from rendered/ in the job's
-folder, or rendered and written there. A running job's pages are rendered each time, not cached.
+folder (compressed there too, as brotli or gzip, the first the request accepts), or rendered and
+written there. A running job's pages are rendered each time, not cached.
 
 Its files (graphs, downloads) and this site's static files (their URL carries their content's hash)
 are cached by browsers for a year: they never change under the same URL.
@@ -13,6 +14,7 @@ are cached by browsers for a year: they never change under the same URL.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
+import brotli
 from flask import Response, current_app, request
 
 from webapp.web import ctx, view_or_404
@@ -28,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("done", "failed")
 PAGE_MAX_AGE = 3600  # a finished page is fresh for an hour, then asked for again (304 while unchanged)
 FOREVER = "public, max-age=31536000, immutable"
-MAX_RENDERED = 400  # pages kept per job (a view per kernel, per pass...): past that, rendered each time
+MAX_RENDERED = 1200  # files kept per job (a view per kernel, per pass..., in up to 3 encodings)
 
 
 def tree_hash(*folders: Path, pattern: str = "*") -> str:
@@ -90,8 +93,13 @@ def cached_page(
     etag = job_etag(job_id, request.url_root, request.full_path, *choices)
     if etag is None:
         return Response(render(), mimetype=mimetype)
+    encoding = next((e for e in PACKED if request.accept_encodings[e]), None)
     if requested(etag):
         response = Response(status=304)
+    elif encoding:  # compressed once too, as the browser takes it (Flask-Compress leaves it as it is)
+        response = Response(packed(job_id, etag, render, encoding), mimetype=mimetype)
+        response.headers["Content-Encoding"] = encoding
+        etag = f"{etag}:{encoding}"  # a strong ETag per encoding, as Flask-Compress marks its own
     else:
         response = Response(rendered(job_id, etag, render), mimetype=mimetype)
     response.set_etag(etag)
@@ -100,23 +108,41 @@ def cached_page(
     return response
 
 
+# the encodings a finished page is also kept in (the first the request accepts is served), and how
+PACKED = {
+    "br": lambda data: brotli.compress(data, quality=6),
+    "gzip": lambda data: gzip.compress(data, compresslevel=6),
+}
+
+
 def rendered(job_id: str, etag: str, render: Callable[[], str]) -> str:
+    return kept(job_id, f"{etag}.html", lambda: render().encode()).decode()
+
+
+def packed(job_id: str, etag: str, render: Callable[[], str], encoding: str) -> bytes:
+    return kept(
+        job_id, f"{etag}.html.{encoding}", lambda: PACKED[encoding](rendered(job_id, etag, render).encode())
+    )
+
+
+def kept(job_id: str, name: str, make: Callable[[], bytes]) -> bytes:
+    """The file `name` of the job's rendered/ folder, made by `make` the first time."""
     folder = ctx()[1].job_dir(job_id) / "rendered"
-    path = folder / f"{etag}.html"
+    path = folder / name
     try:
-        return path.read_text()
+        return path.read_bytes()
     except OSError:
         pass
-    text = render()
+    data = make()
     try:
         folder.mkdir(exist_ok=True)
         if sum(1 for _ in folder.iterdir()) < MAX_RENDERED:
-            tmp = folder / f".{etag}.{os.getpid()}"
-            tmp.write_text(text)
+            tmp = folder / f".{name}.{os.getpid()}"
+            tmp.write_bytes(data)
             tmp.replace(path)  # whole or not at all, whichever process writes it first
     except OSError:
-        pass  # a read-only or full disk: served all the same, rendered again next time
-    return text
+        pass  # a read-only or full disk: served all the same, made again next time
+    return data
 
 
 def cache_forever(response: Response) -> Response:

@@ -34,7 +34,7 @@ from webapp.catalog import (
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
 )
-from webapp.devices.status import pool_status
+from webapp.devices.status import recent_pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
@@ -199,7 +199,7 @@ def render_index(error: str | None = None, status: int = 200, form=None):
         "index.html",
         examples=EXAMPLES.values(),
         target_groups=target_groups(),
-        pool=pool_status(ctx()[0]),
+        pool=recent_pool_status(ctx()[0]),
         quantize_modes=choices("quantize", QUANTIZE_MODES),
         calibration_modes=choices("calibration", CALIBRATION_MODES),
         weight_scales=choices("weight_scale", WEIGHT_SCALE_MODES),
