@@ -326,7 +326,6 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
     other.close()
 
 
-@pytest.mark.isa
 def run_example(page, live_server, options: dict) -> str:
     """A cnn-small job by the API, waited for; its page's address (an identical job answers at once)."""
     job = page.request.post(
@@ -339,6 +338,7 @@ def run_example(page, live_server, options: dict) -> str:
     return job["url"]
 
 
+@pytest.mark.isa
 def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page, live_server):
     fp32, int8 = run_example(page, live_server, {}), run_example(page, live_server, {"quantize": "int8"})
     page.goto(fp32)
