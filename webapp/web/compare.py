@@ -28,11 +28,15 @@ def headline(results: dict) -> dict | None:
     return {"label": f"TVM {best['variant']}{' tuned' if best['tuned'] else ''}", "ms": best["median_ms"]}
 
 
+def model_name(options: dict) -> str:
+    return options.get("example") or options.get("filename") or "model"
+
+
 def job_title(job: dict) -> str:
     """What a result is called (its tab title, its heading, the compare page's): the model, then the
     options that tell two jobs of it apart, as the form says them."""
     options = job["options"]
-    model = options.get("example") or options.get("filename") or "model"
+    model = model_name(options)
     quantize = options.get("quantize") or "none"
     variant = "fp32" if quantize == "none" else quantize
     tuned = f", {options['tune_trials']} tuning trials" if options.get("tune_trials") else ""
@@ -44,7 +48,7 @@ def side(job: dict) -> dict:
     return {
         "id": job["id"],
         "status": job["status"],
-        "model": job["options"].get("example") or job["options"].get("filename") or "model",
+        "model": model_name(job["options"]),
         "title": job_title(job),
         "target": (r.get("target") or {}).get("preset") or job["options"].get("target"),
         "device": ((r.get("benchmarks") or [{}])[0]).get("device"),

@@ -55,19 +55,6 @@ FILE_HEADERS = {
 # section, or nothing while the job has not measured what it shows. A running job's page polls
 # /r/<id>/live, which sends back the sections whose HTML changed. The head (headline and contents)
 # comes first, then what was measured, then how it was made; each section's label in the contents.
-PARTS = (
-    "head",
-    "benchmark",
-    "device",
-    "fidelity",
-    "quantization",
-    "sweep",
-    "tuning",
-    "summary",
-    "graph",
-    "code",
-    "downloads",
-)
 SECTION_LABELS = {
     "benchmark": "Benchmark",
     "device": "Board",
@@ -80,6 +67,7 @@ SECTION_LABELS = {
     "code": "Code and kernels",
     "downloads": "Downloads",
 }
+PARTS = ("head", *SECTION_LABELS)
 PART_TEMPLATES = {"code": "_code_section.html"}  # _code.html is the code panel inside it
 
 
@@ -228,7 +216,7 @@ def submit():
         url_for("pages.result", job_id=job.id, **({"reused": 1} if job.reused else {})), code=303
     )
     # this browser's own results, newest first: the compare picker lists them first
-    mine = [job.id] + [i for i in request.cookies.get(MINE, "").split(".") if i and i != job.id]
+    mine = [job.id, *own_results(but=job.id)]
     response.set_cookie(MINE, ".".join(mine[:MINE_KEPT]), max_age=365 * 86400, httponly=True, samesite="Lax")
     if job.delete_token:  # the submitter's browser keeps the delete link's token for the result page
         response.set_cookie(
@@ -245,6 +233,11 @@ def submit():
 MINE, MINE_KEPT = "mine", 20  # the cookie of a browser's own results (job ids: their links, no secret)
 
 
+def own_results(but: str) -> list[str]:
+    """The ids of this browser's own results (its MINE cookie), newest first, but one."""
+    return [i for i in request.cookies.get(MINE, "").split(".") if i and i != but]
+
+
 @bp.get("/compare/picker")
 def compare_picker():
     """The result page's "compare with" choices, fetched by the page (they change as jobs end; the page
@@ -252,7 +245,7 @@ def compare_picker():
     examples (an upload is listed only to the browser that submitted it)."""
     store = ctx()[1]
     this = request.args.get("a", "")
-    own = [i for i in request.cookies.get(MINE, "").split(".") if i and i != this]
+    own = own_results(but=this)
     jobs = [j for j in map(store.get, own) if j and j["status"] == "done"]
     examples = [j for j in store.recent_examples(PICKER_RECENT) if j["id"] != this and j["id"] not in own]
     return render_template("_picker.html", own=jobs, examples=examples, title=job_title)
