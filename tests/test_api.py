@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import zipfile
 from dataclasses import replace
 
@@ -96,6 +97,15 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
         len(results["kernels"]) - len(times)
     )
     assert results["kernels"][0]["name"].startswith("fused_conv2d")  # the convolutions take the most
+    # the worker renders the long kernel views once after the job (webapp/codeviews.py: prerender),
+    # and the code panel shows that HTML: the slowest kernel's LLVM IR is one of them (>100 KB)
+    rendered = client.application.extensions["playground"]["store"].job_dir(created["id"]) / "rendered"
+    deadline = time.monotonic() + 60
+    while len(list(rendered.glob("code-*.html"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    slowest = client.get(f"/r/{created['id']}/code?view=llvm&kernel={results['kernels'][0]['name']}")
+    kept = [path.read_text() for path in rendered.glob("code-*.html")]
+    assert len(kept) >= 2 and any(html in slowest.get_data(as_text=True) for html in kept)
     page = client.get(f"/r/{created['id']}").get_data(as_text=True)
     assert 'id="kernel-profile"' in page and "<th>ms / run</th>" in page
 

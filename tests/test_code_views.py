@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from webapp.web.code import filter_asm, hot_loop
+import json
+
+from webapp.catalog import code_file
+from webapp.codeviews import KEPT_FROM_BYTES, code_view, filter_asm, highlighted, hot_loop, prerender
 
 ASM = """\t.text
 \t.file\t"model"
@@ -51,3 +54,30 @@ def test_hot_loop_is_the_innermost_loop_with_vector_instructions():
     lines = shown.splitlines()
     assert lines[start - 1] == ".LBB0_2:" and lines[end - 1] == "\tjne\t.LBB0_2"
     assert hot_loop("f:\n\tmovl\t$1, %eax\n\tretq\n") is None
+
+
+def test_a_long_kernel_view_is_highlighted_once_and_kept_a_short_one_is_not(tmp_path):
+    """The worker renders a finished job's long kernel views beforehand (prerender); the web then reads
+    the kept HTML instead of highlighting the text again."""
+    long_asm = ASM.replace(".LBB0_2:\n", ".LBB0_2:\n" + "\tvaddps\t%zmm1, %zmm2, %zmm3\n" * 800)
+    assert len(filter_asm(long_asm)) > KEPT_FROM_BYTES
+    results = {"kernels": [{"name": "k_long"}, {"name": "k_short"}]}
+    (tmp_path / "result.json").write_text(json.dumps(results))
+    for name, text in (("k_long", long_asm), ("k_short", ASM)):
+        path = tmp_path / code_file("asm", name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert prerender(tmp_path, results) == 2  # the two kernels' assembly: the job has no other text
+    kept = list((tmp_path / "rendered").glob("code-*.html"))
+    assert len(kept) == 1  # the long one only
+    shown = code_view(tmp_path, results, "asm", "k_long")
+    lines = filter_asm(long_asm)
+    start, end = hot_loop(lines)
+    assert (
+        str(shown["html"])
+        == kept[0].read_text()
+        == highlighted(lines, "gas", True, tuple(range(start, end + 1)))
+    )
+    kept[0].write_text("kept")  # read from there, not highlighted again
+    assert str(code_view(tmp_path, results, "asm", "k_long")["html"]) == "kept"
+    assert "kept" not in str(code_view(tmp_path, results, "asm", "k_long", asm_all=True)["html"])

@@ -120,7 +120,7 @@ GRAPHS = {"layers": "By layer", "imported": "Before fusion", "fused": "After fus
 class CodeView:
     """A text the code panel shows: written by the inspect stage (webapp/pipeline/stages/inspect.py,
     the device code by webapp/pipeline/reports/device_code.py) at `path` in the job folder, read and
-    coloured by webapp/web/code.py, listed by the compare page and the graph viewer's kernel links."""
+    coloured by webapp/codeviews.py, listed by the compare page and the graph viewer's kernel links."""
 
     title: str
     lexer: str  # the Pygments lexer's name (a device view's lexer is its target kind's)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
+from webapp.codeviews import prerender
 from webapp.config import Config
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
@@ -120,6 +121,20 @@ def run_job(config: Config, job_id: str) -> None:
         else:
             error = run_prepared_job(config, job_dir, job["options"]["target"])
     store.mark_finished(job_id, error, me)
+    threading.Thread(target=prerender_code_views, args=(job_dir,), daemon=True).start()
+
+
+def prerender_code_views(job_dir: Path) -> None:
+    """The finished job's long kernel views rendered once (webapp/codeviews.py: prerender), in a thread
+    of low priority so that the next job is not slowed."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)  # Linux: a thread's own nice value
+    started = time.monotonic()
+    try:
+        count = prerender(job_dir, read_untrusted_json(job_dir / "result.json") or {})
+    except Exception as exc:  # a job folder removed meanwhile, an odd result.json: shown on demand instead
+        print(f"code views of {job_dir.name} not rendered beforehand: {exc!r}", file=sys.stderr, flush=True)
+        return
+    print(f"code views of {job_dir.name}: {count} rendered in {time.monotonic() - started:.1f} s", flush=True)
 
 
 class Heartbeat(threading.Thread):

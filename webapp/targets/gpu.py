@@ -21,7 +21,7 @@ class GPU(Target):
     rule_family = "gpu"
     runtime: ClassVar[str] = ""  # TVM's target kind and device name ("cuda", "opencl", ...)
     language: ClassVar[str] = ""  # what the device module is written in
-    lexer: ClassVar[str] = ""  # the Pygments lexer that colours it (webapp.web.code)
+    lexer: ClassVar[str] = ""  # the Pygments lexer that colours it (webapp.codeviews)
     source_suffix: ClassVar[str] = ""  # of the whole device module's download: device.<suffix>
     binaries: ClassVar[bool] = False  # its device code is also assembled here (CUDA: PTX and SASS)
     int8_dot: ClassVar[str | None] = None  # the integer dot product its int8 rule uses (CUDA: dp4a)

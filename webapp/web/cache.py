@@ -17,7 +17,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -25,27 +24,35 @@ from pathlib import Path
 import brotli
 from flask import Response, current_app, request
 
+from webapp.codeviews import rendered_file
 from webapp.web import ctx, view_or_404
 
 ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("done", "failed")
 PAGE_MAX_AGE = 3600  # a finished page is fresh for an hour, then asked for again (304 while unchanged)
 FOREVER = "public, max-age=31536000, immutable"
-MAX_RENDERED = 1200  # files kept per job (a view per kernel, per pass..., in up to 3 encodings)
 
 
-def tree_hash(*folders: Path, pattern: str = "*") -> str:
+def tree_hash(*places: Path, pattern: str = "*") -> str:
+    """A hash of these files and of the files in these folders whose names match `pattern`."""
     digest = hashlib.sha1()
-    for folder in folders:
-        for path in sorted(folder.rglob(pattern)):
+    for place in places:
+        for path in [place] if place.is_file() else sorted(place.rglob(pattern)):
             if path.is_file():
                 digest.update(str(path.relative_to(ROOT)).encode())
                 digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-# What a rendered page depends on besides the job: the templates, the static files, the web code
-SITE_VERSION = tree_hash(ROOT / "templates", ROOT / "static", Path(__file__).parent, pattern="*.*")
+# What a rendered page depends on besides the job: the templates, the static files, the web code and
+# the code views'
+SITE_VERSION = tree_hash(
+    ROOT / "templates",
+    ROOT / "static",
+    Path(__file__).parent,
+    ROOT / "webapp" / "codeviews.py",
+    pattern="*.*",
+)
 
 
 @lru_cache(maxsize=256)
@@ -127,22 +134,7 @@ def packed(job_id: str, etag: str, render: Callable[[], str], encoding: str) -> 
 
 def kept(job_id: str, name: str, make: Callable[[], bytes]) -> bytes:
     """The file `name` of the job's rendered/ folder, made by `make` the first time."""
-    folder = ctx()[1].job_dir(job_id) / "rendered"
-    path = folder / name
-    try:
-        return path.read_bytes()
-    except OSError:
-        pass
-    data = make()
-    try:
-        folder.mkdir(exist_ok=True)
-        if sum(1 for _ in folder.iterdir()) < MAX_RENDERED:
-            tmp = folder / f".{name}.{os.getpid()}"
-            tmp.write_bytes(data)
-            tmp.replace(path)  # whole or not at all, whichever process writes it first
-    except OSError:
-        pass  # a read-only or full disk: served all the same, made again next time
-    return data
+    return rendered_file(ctx()[1].job_dir(job_id), name, make)
 
 
 def cache_forever(response: Response) -> Response:

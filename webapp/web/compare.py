@@ -8,8 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
+from webapp.codeviews import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 from webapp.options import JobOptions
-from webapp.web.code import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(JobOptions)}
 OPTION_ORDER = ("target", "quantize", "calibration", "weight_scale", "weight_granularity", "tune_trials")

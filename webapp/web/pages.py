@@ -34,13 +34,13 @@ from webapp.catalog import (
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
 )
+from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
-from webapp.web.code import code_view, highlighted, pygments_css, safe_job_file
 from webapp.web.compare import code_diff, compare, job_title
 
 bp = Blueprint("pages", __name__)

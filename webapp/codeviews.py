@@ -1,25 +1,37 @@
-"""Code views of a job: which IR or generated code text to show, read safely, highlighted by Pygments."""
+"""Code views of a job: which IR or generated code text to show, read safely, highlighted by Pygments.
+
+The web shows them (webapp/web/pages.py); the worker renders a finished job's large kernel views once,
+after the job (prerender), so that the first look at a kernel's LLVM IR or assembly is as quick as the
+next: their highlighted HTML is kept in the job's rendered/ folder, named by a hash of what made it.
+"""
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
+import pygments
 from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
 from webapp.catalog import CODE_VIEWS, code_file
+from webapp.jsonfile import kept
 from webapp.naming import natural_key
 from webapp.targets import KINDS
 
 MAX_SHOWN_BYTES = (
     400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
 )
+RENDERED = "rendered"  # a job folder's pages and views rendered once (webapp/web/cache.py)
+MAX_RENDERED = 1200  # files kept per job (a view per kernel, per pass..., in up to 3 encodings)
+KEPT_FROM_BYTES = 16_000  # a text highlighted in more than ~15 ms: its HTML is kept in rendered/
 
 # The code views (webapp.catalog.CODE_VIEWS): those with a text per kernel, and a GPU build's device code
 KERNEL_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.per_kernel)
@@ -111,6 +123,38 @@ def highlighted(text: str, lexer_name: str, numbered: bool = False, marked: tupl
     return Markup(PLAIN_TOKEN.sub(r"\1", html))
 
 
+def kept_highlighted(job_dir: Path, text: str, lexer: str, numbered: bool, marked: tuple[int, ...]) -> Markup:
+    """highlighted(...), kept in the job's rendered/ folder when the text is long (made once for all
+    the web's processes, or beforehand by prerender)."""
+    if len(text) < KEPT_FROM_BYTES:
+        return highlighted(text, lexer, numbered, marked)
+    made_by = json.dumps([HIGHLIGHT_VERSION, text, lexer, numbered, marked])
+    name = f"code-{hashlib.sha1(made_by.encode()).hexdigest()[:24]}.html"
+    make = lambda: highlighted(text, lexer, numbered, marked).encode()  # noqa: E731
+    return Markup(rendered_file(job_dir, name, make).decode())
+
+
+def rendered_file(job_dir: Path, name: str, make) -> bytes:
+    """The file `name` of the job's rendered/ folder, made by `make` the first time."""
+    return kept(job_dir / RENDERED / name, make, MAX_RENDERED)
+
+
+def prerender(job_dir: Path, results: dict) -> int:
+    """Renders the long kernel views of a finished job (each kernel's, and the whole module's, as the
+    code panel first shows them) into its rendered/ folder; returns how many views it rendered.
+    Run by the worker after the job, off the web's processes."""
+    views = [v for v in available_views(results) if v in KERNEL_VIEWS]
+    kernels = [k["name"] for k in results.get("kernels", [])] + [MODULE]
+    count = 0
+    for kernel in kernels:
+        for view in views:
+            if kernel == MODULE and view not in whole_module(results):
+                continue
+            shown = code_view(job_dir, results, view, kernel)
+            count += shown["html"] is not None
+    return count
+
+
 LINE_ID = re.compile(r'<span id="L-\d+">')
 # whitespace and punctuation tokens, which neither colour scheme colours (Pygments' default style
 # leaves punctuation plain, github-dark gives it the text's colour): text, not a span each (LLVM IR
@@ -123,6 +167,7 @@ PLAIN_TOKEN = re.compile(r'<span class="(?:w|p)">([^<]*)</span>')
 ASM_LABEL = re.compile(r"^([.\w$]+):")
 ASM_DIRECTIVE = re.compile(r"^\s*\.[a-zA-Z_]\w*\b")
 ASM_LOCAL_LABEL = re.compile(r"\.L[\w$.]+")
+ASM_JUMP = re.compile(r"^\s+\S+\s+(\.L[\w$.]+)\s*(?:#.*)?$")  # an instruction whose operand is a label alone
 ASM_VECTOR = re.compile(r"\b(?:[xyz]mm\d+|v\d+\.\d*[bhsd]|q\d+)\b")
 
 
@@ -149,14 +194,16 @@ def hot_loop(text: str) -> tuple[int, int] | None:
     the last jump back up to it, with no other loop inside), the one with the most vector
     instructions; None when the code has no loop."""
     lines = text.splitlines()
+    last_jump = {}  # label -> the last line that jumps to it
+    for j, line in enumerate(lines):
+        jump = ASM_JUMP.match(line)
+        if jump:
+            last_jump[jump.group(1)] = j
     loops = []
     for i, line in enumerate(lines):
         label = ASM_LABEL.match(line)
-        if label and label.group(1).startswith(".L"):
-            jump = re.compile(rf"^\s+\S+\s+{re.escape(label.group(1))}\s*(#.*)?$")
-            back = [j for j in range(i + 1, len(lines)) if jump.match(lines[j])]
-            if back:
-                loops.append((i, back[-1]))
+        if label and label.group(1).startswith(".L") and last_jump.get(label.group(1), -1) > i:
+            loops.append((i, last_jump[label.group(1)]))
     inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
     vector = {
         (a, b): sum(1 for line in lines[a : b + 1] if ASM_VECTOR.search(line.split("#")[0])) for a, b in inner
@@ -229,7 +276,7 @@ def code_view(
         "diff": diff,
         "truncated": truncated,
         "download": download,
-        "html": highlighted(text, lexer, numbered, marked) if text else None,
+        "html": kept_highlighted(job_dir, text, lexer, numbered, marked) if text else None,
         "hot_loop": loop,
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,
@@ -238,6 +285,10 @@ def code_view(
         "views": views,
         "module": MODULE,
     }
+
+
+# what a kept highlighted text depends on besides itself: this file and Pygments
+HIGHLIGHT_VERSION = [hashlib.sha1(Path(__file__).read_bytes()).hexdigest(), pygments.__version__]
 
 
 def pygments_css() -> str:
