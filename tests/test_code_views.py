@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from webapp.catalog import code_file
-from webapp.codeviews import KEPT_FROM_BYTES, code_view, filter_asm, highlighted, hot_loop, prerender
+from webapp.codeviews import KEPT_FROM_BYTES, MODULE, code_view, filter_asm, highlighted, hot_loop, prerender
 
 ASM = """\t.text
 \t.file\t"model"
@@ -81,3 +81,16 @@ def test_a_long_kernel_view_is_highlighted_once_and_kept_a_short_one_is_not(tmp_
     kept[0].write_text("kept")  # read from there, not highlighted again
     assert str(code_view(tmp_path, results, "asm", "k_long")["html"]) == "kept"
     assert "kept" not in str(code_view(tmp_path, results, "asm", "k_long", asm_all=True)["html"])
+
+
+def test_the_whole_module_shows_its_first_100_kb_and_a_kernel_up_to_400_kb(tmp_path):
+    results = {"kernels": [{"name": "k"}]}
+    module = "define void @k() {\n  ret void\n}\n" * 5000  # 170 KB
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "module.ll").write_text(module)
+    (tmp_path / code_file("llvm", "k")).parent.mkdir(parents=True)
+    (tmp_path / code_file("llvm", "k")).write_text(module)
+    whole = code_view(tmp_path, results, "llvm", MODULE)
+    assert whole["truncated"] and whole["shown_kb"] == 100 and whole["download"] == "module.ll"
+    kernel = code_view(tmp_path, results, "llvm", "k")
+    assert not kernel["truncated"] and str(kernel["html"]).count('class="line"') == module.count("\n")

@@ -26,9 +26,10 @@ from webapp.jsonfile import kept
 from webapp.naming import natural_key
 from webapp.targets import KINDS
 
-MAX_SHOWN_BYTES = (
-    400_000  # longer texts are cut on the page (highlighted HTML is ~8x larger); download the rest
-)
+# longer texts are cut on the page (highlighted HTML is ~8x larger; the browser lays out ~1 MB of it a
+# second): the link under the text downloads the whole; a whole module's text shows its start
+MAX_SHOWN_BYTES = 400_000
+MAX_MODULE_SHOWN_BYTES = 100_000
 RENDERED = "rendered"  # a job folder's pages and views rendered once (webapp/web/cache.py)
 MAX_RENDERED = 1200  # files kept per job (a view per kernel, per pass..., in up to 3 encodings)
 KEPT_FROM_BYTES = 16_000  # a text highlighted in more than ~15 ms: its HTML is kept in rendered/
@@ -99,13 +100,13 @@ def safe_job_file(job_dir: Path, rel: str) -> Path | None:
     return path
 
 
-def read_text(path: Path | None) -> tuple[str, bool]:
-    """(text, truncated)."""
+def read_text(path: Path | None, limit: int = MAX_SHOWN_BYTES) -> tuple[str, bool]:
+    """(text, truncated): the file's first `limit` bytes."""
     if path is None:
         return "", False
     with open(path, "rb") as f:
-        data = f.read(MAX_SHOWN_BYTES + 1)
-    return data[:MAX_SHOWN_BYTES].decode(errors="replace"), len(data) > MAX_SHOWN_BYTES
+        data = f.read(limit + 1)
+    return data[:limit].decode(errors="replace"), len(data) > limit
 
 
 @lru_cache(maxsize=64)
@@ -140,19 +141,19 @@ def rendered_file(job_dir: Path, name: str, make) -> bytes:
 
 
 def prerender(job_dir: Path, results: dict) -> int:
-    """Renders the long kernel views of a finished job (each kernel's, and the whole module's, as the
-    code panel first shows them) into its rendered/ folder; returns how many views it rendered.
+    """Renders the long code views of a finished job (its Relax IR, each kernel's code and the whole
+    module's, as the code panel first shows them; not the passes') into its rendered/ folder; returns
+    how many views it rendered.
     Run by the worker after the job, off the web's processes."""
-    views = [v for v in available_views(results) if v in KERNEL_VIEWS]
-    kernels = [k["name"] for k in results.get("kernels", [])] + [MODULE]
-    count = 0
-    for kernel in kernels:
-        for view in views:
-            if kernel == MODULE and view not in whole_module(results):
-                continue
-            shown = code_view(job_dir, results, view, kernel)
-            count += shown["html"] is not None
-    return count
+    views = available_views(results)
+    chosen = [(view, "") for view in views if view not in KERNEL_VIEWS and view != "passes"]
+    for kernel in [k["name"] for k in results.get("kernels", [])] + [MODULE]:
+        chosen += [
+            (view, kernel)
+            for view in views
+            if view in KERNEL_VIEWS and (kernel != MODULE or view in whole_module(results))
+        ]
+    return sum(code_view(job_dir, results, view, kernel)["html"] is not None for view, kernel in chosen)
 
 
 LINE_ID = re.compile(r'<span id="L-\d+">')
@@ -248,7 +249,8 @@ def code_view(
         rel = chosen["file"] if chosen else ""
     else:
         rel = template
-    text, truncated = read_text(safe_job_file(job_dir, rel) if rel else None)
+    limit = MAX_MODULE_SHOWN_BYTES if kernel == MODULE else MAX_SHOWN_BYTES
+    text, truncated = read_text(safe_job_file(job_dir, rel) if rel else None, limit)
     if view == "passes" and diff and pass_index is not None:
         before = [p for p in passes if p["index"] < pass_index]
         old, _ = (
@@ -275,6 +277,7 @@ def code_view(
         "pass_index": pass_index,
         "diff": diff,
         "truncated": truncated,
+        "shown_kb": limit // 1000,
         "download": download,
         "html": kept_highlighted(job_dir, text, lexer, numbered, marked) if text else None,
         "hot_loop": loop,
