@@ -13,7 +13,7 @@ from pathlib import Path
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
-from webapp.codeviews import prerender
+from webapp.codeviews import clear_rendered, prerender
 from webapp.config import Config
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
@@ -168,6 +168,7 @@ def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
     merge_back(config, target, job_dir / "tuning")
     if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
         outcome = run_remote_stage(config, job_dir, targets.get(target).board)
+    clear_rendered(job_dir)  # the sandbox's last write there: from the job's end the web keeps pages there
     return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 
