@@ -122,11 +122,14 @@ class CutProxy(threading.Thread):
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            if not self.open:
-                client.close()
-                continue
-            server = socket.create_connection(self.target)
             with self.lock:
+                try:
+                    if not self.open:
+                        raise OSError("cut")
+                    server = socket.create_connection(self.target)
+                except OSError:
+                    client.close()
+                    continue
                 self.connections += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
@@ -142,10 +145,11 @@ class CutProxy(threading.Thread):
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            s.close()
 
     def cut(self) -> None:
-        self.open = False
         with self.lock:
+            self.open = False
             for s in self.connections:
                 try:
                     s.shutdown(socket.SHUT_RDWR)

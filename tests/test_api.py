@@ -405,9 +405,9 @@ def test_a_busy_loop_during_the_benchmark_is_recorded_and_the_timing_repeated(cl
     created = submit(client, {"example": "mlp"}).get_json()
     stage = lambda: {s["name"]: s["status"] for s in client.get(created["api_url"]).get_json()["stages"]}  # noqa: E731
     deadline = time.monotonic() + 300
-    while stage().get("benchmark") in (None, "pending") and time.monotonic() < deadline:
+    while stage().get("inspect") in (None, "pending") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert stage().get("benchmark") == "running"  # caught while it runs (it times for a second or two)
+    assert stage()["benchmark"] in ("pending", "running")  # started before its timing begins
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
     try:
         job = wait_for_job(client, created["id"])
@@ -419,8 +419,8 @@ def test_a_busy_loop_during_the_benchmark_is_recorded_and_the_timing_repeated(cl
     assert conditions["repeated"] and not conditions["first"]["quiet"], conditions
     assert conditions["first"]["others_cores"] > 0.25
     assert conditions["first"]["what"].startswith("other processes used")
-    assert machine["cores"] == os.cpu_count() and machine["cpu"]
     flags = open("/proc/cpuinfo").read()
+    assert machine["cores"] == os.cpu_count() and ("model name" not in flags or machine["cpu"])
     assert ("AVX2" in machine["instruction_sets"]) == (" avx2 " in flags)
     page = client.get(f"/r/{created['id']}").get_data(as_text=True)
     assert "timed again because the first timing was disturbed (other processes used" in page

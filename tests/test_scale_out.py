@@ -139,8 +139,8 @@ def test_a_worker_cut_off_from_the_store_stops_its_sandbox_before_another_takes_
                 taken_at = time.monotonic()
             time.sleep(0.25)
         assert queued == [job_id], "machine-b did not take the job over"
-        # machine-a's sandbox had ended by then (3 s of silence: 0.75 x lost_after_s)
-        assert not [pid for pid in sandbox if not gone_within(pid, 0)], "two sandboxes on one folder"
+        # machine-a's sandbox had ended by then (3.5 s of silence: lost_after_s - heartbeat_s)
+        assert all(gone_within(pid, 0.1) for pid in sandbox), "two sandboxes on one folder"
         print(f"\ncut at 0 s; machine-b took the job over at {taken_at - cut_at:.1f} s")
         proxy.restore()
         worker.join(30)
@@ -165,5 +165,5 @@ def test_a_worker_whose_job_was_taken_over_kills_its_sandbox_at_once(config, tmp
         outcome = run_sandboxed(
             job_dir, config, [sys.executable, str(job_dir / "script.py")], stop=beat.stopped
         )
-    assert 1.0 < time.monotonic() - started < 2.0
+    assert 1.0 < time.monotonic() - started < 4.0  # the next beat after the takeover, 0.2 s apart
     assert outcome.limit.startswith("Another worker took this job over"), outcome

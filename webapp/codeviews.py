@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -145,19 +146,17 @@ def rendered_file(job_dir: Path, name: str, make) -> bytes:
 
 
 def clear_rendered(job_dir: Path) -> None:
-    """Removes whatever lies at the job's rendered/ when its sandbox has ended: the sandboxed pipeline
+    """Removes whatever lies at the job's rendered/ (a cache: nothing is lost): the sandboxed pipeline
     could have put pages there (named as the web would name them; a kernel view's name is a hash of
-    its text) or a link out of the folder. Moved aside first (a rename needs nothing of what it
-    moves), then deleted as far as it can be. The worker calls it when the sandbox is done with the job."""
+    its text) or a link out of the folder. Moved first into a folder made here under a name of its
+    own (a rename needs nothing of what it moves, and cannot meet anything planted), then deleted.
+    The worker calls it before it records a job's end (webapp/jobs/worker.py: finish)."""
     path = job_dir / RENDERED
     if not path.is_symlink() and not path.exists():
         return
-    aside = job_dir / f".{RENDERED}-left-by-the-job-{os.getpid()}"
-    path.rename(aside)
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        aside.unlink(missing_ok=True)
+    aside = Path(tempfile.mkdtemp(prefix=f".{RENDERED}-left-", dir=job_dir))
+    path.rename(aside / RENDERED)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def prerender(job_dir: Path, results: dict) -> int:

@@ -248,6 +248,9 @@ def run_sandboxed(
         full, env = command, {**os.environ, **env}
     else:
         full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network)
+    why = stop() if stop is not None else None
+    if why:  # the job was lost before its sandbox started: it does not start
+        return Outcome(-1, why, 0.0)
     log_path = job_dir / "log.txt"
     started = time.monotonic()
     with open(log_path, "ab") as log:

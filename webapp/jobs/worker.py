@@ -113,8 +113,9 @@ def run_job(config: Config, job_id: str) -> None:
     job, me = store.get(job_id), worker_name(config)
     if job is None or not store.claim(job_id, me):  # gone, or another worker's (a repeated message)
         return
-    job_dir = store.job_dir(job_id)
-    with Heartbeat(store, job_id, me, config.heartbeat_s, config.lost_after_s * 0.75) as beat:
+    job_dir, started = store.job_dir(job_id), store.get(job_id)["started"]
+    give_up_s = config.lost_after_s - config.heartbeat_s
+    with Heartbeat(store, job_id, me, config.heartbeat_s, give_up_s) as beat:
         try:
             prepare_job_folder(config, job_dir, job["options"])
         except Exception as exc:  # an example that cannot be built is our bug, not the user's
@@ -123,22 +124,31 @@ def run_job(config: Config, job_id: str) -> None:
             error = run_prepared_job(config, job_dir, job["options"]["target"], stop=beat.stopped)
     why = beat.stopped()
     if why:
-        give_up(store, job_id, me, why, config.heartbeat_s)
+        give_up(store, job_id, me, started, why, config.heartbeat_s)
         return
-    store.mark_finished(job_id, error, me)
+    finish(store, job_id, error, me)
     threading.Thread(target=prerender_code_views, args=(job_dir,), daemon=True).start()
 
 
-def give_up(store, job_id: str, me: str, why: str, every: float) -> None:
-    """After a job's sandbox was stopped because the job is, or may be, no longer this worker's: its
-    folder is left alone (another worker may be writing it), and once the store answers, a job that
-    is still this worker's fails with `why` (nothing else would end it: this worker's process lives)."""
+def finish(store, job_id: str, error: dict | None, worker: str, started: float | None = None) -> bool:
+    """Records the job's end (while `worker` holds it, in the attempt that began at `started` if
+    given), once whatever the sandbox left at rendered/ is gone (webapp/codeviews.py: clear_rendered):
+    from then on the web keeps the pages it renders there."""
+    clear_rendered(store.job_dir(job_id))
+    return store.mark_finished(job_id, error, worker, started)
+
+
+def give_up(store, job_id: str, me: str, started: float, why: str, every: float) -> None:
+    """After a job's sandbox was stopped because the job is, or may be, no longer this worker's: once
+    the store answers, the attempt this worker began at `started` fails with `why` if it is still its
+    own (nothing else would end it: this worker's process lives); another's attempt is left alone."""
     print(f"job {job_id} stopped here: {why}", file=sys.stderr, flush=True)
     while True:
         try:
-            store.mark_finished(job_id, {"stage": "worker", "message": why}, me)
+            finish(store, job_id, {"stage": "worker", "message": why}, me, started)
             return
-        except Exception:  # the store still away
+        except Exception as exc:  # the store still away
+            print(f"job {job_id}: the store: {exc}", file=sys.stderr, flush=True)
             time.sleep(every)
 
 
@@ -170,6 +180,7 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(self.every):
+            sent = time.monotonic()  # the store stamps the beat no earlier than this
             try:
                 self.taken = not self.store.beat(self.job_id, self.worker)
             except Exception as exc:  # the database away for a moment: the next beat tries again
@@ -177,7 +188,7 @@ class Heartbeat(threading.Thread):
                 continue
             if self.taken:
                 return
-            self.last_beat = time.monotonic()
+            self.last_beat = sent
 
     def stopped(self) -> str | None:
         if self.taken:
@@ -213,7 +224,6 @@ def run_prepared_job(
         outcome = run_remote_stage(config, job_dir, targets.get(target).board, stop)
         if stop is not None and stop():
             return None
-    clear_rendered(job_dir)  # the sandbox's last write there: from the job's end the web keeps pages there
     return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 
@@ -244,6 +254,7 @@ def board_wait_s(config: Config, key: str) -> float:
 
 RETRIED = "retried after the worker stopped"
 PIPELINE_OUTPUTS = (
+    "rendered",
     "progress.json",
     "result.json",
     "log.txt",
@@ -276,7 +287,7 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
                 "The worker stopped while this job was running, twice (it was retried once): the job "
                 "may be what stops it. Submit it again, or with other options."
             )
-            store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
+            finish(store, job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
             continue
         if retry(store, job_id, job["worker"], RETRIED, worker_name(config)):
             enqueue(job_id)
