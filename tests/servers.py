@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 
@@ -99,3 +100,66 @@ def postgres_server():
     finally:
         stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class CutProxy(threading.Thread):
+    """A TCP proxy on 127.0.0.1:<free port> to a server's `url` (postgresql://user@host:port/db), for a
+    network cut between one client and the server: `cut()` drops every connection and refuses new ones
+    until `restore()`. `url` is the server's URL through the proxy."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        address = url.split("@", 1)[1].split("/", 1)[0]
+        self.target = (address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1]))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = url.replace(address, f"127.0.0.1:{self.listener.getsockname()[1]}")
+        self.open, self.connections, self.lock = True, [], threading.Lock()
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                try:
+                    if not self.open:
+                        raise OSError("cut")
+                    server = socket.create_connection(self.target)
+                except OSError:
+                    client.close()
+                    continue
+                self.connections += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
+
+    def pipe(self, a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def cut(self) -> None:
+        with self.lock:
+            self.open = False
+            for s in self.connections:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.connections = []
+
+    def restore(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()

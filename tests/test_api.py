@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import replace
@@ -392,3 +396,31 @@ def test_refuses_calibration_data_that_is_not_npz_or_without_quantization(client
         }
         resp = client.post("/api/jobs", data=data, content_type="multipart/form-data")
         assert resp.status_code == 400 and message in resp.get_json()["error"]
+
+
+def test_a_busy_loop_during_the_benchmark_is_recorded_and_the_timing_repeated(client):
+    """The benchmark records how busy the machine was while it timed (webapp/pipeline/stages/
+    conditions.py), and times again when something else disturbed it: here a busy loop, started as
+    the job's benchmark stage begins."""
+    created = submit(client, {"example": "mlp"}).get_json()
+    stage = lambda: {s["name"]: s["status"] for s in client.get(created["api_url"]).get_json()["stages"]}  # noqa: E731
+    deadline = time.monotonic() + 300
+    while stage().get("inspect") in (None, "pending") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stage()["benchmark"] in ("pending", "running")  # started before its timing begins
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        job = wait_for_job(client, created["id"])
+    finally:
+        os.killpg(busy.pid, signal.SIGKILL)
+        busy.wait()
+    assert job["status"] == "done", job["error"]
+    conditions, machine = job["results"]["conditions"], job["results"]["machine"]
+    assert conditions["repeated"] and not conditions["first"]["quiet"], conditions
+    assert conditions["first"]["others_cores"] > 0.25
+    assert conditions["first"]["what"].startswith("other processes used")
+    flags = open("/proc/cpuinfo").read()
+    assert machine["cores"] == os.cpu_count() and ("model name" not in flags or machine["cpu"])
+    assert ("AVX2" in machine["instruction_sets"]) == (" avx2 " in flags)
+    page = client.get(f"/r/{created['id']}").get_data(as_text=True)
+    assert "timed again because the first timing was disturbed (other processes used" in page

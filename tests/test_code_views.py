@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 from webapp.catalog import code_file
-from webapp.codeviews import KEPT_FROM_BYTES, MODULE, code_view, filter_asm, highlighted, hot_loop, prerender
+from webapp.codeviews import (
+    KEPT_FROM_BYTES,
+    MODULE,
+    clear_rendered,
+    code_view,
+    filter_asm,
+    highlighted,
+    hot_loop,
+    prerender,
+)
 
 ASM = """\t.text
 \t.file\t"model"
@@ -70,7 +79,7 @@ def test_a_long_kernel_view_is_highlighted_once_and_kept_a_short_one_is_not(tmp_
     assert prerender(tmp_path, results) == 2  # the two kernels' assembly: the job has no other text
     kept = list((tmp_path / "rendered").glob("code-*.html"))
     assert len(kept) == 1  # the long one only
-    shown = code_view(tmp_path, results, "asm", "k_long")
+    shown = code_view(tmp_path, results, "asm", "k_long", keep=True)
     lines = filter_asm(long_asm)
     start, end = hot_loop(lines)
     assert (
@@ -79,8 +88,8 @@ def test_a_long_kernel_view_is_highlighted_once_and_kept_a_short_one_is_not(tmp_
         == highlighted(lines, "gas", True, tuple(range(start, end + 1)))
     )
     kept[0].write_text("kept")  # read from there, not highlighted again
-    assert str(code_view(tmp_path, results, "asm", "k_long")["html"]) == "kept"
-    assert "kept" not in str(code_view(tmp_path, results, "asm", "k_long", asm_all=True)["html"])
+    assert str(code_view(tmp_path, results, "asm", "k_long", keep=True)["html"]) == "kept"
+    assert "kept" not in str(code_view(tmp_path, results, "asm", "k_long", asm_all=True, keep=True)["html"])
 
 
 def test_the_whole_module_shows_its_first_100_kb_and_a_kernel_up_to_400_kb(tmp_path):
@@ -94,3 +103,30 @@ def test_the_whole_module_shows_its_first_100_kb_and_a_kernel_up_to_400_kb(tmp_p
     assert whole["truncated"] and whole["shown_kb"] == 100 and whole["download"] == "module.ll"
     kernel = code_view(tmp_path, results, "llvm", "k")
     assert not kernel["truncated"] and str(kernel["html"]).count('class="line"') == module.count("\n")
+
+
+def test_what_the_sandbox_left_in_rendered_is_never_shown(tmp_path):
+    """The sandbox writes in the job folder, and a kernel view's kept name is a hash of its text: a
+    hostile pipeline could plant a page under that name. The worker clears rendered/ when the sandbox
+    ends (clear_rendered), and a running job's views are never read from there."""
+    long_asm = ASM.replace(".LBB0_2:\n", ".LBB0_2:\n" + "\tvaddps\t%zmm1, %zmm2, %zmm3\n" * 800)
+    results = {"kernels": [{"name": "k"}]}
+    (tmp_path / code_file("asm", "k")).parent.mkdir(parents=True)
+    (tmp_path / code_file("asm", "k")).write_text(long_asm)
+    prerender(tmp_path, results)
+    [name] = [p.name for p in (tmp_path / "rendered").glob("code-*.html")]
+    (tmp_path / "rendered" / name).write_text("<script>planted</script>")
+    assert "planted" not in str(code_view(tmp_path, results, "asm", "k")["html"])  # running: not read
+    clear_rendered(tmp_path)
+    assert not (tmp_path / "rendered").exists()
+    assert "planted" not in str(code_view(tmp_path, results, "asm", "k", keep=True)["html"])
+    # a link out of the folder, or a file, where the folder should be: removed, what it points to kept
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    for planted in ("link", "file"):
+        rendered = tmp_path / "rendered"
+        clear_rendered(tmp_path)
+        rendered.symlink_to(elsewhere) if planted == "link" else rendered.write_text("x")
+        clear_rendered(tmp_path)
+        assert not rendered.exists() and not rendered.is_symlink() and elsewhere.is_dir()
+    assert not list(tmp_path.glob(".rendered*"))

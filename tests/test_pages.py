@@ -1314,3 +1314,22 @@ def test_queue_place_starting_and_skipped_stages_are_said_on_the_page(app, web):
     assert (
         'id="starting"' not in page and '<span class="detail skip-why">no tuning trials asked</span>' in page
     )
+
+
+def test_the_benchmark_names_the_cpu_and_says_how_busy_the_machine_was(app, web):
+    results = with_facts(crafted_results())
+    results["machine"] = {"cpu": "AMD EPYC 9B14", "instruction_sets": ["AVX2", "AVX-512", "AVX-512 VNNI"],
+                          "cores": 2, "governor": None}  # fmt: skip
+    first = {"quiet": False, "others_cores": 0.97, "steal_share": 0.0, "seconds": 1.2,
+             "what": "other processes used 0.97 cores on average"}  # fmt: skip
+    results["conditions"] = {"quiet": True, "others_cores": 0.04, "steal_share": 0.0, "seconds": 1.1,
+                             "what": "quiet", "repeated": True, "first": first}  # fmt: skip
+    page = web.get(f"/r/{write_job(app, results)}").get_data(as_text=True)
+    line = re.sub(
+        r"\s+", " ", re.sub(r"<[^>]+>", "", page.split('id="bench-conditions">')[1].split("</p>")[0])
+    )
+    assert line == (
+        "Measured on AMD EPYC 9B14 (AVX2, AVX-512, AVX-512 VNNI), 2 cores. While it timed: quiet (other "
+        "processes used 0.04 cores on average); timed again because the first timing was disturbed (other "
+        "processes used 0.97 cores on average)."
+    )

@@ -1,7 +1,9 @@
 """More than one machine: the web alone (`tvm-playground web`, gunicorn) and two workers, each named
 as a machine of its own (PLAYGROUND_HOST), sharing one data folder, a real Redis (the queue) and a
 real PostgreSQL (the store). They share the jobs; a worker whose machine is lost (its process group
-killed: no heartbeat any more) has its job retried by the other, while the web keeps answering."""
+killed: no heartbeat any more) has its job retried by the other, while the web keeps answering; a
+worker cut off from the store (a network partition) stops its job's sandbox before another takes
+the job over."""
 
 from __future__ import annotations
 
@@ -9,13 +11,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 
 import pytest
 
-from tests.servers import free_port, postgres_server, redis_server, stop, wait_until
+from tests.servers import CutProxy, free_port, postgres_server, redis_server, stop, wait_until
 from tests.test_supervision import Prober, get, gone_within, processes_of, submit, wait_finished
 from webapp.jobs.store import JobStore
+from webapp.jobs.worker import Heartbeat, recover_interrupted, run_job
+from webapp.options import JobOptions
+from webapp.sandbox import run_sandboxed
 
 
 def start(argv: list[str], env: dict, log_path) -> subprocess.Popen:
@@ -103,3 +110,60 @@ def test_two_workers_share_jobs_and_a_lost_ones_job_moves_to_the_other(cluster):
     errors = sum(s != 200 for s, _ in prober.samples)
     print(f"probes of /: {len(times)}, errors {errors}, max {times[-1] * 1000:.0f} ms")
     assert errors == 0 and times[-1] < 1.0
+
+
+def test_a_worker_cut_off_from_the_store_stops_its_sandbox_before_another_takes_its_job(
+    config, example_files
+):
+    """A network partition: machine-a's worker runs a job but can no longer reach the store. Before
+    machine-b may take the job over (lost_after_s of silence), machine-a kills the job's sandbox, so
+    two sandboxes never write one job folder; once the store answers again, machine-a records nothing
+    (the job is machine-b's, queued again)."""
+    with postgres_server() as database_url:
+        proxy = CutProxy(database_url)
+        a = replace(config, database_url=proxy.url, host="machine-a", heartbeat_s=0.5, lost_after_s=4.0)
+        b = replace(a, database_url=database_url, host="machine-b")
+        store = JobStore(config.data_dir, database_url)
+        job_id = "cut-off-from-the-store-1"
+        store.create(job_id, JobOptions.parse({"example": "cnn-small"}).to_json())
+        worker = threading.Thread(target=run_job, args=(a, job_id), daemon=True)
+        worker.start()
+        sandbox = wait_until(lambda: processes_of(store.job_dir(job_id)), 60, "machine-a's sandbox")
+        assert store.get(job_id)["worker"].startswith("machine-a:")
+        proxy.cut()
+        cut_at = time.monotonic()
+        queued = []
+        taken_at = None
+        while taken_at is None and time.monotonic() - cut_at < 20:  # machine-b's look-after loop
+            if recover_interrupted(b, queued.append):
+                taken_at = time.monotonic()
+            time.sleep(0.25)
+        assert queued == [job_id], "machine-b did not take the job over"
+        # machine-a's sandbox had ended by then (3.5 s of silence: lost_after_s - heartbeat_s)
+        assert all(gone_within(pid, 0.1) for pid in sandbox), "two sandboxes on one folder"
+        print(f"\ncut at 0 s; machine-b took the job over at {taken_at - cut_at:.1f} s")
+        proxy.restore()
+        worker.join(30)
+        assert not worker.is_alive()
+        job = store.get(job_id)
+        assert job["status"] == "queued" and job["attempts"] == 1 and job["error"] is None, job
+        proxy.close()
+
+
+def test_a_worker_whose_job_was_taken_over_kills_its_sandbox_at_once(config, tmp_path):
+    """The store answers, but the job is no longer this worker's: its next beat stops the sandbox."""
+    store = JobStore(tmp_path / "data")
+    job_id = "taken-over-while-running-1"
+    store.create(job_id, {})
+    assert store.claim(job_id, "machine-a:1")
+    job_dir = store.job_dir(job_id)
+    job_dir.mkdir(parents=True)
+    (job_dir / "script.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    with Heartbeat(store, job_id, "machine-a:1", every=0.2, give_up_s=60) as beat:
+        threading.Timer(1.0, store.take_over, (job_id, "machine-a:1", "machine-b:2")).start()
+        started = time.monotonic()
+        outcome = run_sandboxed(
+            job_dir, config, [sys.executable, str(job_dir / "script.py")], stop=beat.stopped
+        )
+    assert 1.0 < time.monotonic() - started < 4.0  # the next beat after the takeover, 0.2 s apart
+    assert outcome.limit.startswith("Another worker took this job over"), outcome

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -124,10 +126,12 @@ def highlighted(text: str, lexer_name: str, numbered: bool = False, marked: tupl
     return Markup(PLAIN_TOKEN.sub(r"\1", html))
 
 
-def kept_highlighted(job_dir: Path, text: str, lexer: str, numbered: bool, marked: tuple[int, ...]) -> Markup:
-    """highlighted(...), kept in the job's rendered/ folder when the text is long (made once for all
-    the web's processes, or beforehand by prerender)."""
-    if len(text) < KEPT_FROM_BYTES:
+def kept_highlighted(
+    job_dir: Path, text: str, lexer: str, numbered: bool, marked: tuple[int, ...], keep: bool
+) -> Markup:
+    """highlighted(...), kept in the job's rendered/ folder when the text is long and `keep` (the job
+    has ended): made once for all the web's processes, or beforehand by prerender."""
+    if not keep or len(text) < KEPT_FROM_BYTES:
         return highlighted(text, lexer, numbered, marked)
     made_by = json.dumps([HIGHLIGHT_VERSION, text, lexer, numbered, marked])
     name = f"code-{hashlib.sha1(made_by.encode()).hexdigest()[:24]}.html"
@@ -136,8 +140,23 @@ def kept_highlighted(job_dir: Path, text: str, lexer: str, numbered: bool, marke
 
 
 def rendered_file(job_dir: Path, name: str, make) -> bytes:
-    """The file `name` of the job's rendered/ folder, made by `make` the first time."""
+    """The file `name` of the job's rendered/ folder, made by `make` the first time. Only for a job
+    that has ended: the sandbox writes in the job folder while the job runs (see clear_rendered)."""
     return kept(job_dir / RENDERED / name, make, MAX_RENDERED)
+
+
+def clear_rendered(job_dir: Path) -> None:
+    """Removes whatever lies at the job's rendered/ (a cache: nothing is lost): the sandboxed pipeline
+    could have put pages there (named as the web would name them; a kernel view's name is a hash of
+    its text) or a link out of the folder. Moved first into a folder made here under a name of its
+    own (a rename needs nothing of what it moves, and cannot meet anything planted), then deleted.
+    The worker calls it before it records a job's end (webapp/jobs/worker.py: finish)."""
+    path = job_dir / RENDERED
+    if not path.is_symlink() and not path.exists():
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{RENDERED}-left-", dir=job_dir))
+    path.rename(aside / RENDERED)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def prerender(job_dir: Path, results: dict) -> int:
@@ -153,7 +172,9 @@ def prerender(job_dir: Path, results: dict) -> int:
             for view in views
             if view in KERNEL_VIEWS and (kernel != MODULE or view in whole_module(results))
         ]
-    return sum(code_view(job_dir, results, view, kernel)["html"] is not None for view, kernel in chosen)
+    return sum(
+        code_view(job_dir, results, view, kernel, keep=True)["html"] is not None for view, kernel in chosen
+    )
 
 
 LINE_ID = re.compile(r'<span id="L-\d+">')
@@ -222,10 +243,12 @@ def code_view(
     diff: bool = False,
     asm_all: bool = False,
     back: dict | None = None,
+    keep: bool = False,
 ) -> dict:
     """Everything the code panel needs for one selection. The assembly is filtered (filter_asm)
     unless `asm_all`, numbered, with its hot loop marked; `back` ({"graph", "node"}) is the graph
-    node the selection came from, for the link back."""
+    node the selection came from, for the link back; `keep`: the job has ended, so a long text's
+    highlighted HTML is read from (or kept in) its rendered/ folder."""
     views = available_views(results)
     if view not in views:
         view = "relax-imported"
@@ -279,7 +302,7 @@ def code_view(
         "truncated": truncated,
         "shown_kb": limit // 1000,
         "download": download,
-        "html": kept_highlighted(job_dir, text, lexer, numbered, marked) if text else None,
+        "html": kept_highlighted(job_dir, text, lexer, numbered, marked, keep) if text else None,
         "hot_loop": loop,
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,

@@ -48,12 +48,21 @@ class Config:
     # an identical job answers from an earlier one (PLAYGROUND_REUSE_RESULTS=0: never)
     reuse_results: bool = True
     # A running job's worker writes a heartbeat into the store; one silent for lost_after_s is given up
-    # for lost (its machine gone) and the job retried by another worker.
+    # for lost (its machine gone) and the job retried by another worker. A worker whose beats have not
+    # reached the store for lost_after_s - heartbeat_s stops its job's sandbox (at least 3 beats apart).
     host: str = field(default_factory=socket.gethostname)  # this machine's name in worker names
     heartbeat_s: float = 5.0
     lost_after_s: float = 60.0
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
+
+    def __post_init__(self) -> None:
+        if self.lost_after_s < 3 * self.heartbeat_s:
+            raise ValueError(
+                f"PLAYGROUND_LOST_AFTER_S ({self.lost_after_s:g}) must be at least 3 x "
+                f"PLAYGROUND_HEARTBEAT_S ({self.heartbeat_s:g}): a worker stops its job when no beat "
+                "reached the store for lost_after_s - heartbeat_s."
+            )
 
     @classmethod
     def from_env(cls, **overrides) -> Config:

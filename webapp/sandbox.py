@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,12 +222,17 @@ def describe_exit(returncode: int, config: Config, log_tail: str) -> str | None:
 
 
 def run_sandboxed(
-    job_dir: Path, config: Config, command: list[str] | None = None, network: bool = False
+    job_dir: Path,
+    config: Config,
+    command: list[str] | None = None,
+    network: bool = False,
+    stop: Callable[[], str | None] | None = None,
 ) -> Outcome:
     """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
     boards and never reads the user's model), and with it every loopback service and abstract Unix
-    socket of the host; the file system, users and limits are as jailed as the pipeline's."""
+    socket of the host; the file system, users and limits are as jailed as the pipeline's. `stop`, asked
+    every 0.2 s: a reason to kill the sandbox at once (the outcome's limit then), or None."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
@@ -242,6 +248,9 @@ def run_sandboxed(
         full, env = command, {**os.environ, **env}
     else:
         full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network)
+    why = stop() if stop is not None else None
+    if why:  # the job was lost before its sandbox started: it does not start
+        return Outcome(-1, why, 0.0)
     log_path = job_dir / "log.txt"
     started = time.monotonic()
     with open(log_path, "ab") as log:
@@ -254,16 +263,22 @@ def run_sandboxed(
             preexec_fn=set_limits(config, nproc),
             cwd=job_dir,
         )
-        try:
-            returncode = proc.wait(timeout=config.wall_limit_s)
-            wall_hit = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            returncode = proc.wait()
-            wall_hit = True
+        ended = None  # the limit that ended it, if one did
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.2 if stop else config.wall_limit_s)
+                break
+            except subprocess.TimeoutExpired:
+                ended = stop() if stop is not None else None
+                if not ended and time.monotonic() - started >= config.wall_limit_s:
+                    ended = f"Wall-clock limit reached ({config.wall_limit_s} s)."
+                if ended:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    returncode = proc.wait()
+                    break
     seconds = time.monotonic() - started
-    if wall_hit:
-        return Outcome(returncode, f"Wall-clock limit reached ({config.wall_limit_s} s).", seconds)
+    if ended:
+        return Outcome(returncode, ended, seconds)
     tail = tail_text(log_path)
     return Outcome(returncode, describe_exit(returncode, config, tail) if returncode else None, seconds)
 

@@ -115,7 +115,9 @@ class JobStore:
 
         conn = getattr(self.local, "conn", None)
         if conn is None or conn.closed:
-            conn = psycopg.connect(self.database_url, row_factory=dict_row, autocommit=True)
+            conn = psycopg.connect(
+                self.database_url, row_factory=dict_row, autocommit=True, connect_timeout=10
+            )
             self.local.conn = conn
         try:
             with conn.transaction(), conn.cursor() as cur:
@@ -200,17 +202,21 @@ class JobStore:
             worker,
         )
 
-    def mark_finished(self, job_id: str, error: dict | None, worker: str) -> bool:
+    def mark_finished(
+        self, job_id: str, error: dict | None, worker: str, started: float | None = None
+    ) -> bool:
         """Record a job's end, while `worker` still holds it (a worker given up for lost, whose job
-        runs elsewhere now, records nothing); False when nothing was recorded."""
+        runs elsewhere now, records nothing), in the attempt that began at `started` if given (a
+        worker's threads share its name); False when nothing was recorded."""
         return 1 == self.change(
             "UPDATE jobs SET status = ?, error = ?, finished = ?, heartbeat = NULL "
-            "WHERE id = ? AND status = 'running' AND worker = ?",
+            "WHERE id = ? AND status = 'running' AND worker = ?" + (" AND started = ?" if started else ""),
             "failed" if error else "done",
             json.dumps(error) if error else None,
             time.time(),
             job_id,
             worker,
+            *([started] if started else []),
         )
 
     def take_over(self, job_id: str, worker: str, me: str) -> bool:

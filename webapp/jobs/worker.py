@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
-from webapp.codeviews import prerender
+from webapp.codeviews import clear_rendered, prerender
 from webapp.config import Config
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
@@ -112,16 +113,43 @@ def run_job(config: Config, job_id: str) -> None:
     job, me = store.get(job_id), worker_name(config)
     if job is None or not store.claim(job_id, me):  # gone, or another worker's (a repeated message)
         return
-    job_dir = store.job_dir(job_id)
-    with Heartbeat(store, job_id, me, config.heartbeat_s):
+    job_dir, started = store.job_dir(job_id), store.get(job_id)["started"]
+    give_up_s = config.lost_after_s - config.heartbeat_s
+    with Heartbeat(store, job_id, me, config.heartbeat_s, give_up_s) as beat:
         try:
             prepare_job_folder(config, job_dir, job["options"])
         except Exception as exc:  # an example that cannot be built is our bug, not the user's
             error = {"stage": "import", "message": f"Could not prepare the job: {exc}"}
         else:
-            error = run_prepared_job(config, job_dir, job["options"]["target"])
-    store.mark_finished(job_id, error, me)
+            error = run_prepared_job(config, job_dir, job["options"]["target"], stop=beat.stopped)
+    why = beat.stopped()
+    if why:
+        give_up(store, job_id, me, started, why, config.heartbeat_s)
+        return
+    finish(store, job_id, error, me)
     threading.Thread(target=prerender_code_views, args=(job_dir,), daemon=True).start()
+
+
+def finish(store, job_id: str, error: dict | None, worker: str, started: float | None = None) -> bool:
+    """Records the job's end (while `worker` holds it, in the attempt that began at `started` if
+    given), once whatever the sandbox left at rendered/ is gone (webapp/codeviews.py: clear_rendered):
+    from then on the web keeps the pages it renders there."""
+    clear_rendered(store.job_dir(job_id))
+    return store.mark_finished(job_id, error, worker, started)
+
+
+def give_up(store, job_id: str, me: str, started: float, why: str, every: float) -> None:
+    """After a job's sandbox was stopped because the job is, or may be, no longer this worker's: once
+    the store answers, the attempt this worker began at `started` fails with `why` if it is still its
+    own (nothing else would end it: this worker's process lives); another's attempt is left alone."""
+    print(f"job {job_id} stopped here: {why}", file=sys.stderr, flush=True)
+    while True:
+        try:
+            finish(store, job_id, {"stage": "worker", "message": why}, me, started)
+            return
+        except Exception as exc:  # the store still away
+            print(f"job {job_id}: the store: {exc}", file=sys.stderr, flush=True)
+            time.sleep(every)
 
 
 def prerender_code_views(job_dir: Path) -> None:
@@ -139,19 +167,39 @@ def prerender_code_views(job_dir: Path) -> None:
 
 class Heartbeat(threading.Thread):
     """While a job runs, its worker's sign of life in the store every `every` seconds: a job whose
-    heartbeat stops (its machine lost) is retried by another worker (recover_interrupted)."""
+    heartbeat stops (its machine lost) is retried by another worker (recover_interrupted). `stopped()`
+    says why the job's sandbox must stop at once: the job is no longer this worker's (another took it
+    over), or may soon not be (no beat has reached the store for `give_up_s`, less than the silence
+    after which other workers take a job over; a beat may fail or hang)."""
 
-    def __init__(self, store, job_id: str, worker: str, every: float):
+    def __init__(self, store, job_id: str, worker: str, every: float, give_up_s: float):
         super().__init__(daemon=True, name=f"heartbeat {job_id}")
         self.store, self.job_id, self.worker, self.every = store, job_id, worker, every
+        self.give_up_s, self.last_beat, self.taken = give_up_s, time.monotonic(), False
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(self.every):
+            sent = time.monotonic()  # the store stamps the beat no earlier than this
             try:
-                self.store.beat(self.job_id, self.worker)
+                self.taken = not self.store.beat(self.job_id, self.worker)
             except Exception as exc:  # the database away for a moment: the next beat tries again
                 print(f"heartbeat of {self.job_id}: {exc}", file=sys.stderr, flush=True)
+                continue
+            if self.taken:
+                return
+            self.last_beat = sent
+
+    def stopped(self) -> str | None:
+        if self.taken:
+            return "Another worker took this job over (this one had been out of touch with the job store)."
+        silent = time.monotonic() - self.last_beat
+        if silent > self.give_up_s:
+            return (
+                f"This worker could not reach the job store for {silent:.0f} s, so another worker may "
+                "take the job over: its run here was stopped."
+            )
+        return None
 
     def __enter__(self):
         self.start()
@@ -161,24 +209,32 @@ class Heartbeat(threading.Thread):
         self.done.set()
 
 
-def run_prepared_job(config: Config, job_dir: Path, target: str) -> dict | None:
+def run_prepared_job(
+    config: Config, job_dir: Path, target: str, stop: Callable[[], str | None] | None = None
+) -> dict | None:
     """The sandboxed pipeline on a prepared job folder, its tuning records merged into the shared
-    database (what it tuned counts even if it failed); returns the error, or None when it succeeded."""
-    outcome = run_sandboxed(job_dir, config)
+    database (what it tuned counts even if it failed); returns the error, or None when it succeeded.
+    When `stop` gives a reason, the sandbox is killed and the folder left as it is (another worker's
+    now): returns None then (the caller asks `stop` again)."""
+    outcome = run_sandboxed(job_dir, config, stop=stop)
+    if stop is not None and stop():
+        return None
     merge_back(config, target, job_dir / "tuning")
     if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
-        outcome = run_remote_stage(config, job_dir, targets.get(target).board)
+        outcome = run_remote_stage(config, job_dir, targets.get(target).board, stop)
+        if stop is not None and stop():
+            return None
     return close_progress(job_dir, outcome.returncode, outcome.limit)
 
 
-def run_remote_stage(config: Config, job_dir: Path, key: str):
+def run_remote_stage(config: Config, job_dir: Path, key: str, stop: Callable[[], str | None] | None = None):
     """The remote stage (webapp/pipeline/stages/remote.py) on a job the pipeline prepared for a board of
     `key`: in a sandbox of its own that may reach the device pool, and reads no model, only built
     libraries. What it must trust comes from here, on its command line."""
     wait_s = board_wait_s(config, key)
     command = [sys.executable, "-m", "webapp.pipeline.stages.remote", str(job_dir), config.tracker, key]
     command += [str(wait_s), str(config.bench_budget_s)]  # as remote.Remote.from_argv reads them
-    return run_sandboxed(job_dir, config, command, network=True)
+    return run_sandboxed(job_dir, config, command, network=True, stop=stop)
 
 
 def board_wait_s(config: Config, key: str) -> float:
@@ -198,6 +254,7 @@ def board_wait_s(config: Config, key: str) -> float:
 
 RETRIED = "retried after the worker stopped"
 PIPELINE_OUTPUTS = (
+    "rendered",
     "progress.json",
     "result.json",
     "log.txt",
@@ -230,7 +287,7 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
                 "The worker stopped while this job was running, twice (it was retried once): the job "
                 "may be what stops it. Submit it again, or with other options."
             )
-            store.mark_finished(job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
+            finish(store, job_id, close_progress(store.job_dir(job_id), -1, message), job["worker"])
             continue
         if retry(store, job_id, job["worker"], RETRIED, worker_name(config)):
             enqueue(job_id)

@@ -281,6 +281,7 @@ def requested_code_view(job: dict) -> dict:
         args.get("diff") == "1",
         args.get("asm_all") == "1",
         {"graph": args.get("graph", "fused"), "node": args.get("node", "")},
+        keep=job["status"] in FINISHED,
     )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
+from webapp.pipeline.stages.conditions import Watch, machine
 from webapp.pipeline.stages.importers import TensorSpec
 
 
@@ -71,6 +72,20 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
                     break
         report((done + 1) / rounds)
     return {key: summarize(ts) for key, ts in times.items()}
+
+
+def measure_watched(runs: dict, budget_s: float, report) -> tuple[dict, dict]:
+    """measure_interleaved, with how busy the machine was meanwhile (conditions.Watch); measured once
+    more when something else disturbed it (the second measurement is kept, with both conditions)."""
+    with Watch() as watch:
+        timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
+    conditions = watch.conditions()
+    if conditions["quiet"] is False:
+        with Watch() as again:
+            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
+        conditions = again.conditions() | {"repeated": True, "first": conditions}
+    report(1.0)
+    return timings, conditions
 
 
 def summarize(times_ms: list[float]) -> dict:
@@ -350,7 +365,7 @@ def benchmark(
             continue
         outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
         report(0.2 * (i + 1) / len(makers))
-    timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.2 + 0.8 * f))
+    timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
     rows = [
         {
             "runtime": runtime,
@@ -386,6 +401,8 @@ def benchmark(
         "fidelity": fid,
         "threads": threads,
         "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
+        "conditions": conditions,
+        "machine": machine(),
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }
