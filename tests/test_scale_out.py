@@ -125,7 +125,7 @@ def test_a_worker_cut_off_from_the_store_stops_its_sandbox_before_another_takes_
         b = replace(a, database_url=database_url, host="machine-b")
         store = JobStore(config.data_dir, database_url)
         job_id = "cut-off-from-the-store-1"
-        store.create(job_id, JobOptions.parse({"example": "cnn-small"}).to_json())
+        store.create(job_id, JobOptions.parse({}).to_json() | {"example": "cnn-small"})  # as submit stores it
         worker = threading.Thread(target=run_job, args=(a, job_id), daemon=True)
         worker.start()
         sandbox = wait_until(lambda: processes_of(store.job_dir(job_id)), 60, "machine-a's sandbox")
