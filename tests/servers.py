@@ -14,6 +14,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from webapp.devices.pool import pump
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -132,20 +134,7 @@ class CutProxy(threading.Thread):
                     continue
                 self.connections += [client, server]
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
-
-    def pipe(self, a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         with self.lock:

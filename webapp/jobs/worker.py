@@ -14,7 +14,7 @@ from pathlib import Path
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
-from webapp.codeviews import clear_rendered, prerender
+from webapp.codeviews import RENDERED, clear_rendered, prerender
 from webapp.config import Config
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
@@ -254,7 +254,7 @@ def board_wait_s(config: Config, key: str) -> float:
 
 RETRIED = "retried after the worker stopped"
 PIPELINE_OUTPUTS = (
-    "rendered",
+    RENDERED,
     "progress.json",
     "result.json",
     "log.txt",

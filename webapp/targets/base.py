@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -194,6 +195,18 @@ class LLVMCPU(Target):
         from tvm.support import cc
 
         executable.export_library(path, fcompile=cc.cross_compiler(self.cross_compiler))
+
+
+@cache
+def cpu_flags() -> set[str]:
+    """This server's CPU flags, from /proc/cpuinfo (x86's "flags", Arm's "Features"; no TVM in the web
+    process)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return set(line.partition(":")[2].split())
 
 
 def has_feature(tvm_target, feature: str) -> bool:

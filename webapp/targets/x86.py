@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
-from webapp.targets.base import LLVMCPU, has_feature
+from webapp.targets.base import LLVMCPU, cpu_flags, has_feature
 
 HOST_PRESET_VARIABLE = "PLAYGROUND_HOST_PRESET"
 
@@ -79,16 +77,6 @@ class X86(LLVMCPU):
             return self.name
         flags = cpu_flags() if self.spec.get("mcpu") == "host" else set(self.needs)
         return f"{self.name}-{vector_isa(flags)}"
-
-
-@cache
-def cpu_flags() -> set[str]:
-    """This server's CPU flags, from /proc/cpuinfo (no TVM in the web process)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
 
 
 def vector_isa(flags: set[str]) -> str:

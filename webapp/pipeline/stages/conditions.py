@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+from webapp.targets.base import cpu_flags
+
 # /proc/cpuinfo's flag names (x86 "flags", Arm "Features") -> how the page names them, in this order
 INSTRUCTION_SETS = {
     "avx2": "AVX2",
@@ -28,16 +30,16 @@ STEAL_SHARE = 0.05
 def machine() -> dict:
     """The CPU this ran on: model name, instruction sets, cores, frequency governor (None where the
     machine does not say)."""
-    model, flags = None, set()
+    model = None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = (part.strip() for part in line.partition(":"))
-            if key in ("model name", "Hardware") and model is None:
+            if key in ("model name", "Hardware"):
                 model = value
-            elif key in ("flags", "Features") and not flags:
-                flags = set(value.split())
+                break
     except OSError:
         pass
+    flags = cpu_flags()
     try:
         governor = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     except OSError:
