@@ -153,3 +153,48 @@ print("read:", open("input/model.onnx", "rb").read())
     assert "DID" not in log and log.count("denied") == 4, log
     assert "read: b'the upload'" in log
     assert (job_dir / "input" / "model.onnx").read_bytes() == b"the upload"
+
+
+def test_a_sandbox_stops_while_another_holds_the_timing_slot(config, tmp_path):
+    """webapp/timing_slot.py: one job times at a time. Job B ticks every 20 ms; job A takes the slot
+    for 2 s meanwhile. B's worker stops B's sandbox while A holds it (no tick inside A's hold, the
+    pause counted in B's outcome) and continues it after; A's own worker recognises its sandbox's
+    process (the slot's holder, seen across the sandbox's pid namespace) and never stops it."""
+    import json
+    import threading
+    import time
+
+    config = replace(config, timing_lock=tmp_path / "timing.lock")
+    ticker = """
+import time
+end = time.time() + 5
+with open("ticks.txt", "w") as f:
+    while time.time() < end:
+        f.write(f"{time.time()}\\n"); f.flush(); time.sleep(0.02)
+"""
+    holder = """
+import time
+from webapp import timing_slot
+time.sleep(1)
+with timing_slot.hold("benchmark"):
+    time.sleep(2)
+"""
+    outcomes = {}
+
+    def run(name, code):
+        outcomes[name] = run_script(config, tmp_path / name, code)
+
+    threads = [threading.Thread(target=run, args=args) for args in (("b", ticker), ("a", holder))]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join(60)
+    (a, a_dir, a_log), (b, b_dir, b_log) = outcomes["a"], outcomes["b"]
+    assert a.returncode == 0 and b.returncode == 0, (a_log, b_log)
+    (hold,) = [json.loads(line) for line in (a_dir / "timing-slot.jsonl").read_text().splitlines()]
+    assert hold["held"] and hold["end"] - hold["start"] >= 2
+    ticks = [float(t) for t in (b_dir / "ticks.txt").read_text().split()]
+    assert ticks[0] < hold["start"] and ticks[-1] > hold["end"], "B ran before and after A's hold"
+    assert not [t for t in ticks if hold["start"] <= t <= hold["end"]], "B ticked while A timed"
+    assert 2 <= b.paused_s < 3.5 and a.paused_s == 0, (a.paused_s, b.paused_s)

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.conftest import wait_for_job
 from tests.servers import CutProxy, free_port, postgres_server, redis_server, stop, wait_until
 from tests.test_supervision import Prober, get, gone_within, processes_of, submit, wait_finished
 from webapp.jobs.store import JobStore
@@ -167,3 +168,51 @@ def test_a_worker_whose_job_was_taken_over_kills_its_sandbox_at_once(config, tmp
         )
     assert 1.0 < time.monotonic() - started < 4.0  # the next beat after the takeover, 0.2 s apart
     assert outcome.limit.startswith("Another worker took this job over"), outcome
+
+
+def test_two_jobs_on_a_two_worker_server_time_one_at_a_time(config, example_files, tmp_path):
+    """The machine's timing slot (webapp/timing_slot.py) on a 2-worker server: two jobs submitted
+    together compile side by side, but their timing phases never overlap (the holds' timestamps in
+    their results). Meanwhile a third party (this test, as another job would) holds the slot for 3 s:
+    both jobs are stopped that long, finish correctly, and their pages say how long."""
+    import fcntl
+    import shutil
+
+    from tests.test_api import submit as submit_to
+    from webapp import create_app
+    from webapp.jobs.queue import JobQueue
+
+    cfg = replace(config, data_dir=tmp_path / "data")
+    shutil.copytree(example_files, cfg.examples_dir)
+    client = create_app(cfg).test_client()
+    consumer = JobQueue(cfg).consumer(workers=2)
+    consumer.start()
+    try:
+        ids = [submit_to(client, {"example": "cnn-small"}).get_json()["id"] for _ in range(2)]
+        wait_until(
+            lambda: all(get_job(client, i)["status"] == "running" for i in ids), 60, "both jobs running"
+        )
+        with open(cfg.timing_lock_path, "r+") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            time.sleep(3)
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+        jobs = [wait_for_job(client, i) for i in ids]
+    finally:
+        consumer.stop(graceful=True)
+    for job in jobs:
+        assert job["status"] == "done", job["error"]
+        assert 2.5 <= job["paused_s"] < 30, job["paused_s"]
+        assert {f["reference"] for f in job["results"]["fidelity"]} == {"onnxruntime", "pytorch"}
+        assert all(f["top1_agree"] == 1.0 for f in job["results"]["fidelity"])
+        html = client.get(f"/r/{job['id']}").get_data(as_text=True)
+        assert f"was stopped <strong>{job['paused_s']:.1f} s</strong> while other jobs timed" in html
+    first, second = ([(h["start"], h["end"]) for h in j["results"]["timing_slot"]["holds"]] for j in jobs)
+    assert {h["phase"] for j in jobs for h in j["results"]["timing_slot"]["holds"]} >= {
+        "benchmark",
+        "kernel profile",
+    }
+    assert not [(a, b) for a in first for b in second if a[0] < b[1] and b[0] < a[1]], (first, second)
+
+
+def get_job(client, job_id: str) -> dict:
+    return client.get(f"/api/jobs/{job_id}").get_json()

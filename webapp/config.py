@@ -55,6 +55,9 @@ class Config:
     lost_after_s: float = 60.0
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
+    # The machine's timing slot (webapp/timing_slot.py): one file for every server on one machine
+    # (default: timing.lock in the data folder, shared by its workers and device pool)
+    timing_lock: Path | None = None
 
     def __post_init__(self) -> None:
         if self.lost_after_s < 3 * self.heartbeat_s:
@@ -97,8 +100,15 @@ class Config:
             rootfs=Path(os.environ["PLAYGROUND_ROOTFS"]).resolve()
             if os.environ.get("PLAYGROUND_ROOTFS")
             else None,
+            timing_lock=Path(os.environ["PLAYGROUND_TIMING_LOCK"]).resolve()
+            if os.environ.get("PLAYGROUND_TIMING_LOCK")
+            else None,
         )
         return replace(c, **overrides)
+
+    @property
+    def timing_lock_path(self) -> Path:
+        return self.timing_lock or self.data_dir / "timing.lock"
 
     @property
     def jobs_dir(self) -> Path:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from webapp import timing_slot
 from webapp.config import Config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ class Outcome:
     returncode: int
     limit: str | None  # a message naming the limit that ended the run, if one did
     seconds: float
+    paused_s: float = 0.0  # stopped while other jobs timed (webapp/timing_slot.py)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -115,6 +117,7 @@ def bwrap_command(
     env: dict[str, str],
     command: list[str],
     network: bool = False,
+    timing_lock: Path | None = None,
 ) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for node in gpu_device_nodes():  # a job for a CUDA target runs and times its code on the GPU
@@ -139,6 +142,8 @@ def bwrap_command(
     args += mount_point(job_dir) + ["--bind", str(job_dir), str(job_dir)]
     if (job_dir / "input").is_dir():  # the inputs, uploads kept once and shared by jobs: read-only
         args += ["--ro-bind", str(job_dir / "input"), str(job_dir / "input")]
+    if timing_lock is not None:  # the machine's timing slot: a lock file, its contents meaningless
+        args += mount_point(timing_lock) + ["--bind", str(timing_lock), str(timing_lock)]
     # No user namespace as root: the process must stay a real uid for RLIMIT_NPROC to count.
     args += [
         "--unshare-ipc",
@@ -187,6 +192,7 @@ def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": threads,
         "MALLOC_ARENA_MAX": "2",  # each thread's arena reserves 64 MB of address space otherwise
         "PLAYGROUND_MEMORY_LIMIT_MB": str(config.memory_limit_mb),
+        timing_slot.ENV: str(config.timing_lock_path),
     } | {k: os.environ[k] for k in PASSED_THROUGH if os.environ.get(k)}
 
 
@@ -232,7 +238,9 @@ def run_sandboxed(
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
     boards and never reads the user's model), and with it every loopback service and abstract Unix
     socket of the host; the file system, users and limits are as jailed as the pipeline's. `stop`, asked
-    every 0.2 s: a reason to kill the sandbox at once (the outcome's limit then), or None."""
+    every 0.2 s: a reason to kill the sandbox at once (the outcome's limit then), or None. While
+    another job holds the machine's timing slot the sandbox is stopped (timing_slot.Pauser): that
+    time is the outcome's paused_s, and does not count towards the wall-clock limit."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
@@ -244,10 +252,11 @@ def run_sandboxed(
     else:
         nproc = user_process_count() + config.process_limit
     env = sandbox_env(config, job_dir)
+    lock = timing_slot.prepare(config.timing_lock_path)
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:
-        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network)
+        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network, lock)
     why = stop() if stop is not None else None
     if why:  # the job was lost before its sandbox started: it does not start
         return Outcome(-1, why, 0.0)
@@ -264,23 +273,29 @@ def run_sandboxed(
             cwd=job_dir,
         )
         ended = None  # the limit that ended it, if one did
+        pauser = timing_slot.Pauser(lock, proc.pid)
         while True:
             try:
-                returncode = proc.wait(timeout=0.2 if stop else config.wall_limit_s)
+                returncode = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
+                pauser.poll()
                 ended = stop() if stop is not None else None
-                if not ended and time.monotonic() - started >= config.wall_limit_s:
+                running_s = time.monotonic() - started - pauser.paused_s - pauser.stopped_s()
+                if not ended and running_s >= config.wall_limit_s:
                     ended = f"Wall-clock limit reached ({config.wall_limit_s} s)."
                 if ended:
                     os.killpg(proc.pid, signal.SIGKILL)
+                    pauser.close()  # bwrap's child dies with it, stopped or not
                     returncode = proc.wait()
                     break
-    seconds = time.monotonic() - started
+        pauser.close()
+    seconds, paused = time.monotonic() - started, round(pauser.paused_s, 3)
     if ended:
-        return Outcome(returncode, ended, seconds)
+        return Outcome(returncode, ended, seconds, paused)
     tail = tail_text(log_path)
-    return Outcome(returncode, describe_exit(returncode, config, tail) if returncode else None, seconds)
+    limit = describe_exit(returncode, config, tail) if returncode else None
+    return Outcome(returncode, limit, seconds, paused)
 
 
 def tail_text(path: Path, size: int = 8192) -> str:

@@ -349,6 +349,8 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
         "note": job["note"],  # e.g. "retried after the worker stopped"
         "expired": job["expired"],  # {"at", "reason", "files"} once the retention policy removed artifacts
         "queue": queue,  # a queued job's place, and when it may start (queue_estimate)
+        # stopped while other jobs held the machine's timing slot (the worker's own record)
+        "paused_s": paused if isinstance(paused := progress.get("paused_s"), (int, float)) else None,
         "results": read_untrusted_json(job_dir / "result.json") or {},
         "url": f"{url_root}/r/{job_id}",
         "api_url": f"{url_root}/api/jobs/{job_id}",

@@ -80,20 +80,23 @@ def finished_failing(stage: dict) -> bool:
     return stage.get("status") == "failed" and isinstance(stage.get("error"), str)
 
 
-def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | None:
+def close_progress(job_dir: Path, returncode: int, limit: str | None, paused_s: float = 0.0) -> dict | None:
     """After the sandbox exits: None if every stage is done, else the error to record, on the stage
-    that failed. A limit that ended the run is named in preference to what the pipeline said."""
+    that failed. A limit that ended the run is named in preference to what the pipeline said.
+    `paused_s`: how long the job's sandboxes were stopped while other jobs timed, kept in progress.json."""
     progress = read_untrusted_json(job_dir / "progress.json")
     if not isinstance(progress, dict) or not isinstance(progress.get("stages"), list):
         progress = {"stages": [{"name": s, "status": "pending"} for s in STAGES]}
     stages = [s for s in progress["stages"] if isinstance(s, dict)]
     recorded = progress.get("error") if isinstance(progress.get("error"), dict) else None
+    paused = {"paused_s": round(paused_s, 1)}  # written by the worker, over whatever the sandbox wrote
     if (
         returncode == 0
         and not limit
         and not recorded
         and all(s.get("status") in ("done", "skipped") or finished_failing(s) for s in stages)
     ):
+        write_json_atomic(job_dir / "progress.json", {**progress, **paused})
         return None
     unfinished = [s for s in stages if s.get("status") not in ("done", "skipped") and not finished_failing(s)]
     stage = (recorded or {}).get("stage") or (unfinished[0]["name"] if unfinished else STAGES[-1])
@@ -104,7 +107,7 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None) -> dict | 
         if s.get("status") == "running" or s.get("name") == stage:
             s["status"] = "failed"
     error = {"stage": str(stage), "message": str(message)[:4000]}
-    write_json_atomic(job_dir / "progress.json", {"stages": stages, "error": error})
+    write_json_atomic(job_dir / "progress.json", {"stages": stages, "error": error, **paused})
     return error
 
 
@@ -220,11 +223,13 @@ def run_prepared_job(
     if stop is not None and stop():
         return None
     merge_back(config, target, job_dir / "tuning")
+    paused = outcome.paused_s
     if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
         outcome = run_remote_stage(config, job_dir, targets.get(target).board, stop)
         if stop is not None and stop():
             return None
-    return close_progress(job_dir, outcome.returncode, outcome.limit)
+        paused += outcome.paused_s
+    return close_progress(job_dir, outcome.returncode, outcome.limit, paused)
 
 
 def run_remote_stage(config: Config, job_dir: Path, key: str, stop: Callable[[], str | None] | None = None):

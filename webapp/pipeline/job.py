@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from webapp import timing_slot
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
 from webapp.pipeline.errors import error_message
@@ -57,6 +58,9 @@ class Results:
 
     def save(self, **update) -> None:
         self.data.update(update)
+        slot = timing_slot.summary(self.job_dir)  # the machine's timing slot: this job's waits for it
+        if slot:
+            self.data["timing_slot"] = slot
         files = self.job_dir / "files"
         self.data["files"] = sorted(p.name for p in files.iterdir() if p.is_file()) if files.is_dir() else []
         self.data.update(facts.derive(self.data))

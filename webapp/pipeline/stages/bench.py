@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from webapp import timing_slot
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.conditions import Watch, machine
@@ -76,14 +77,16 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
 
 def measure_watched(runs: dict, budget_s: float, report) -> tuple[dict, dict]:
     """measure_interleaved, with how busy the machine was meanwhile (conditions.Watch); measured once
-    more when something else disturbed it (the second measurement is kept, with both conditions)."""
-    with Watch() as watch:
-        timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
-    conditions = watch.conditions()
-    if conditions["quiet"] is False:
-        with Watch() as again:
-            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
-        conditions = again.conditions() | {"repeated": True, "first": conditions}
+    more when something else disturbed it (the second measurement is kept, with both conditions). With
+    the machine's timing slot held: other jobs stopped meanwhile."""
+    with timing_slot.hold("benchmark"):
+        with Watch() as watch:
+            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
+        conditions = watch.conditions()
+        if conditions["quiet"] is False:
+            with Watch() as again:
+                timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
+            conditions = again.conditions() | {"repeated": True, "first": conditions}
     report(1.0)
     return timings, conditions
 
@@ -150,36 +153,37 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
     dev = dev or host().device()
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
-    plain = relax.VirtualMachine(executable, dev)
-    plain.set_input("main", *args)
-    plain["invoke_stateful"]("main")  # warm-up
-    timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
-    run_ms = float(np.median(timer("main").results)) * 1e3
+    with timing_slot.hold("kernel profile"):
+        plain = relax.VirtualMachine(executable, dev)
+        plain.set_input("main", *args)
+        plain["invoke_stateful"]("main")  # warm-up
+        timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
+        run_ms = float(np.median(timer("main").results)) * 1e3
 
-    vm = relax.VirtualMachine(executable, dev)
-    seconds: dict[str, float] = {}
-    calls: dict[str, int] = {}
-    started: dict[str, float] = {}
+        vm = relax.VirtualMachine(executable, dev)
+        seconds: dict[str, float] = {}
+        calls: dict[str, int] = {}
+        started: dict[str, float] = {}
 
-    def hook(func, symbol, before_run, ret_value, *call_args):
-        if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
-            if not on_host:
-                dev.sync()  # a GPU kernel ends when the device is done
-            if before_run:
-                started[symbol] = time.perf_counter()
-            elif symbol in started:
-                seconds[symbol] = seconds.get(symbol, 0.0) + time.perf_counter() - started.pop(symbol)
-                calls[symbol] = calls.get(symbol, 0) + 1
-        return relax.VMInstrumentReturnKind.NO_OP
+        def hook(func, symbol, before_run, ret_value, *call_args):
+            if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
+                if not on_host:
+                    dev.sync()  # a GPU kernel ends when the device is done
+                if before_run:
+                    started[symbol] = time.perf_counter()
+                elif symbol in started:
+                    seconds[symbol] = seconds.get(symbol, 0.0) + time.perf_counter() - started.pop(symbol)
+                    calls[symbol] = calls.get(symbol, 0) + 1
+            return relax.VMInstrumentReturnKind.NO_OP
 
-    vm["main"](*args)  # warm-up, untimed
-    vm.set_instrument(hook)
-    per_run: dict[str, list[float]] = {}
-    for _ in range(runs):
-        seconds.clear()
-        vm["main"](*args)
-        for name, t in seconds.items():
-            per_run.setdefault(name, []).append(t)
+        vm["main"](*args)  # warm-up, untimed
+        vm.set_instrument(hook)
+        per_run: dict[str, list[float]] = {}
+        for _ in range(runs):
+            seconds.clear()
+            vm["main"](*args)
+            for name, t in seconds.items():
+                per_run.setdefault(name, []).append(t)
     # each kernel's median over the runs: a run another process interrupted does not count
     ms = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
     total = sum(ms.values()) or 1.0
@@ -522,15 +526,16 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
     results = benchmark(
         executables, inputs, model.outputs, job.references, device, budget, report, dev, reference
     )
-    results["profiles"] = [  # `shown`: the build whose kernels the page lists (model.so)
-        {
-            "variant": variant,
-            "tuned": tuned,
-            "shown": (variant, tuned) == shown,
-            **with_benchmark_ms(profile_or_why(ex, inputs, dev), results["benchmarks"], variant, tuned),
-        }
-        for (variant, tuned), ex in sorted(executables.items())
-    ]
+    with timing_slot.hold("kernel profile"):  # one hold for every build's profile
+        results["profiles"] = [  # `shown`: the build whose kernels the page lists (model.so)
+            {
+                "variant": variant,
+                "tuned": tuned,
+                "shown": (variant, tuned) == shown,
+                **with_benchmark_ms(profile_or_why(ex, inputs, dev), results["benchmarks"], variant, tuned),
+            }
+            for (variant, tuned), ex in sorted(executables.items())
+        ]
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
@@ -574,4 +579,6 @@ def time_models(executables: dict, inputs: dict, dev, budget_s: float = MODEL_CH
     runs = {name: tvm_runner(exe, inputs, dev) for name, exe in executables.items()}
     for run in runs.values():
         run()
-    return {name: t["median_ms"] for name, t in measure_interleaved(runs, budget_s).items()}
+    with timing_slot.hold("builds compared"):
+        timed = measure_interleaved(runs, budget_s)
+    return {name: t["median_ms"] for name, t in timed.items()}

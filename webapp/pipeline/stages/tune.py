@@ -21,6 +21,7 @@ from tvm import s_tir
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from webapp import timing_slot
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages.inspect import kernel_flop
@@ -92,6 +93,19 @@ def readable(record: str, workloads: list[str], scratch: Path) -> bool:
         return True
     except Exception:
         return False
+
+
+@derived_object
+class InTimingSlot(ms.runner.PyRunner):
+    """A runner that measures each batch of candidates with the machine's timing slot held
+    (webapp/timing_slot.py): the builds go on beside other jobs, the measurements do not."""
+
+    def __init__(self, inner: ms.runner.Runner):
+        self.inner = inner
+
+    def run(self, runner_inputs):
+        with timing_slot.hold("tuning"):
+            return self.inner.run(runner_inputs)
 
 
 @derived_object
@@ -269,11 +283,13 @@ def tune(
                 max_trials_global=trials,
                 num_trials_per_iter=min(16, max(2, trials // max(1, len(tasks)))),
                 builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=120, f_build=fast_build),
-                runner=ms.runner.LocalRunner(
-                    timeout_sec=60,
-                    evaluator_config=ms.runner.EvaluatorConfig(
-                        number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False
-                    ),
+                runner=InTimingSlot(
+                    ms.runner.LocalRunner(
+                        timeout_sec=60,
+                        evaluator_config=ms.runner.EvaluatorConfig(
+                            number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False
+                        ),
+                    )
                 ),
                 database=db,
                 cost_model="xgb",
