@@ -88,6 +88,8 @@ def test_fp32_job_on_rpi4_runs_on_its_emulated_board_and_matches_the_host(pool, 
     assert set(by_reference) == {"onnxruntime", "pytorch"}
     assert all(f["max_abs_err"] < 1e-4 and f["cosine"] > 0.9999 for f in by_reference.values())
     assert result["instructions"].get("fmla", 0) > 0  # NEON float code
+    # the emulated board's QEMU runs on this machine's cores: its runs held the machine's timing slot
+    assert [h["phase"] for h in result["timing_slot"]["holds"]] == ["board"]
     library = (tmp_path / "job" / "files" / "model.so").read_bytes()
     assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
 
