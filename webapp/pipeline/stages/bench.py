@@ -57,13 +57,16 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
     after a pause in which the other runtimes' thread pools stop spinning, and lasts a fraction of a
     second, not a count of calls (measured here on cnn-small, TVM / ONNX Runtime in one process:
     slices of 40 calls 88 / 38 us; 0.5 s slices without the pause 77 / 53; with it 45 / 38, the
-    figures each gives alone). Returns {key: summarize(...)}."""
+    figures each gives alone). Returns {key: summarize(...)}, with each fn's `spread`: how far apart
+    its rounds' medians lie, (largest - smallest) / the median of all its runs."""
     times: dict = {key: [] for key in runs}
+    medians: dict = {key: [] for key in runs}  # of each round
     for done in range(rounds):
         for key, fn in runs.items():
             time.sleep(SETTLE_S)  # the other runtimes' idle threads stop spinning and go to sleep
             fn()  # the warm-up of this slice
             end = time.perf_counter() + budget_s / rounds
+            first = len(times[key])
             while True:
                 t0 = time.perf_counter()
                 fn()
@@ -71,8 +74,12 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
                 times[key].append((t1 - t0) * 1e3)
                 if t1 >= end:
                     break
+            medians[key].append(float(np.median(times[key][first:])))
         report((done + 1) / rounds)
-    return {key: summarize(ts) for key, ts in times.items()}
+    out = {key: summarize(ts) for key, ts in times.items()}
+    for key, summary in out.items():
+        summary["spread"] = round((max(medians[key]) - min(medians[key])) / summary["median_ms"], 4)
+    return out
 
 
 def measure_watched(runs: dict, budget_s: float, report) -> tuple[dict, dict]:
