@@ -374,12 +374,27 @@ def benchmark_table(result: dict) -> str:
         + (f", at CPU priority nice {result['nice']}" if result.get("nice") else "")
         + "):",
         f"  {'runtime':<12} {'variant':<8} {'tuned':<6} {'median ms':>10} {'p90 ms':>10} {'runs':>5} "
-        f"{'vs fastest':>10}",
+        f"{'spread':>7} {'vs fastest':>10}",
     ]
     for r in rows:
+        spread = "-" if r.get("spread") is None else f"{100 * r['spread']:.1f}%"
         lines.append(
             f"  {r['runtime']:<12} {r['variant']:<8} {'yes' if r['tuned'] else 'no':<6} "
-            f"{r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} {r['runs']:>5} {r['median_ms'] / fastest:>9.1f}x"
+            f"{r['median_ms']:>10.3f} {r['p90_ms']:>10.3f} {r['runs']:>5} {spread:>7} "
+            f"{r['median_ms'] / fastest:>9.1f}x"
+        )
+    machine, conditions, slot = result.get("machine"), result.get("conditions"), result.get("timing_slot")
+    if machine:
+        sets = ", ".join(machine["instruction_sets"])
+        lines.append(f"  measured on {machine['cpu']} ({sets}), {machine['cores']} cores")
+    if conditions:
+        again = f"; timed again, the first timing was disturbed: {conditions['first']['what']}"
+        lines.append(
+            f"  while it timed: {conditions['what']}" + (again if conditions.get("repeated") else "")
+        )
+    if slot and slot["waited_s"] >= 0.1:
+        lines.append(
+            f"  waited {slot['waited_s']:.1f} s for the machine's timing slot (another job was timing)"
         )
     tuning = result.get("tuning")
     if tuning:

@@ -26,6 +26,25 @@ def bench_threads() -> int:
     return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
 
 
+def free_cores(threads: int, window_s: float = 0.5) -> int:
+    """Of `threads`, how many to use now: the cores no other process keeps busy (the others' CPU use
+    over window_s, rounded to whole cores, taken from all cores), at least 1."""
+    with Watch() as watch:
+        time.sleep(window_s)
+    busy = round(watch.conditions()["others_cores"] or 0)
+    return max(1, min(threads, (os.cpu_count() or 1) - busy))
+
+
+def set_tvm_threads(threads: int) -> None:
+    """TVM's thread pool to `threads` threads from here on, each free to run on any core, as at its
+    start: told a count, TVM pins its threads to cores unless TVM_BIND_THREADS=0 (the main thread to
+    core 0 with one thread), and a thread pinned to a busy core cannot leave it."""
+    import tvm
+
+    os.environ["TVM_BIND_THREADS"] = "0"
+    tvm.get_global_func("runtime.config_threadpool")(1, threads)
+
+
 def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs of the model's shapes and dtypes, the same for every runtime; an integer input
     holds the values its use in the model allows (TensorSpec.values: ids below the table's rows, a
@@ -84,16 +103,14 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
 
 def measure_watched(runs: dict, budget_s: float, report) -> tuple[dict, dict]:
     """measure_interleaved, with how busy the machine was meanwhile (conditions.Watch); measured once
-    more when something else disturbed it (the second measurement is kept, with both conditions). With
-    the machine's timing slot held: other jobs stopped meanwhile."""
-    with timing_slot.hold("benchmark"):
-        with Watch() as watch:
-            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
-        conditions = watch.conditions()
-        if conditions["quiet"] is False:
-            with Watch() as again:
-                timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
-            conditions = again.conditions() | {"repeated": True, "first": conditions}
+    more when something else disturbed it (the second measurement is kept, with both conditions)."""
+    with Watch() as watch:
+        timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
+    conditions = watch.conditions()
+    if conditions["quiet"] is False:
+        with Watch() as again:
+            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
+        conditions = again.conditions() | {"repeated": True, "first": conditions}
     report(1.0)
     return timings, conditions
 
@@ -343,40 +360,48 @@ def benchmark(
     references run the uploaded model (`reference_variant`: "int8" for a pre-quantized one); a
     quantized variant is also compared with TVM's fp32. With a CUDA `dev` the references run on the
     GPU where their runtime can (PyTorch with CUDA, ONNX Runtime's CUDA provider), and every build
-    is also checked against ONNX Runtime (or PyTorch) on the CPU."""
-    threads = bench_threads()
-    classifier = is_classifier(outputs)
-    on_cuda = reference_cuda(dev)
-    host_name = cpu_name()
-    makers = {
-        ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
-        for (variant, tuned), ex in sorted(executables.items())
-    }
-    if "pytorch" in references:
-        makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(
-            references["pytorch"], inputs, threads, on_cuda["pytorch"]
-        )
-    if "onnxruntime" in references:
-        makers[("onnxruntime", reference_variant, False)] = lambda: onnxruntime_runner(
-            references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
-        )
+    is also checked against ONNX Runtime (or PyTorch) on the CPU. It holds the machine's timing slot
+    (webapp/timing_slot.py); where other processes still keep cores busy then, every runtime runs on
+    the cores left (`fewer_threads`; benchmarks/contention.py measures why: a thread of a static
+    split that shares its core with another process holds up the whole kernel)."""
+    # the machine's timing slot from the runtimes' loading on: the cores counted free are free of our jobs
+    with timing_slot.hold("benchmark"):
+        classifier = is_classifier(outputs)
+        on_cuda = reference_cuda(dev)
+        host_name = cpu_name()
+        threads = all_threads = bench_threads()
+        threads = free_cores(all_threads)  # cores other processes keep busy: every runtime leaves them
+        if threads < all_threads:
+            set_tvm_threads(threads)
+        makers = {
+            ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
+            for (variant, tuned), ex in sorted(executables.items())
+        }
+        if "pytorch" in references:
+            makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(
+                references["pytorch"], inputs, threads, on_cuda["pytorch"]
+            )
+        if "onnxruntime" in references:
+            makers[("onnxruntime", reference_variant, False)] = lambda: onnxruntime_runner(
+                references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
+            )
 
-    runs, outs, unavailable = {}, {}, []
-    for i, (key, make) in enumerate(makers.items()):
-        runtime = key[0]
-        try:
-            runs[key] = make()
-            out = runs[key]()
-        except Exception as exc:
-            if runtime == "tvm":
-                raise
-            # A reference runtime that cannot run the model is reported, not fatal.
-            unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
-            runs.pop(key, None)
-            continue
-        outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
-        report(0.2 * (i + 1) / len(makers))
-    timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
+        runs, outs, unavailable = {}, {}, []
+        for i, (key, make) in enumerate(makers.items()):
+            runtime = key[0]
+            try:
+                runs[key] = make()
+                out = runs[key]()
+            except Exception as exc:
+                if runtime == "tvm":
+                    raise
+                # A reference runtime that cannot run the model is reported, not fatal.
+                unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+                runs.pop(key, None)
+                continue
+            outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+            report(0.2 * (i + 1) / len(makers))
+        timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
     rows = [
         {
             "runtime": runtime,
@@ -413,6 +438,10 @@ def benchmark(
         "threads": threads,
         "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
         "conditions": conditions,
+        # fewer threads than configured, every runtime alike, where other processes kept cores busy
+        "fewer_threads": {"threads": threads, "of": all_threads, "busy_cores": all_threads - threads}
+        if threads < all_threads
+        else None,
         "machine": machine(),
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
