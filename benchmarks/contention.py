@@ -103,10 +103,9 @@ def scenario(paths: dict, name: str, budget_s: float) -> dict:
             start_new_session=True,
         )
     try:
-        code = (
-            "import json, sys; sys.path.insert(0, 'benchmarks'); from contention import time_here; "
-            f"print(json.dumps(time_here(json.loads(sys.argv[1]), {0 if threads else cores}, {budget_s}, {nice})))"
-        )
+        call = f"time_here(json.loads(sys.argv[1]), {0 if threads else cores}, {budget_s}, {nice})"
+        code = "import json, sys; sys.path.insert(0, 'benchmarks'); from contention import time_here; "
+        code += f"print(json.dumps({call}))"
         out = subprocess.run(
             [sys.executable, "-c", code, json.dumps(paths)],
             env={**os.environ, "TVM_NUM_THREADS": str(cores), **env},
