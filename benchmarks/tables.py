@@ -2,8 +2,8 @@
 
 Each benchmark script with --record appends its run there (benchmarks/record.py). This script renders
 each file into the doc's block between `<!-- results:NAME -->` and `<!-- /results:NAME -->` (NAME:
-cpu_models, quantized, decode, pi, job_time), so the doc's figures are the recorded ones and no copy
-goes stale.
+cpu_models, quantized, decode, pi, job_time, contention, repeat), so the doc's figures are the recorded
+ones and no copy goes stale.
 
 A table is from the latest runs: those at the newest run's commit, CPU and thread count (and target,
 for the scripts that take one). Its figures are medians across those runs of each run's figure, its
@@ -34,6 +34,8 @@ COMMANDS = {
     "decode": "PYTHONPATH=. .venv/bin/python benchmarks/decode.py --record",
     "pi": ".venv/bin/python benchmarks/pi.py --record",
     "job_time": "PYTHONPATH=. .venv/bin/python benchmarks/job_time.py --runs 3 --record",
+    "contention": "PYTHONPATH=. .venv/bin/python benchmarks/contention.py --record",
+    "repeat": "PYTHONPATH=. .venv/bin/python benchmarks/repeat.py --record",
 }
 
 
@@ -462,12 +464,72 @@ def render_job_time(runs: list[dict]) -> str:
     return text + history(earlier, models, model_name, whole, "whole job, seconds")
 
 
+# ---------------------------------------------------------------- contention.py
+
+
+def render_contention(runs: list[dict]) -> str:
+    latest, *earlier = groups(runs)
+    rows = [r for run in latest for r in run.get("rows", [])]
+    keys = ("tvm fp32", "ort fp32", "tvm int8", "ort int8")
+    out = []
+    for model in names(rows):
+        for scenario in names((r for r in rows if r["model"] == model), "scenario"):
+            mine = [r for r in rows if r["model"] == model and r["scenario"] == scenario]
+            out.append(
+                [
+                    model,
+                    scenario,
+                    listed(r["threads"] for r in mine),
+                    f"{med(r['others_cores'] for r in mine):.2f}",
+                    *(ms(med(r["ms"][k] for r in mine)) for k in keys),
+                    times(med(r["ms"]["tvm fp32"] / r["ms"]["ort fp32"] for r in mine)),
+                    times(med(r["ms"]["tvm int8"] / r["ms"]["ort int8"] for r in mine)),
+                ]
+            )
+    count = len(rows) // max(1, len({(r["model"], r["scenario"]) for r in rows}))
+    header = ["model", "scenario", "threads", "others' cores", *(f"{k} ms" for k in keys)]
+    text = f"{where(latest)}, each scenario {plural(count, 'time')}; medians.\n\n" + table(
+        header + ["TVM/ORT fp32", "TVM/ORT int8"], out
+    )
+    return text + ("" if not earlier else f"\n\n({plural(len(earlier), 'earlier commit')} not shown.)")
+
+
+# ---------------------------------------------------------------- repeat.py
+
+
+def render_repeat(runs: list[dict]) -> str:
+    latest, *_ = groups(runs)
+    rows = [r for run in latest for r in run.get("rows", [])]
+    out = [
+        [
+            r["model"],
+            r["quantize"],
+            r["runtime"],
+            " / ".join(ms(m) for m in r["medians_ms"]),
+            f"{100 * r['spread']:.1f}%",
+            f"{100 * r['round_spread']:.1f}%",
+        ]
+        for r in rows
+    ]
+    header = [
+        "model",
+        "quantize",
+        "runtime",
+        "each job's median ms",
+        "spread across jobs",
+        "largest in-job spread",
+    ]
+    return f"{where(latest)}.\n\n" + table(header, out)
+
+
 RENDER = {
     "cpu_models": render_cpu_models,
     "quantized": render_quantized,
     "decode": render_decode,
     "pi": render_pi,
     "job_time": render_job_time,
+    "contention": render_contention,
+    "repeat": render_repeat,
 }
 
 
