@@ -498,28 +498,27 @@ def render_contention(runs: list[dict]) -> str:
 
 
 def render_repeat(runs: list[dict]) -> str:
-    latest, *_ = groups(runs)
-    rows = [r for run in latest for r in run.get("rows", [])]
-    out = [
-        [
-            r["model"],
-            r["quantize"],
-            r["runtime"],
-            " / ".join(ms(m) for m in r["medians_ms"]),
-            f"{100 * r['spread']:.1f}%",
-            f"{100 * r['round_spread']:.1f}%",
+    """The newest group of runs at each thread count."""
+    shown = {}
+    for group in groups(runs):
+        shown.setdefault(group[0].get("threads"), group)
+    header = ["model", "quantize", "runtime", "each job's median ms", "spread across jobs", "in-job spread"]
+    parts = []
+    for group in shown.values():
+        rows = [
+            [
+                r["model"],
+                r["quantize"],
+                r["runtime"],
+                " / ".join(ms(m) for m in r["medians_ms"]),
+                f"{100 * r['spread']:.1f}%",
+                f"{100 * r['round_spread']:.1f}%",
+            ]
+            for run in group
+            for r in run.get("rows", [])
         ]
-        for r in rows
-    ]
-    header = [
-        "model",
-        "quantize",
-        "runtime",
-        "each job's median ms",
-        "spread across jobs",
-        "largest in-job spread",
-    ]
-    return f"{where(latest)}.\n\n" + table(header, out)
+        parts.append(f"{where(group)}.\n\n" + table(header, rows))
+    return "\n\n".join(parts)
 
 
 RENDER = {

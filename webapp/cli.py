@@ -388,14 +388,15 @@ def benchmark_table(result: dict) -> str:
         sets = ", ".join(machine["instruction_sets"])
         lines.append(f"  measured on {machine['cpu']} ({sets}), {machine['cores']} cores")
     if conditions:
-        again = f"; timed again, the first timing was disturbed: {conditions['first']['what']}"
-        lines.append(
-            f"  while it timed: {conditions['what']}" + (again if conditions.get("repeated") else "")
-        )
+        first = conditions.get("first") if conditions.get("repeated") else None
+        again = f"; timed again, the first timing was disturbed: {first['what']}" if first else ""
+        lines.append(f"  while it timed: {conditions['what']}{again}")
+    if result.get("fewer_threads"):
+        fewer = result["fewer_threads"]
+        busy = f"{fewer['busy_cores']} of {fewer['of']} cores were busy"
+        lines.append(f"  {busy}: every runtime ran on {fewer['threads']} threads")
     if slot and slot["waited_s"] >= 0.1:
-        lines.append(
-            f"  waited {slot['waited_s']:.1f} s for the machine's timing slot (another job was timing)"
-        )
+        lines.append(f"  waited {slot['waited_s']:.1f} s for the machine's timing slot (others were timing)")
     tuning = result.get("tuning")
     if tuning:
         lines.append(
