@@ -238,7 +238,7 @@ def run_sandboxed(
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
     boards and never reads the user's model), and with it every loopback service and abstract Unix
     socket of the host; the file system, users and limits are as jailed as the pipeline's. `stop`, asked
-    every 0.2 s: a reason to kill the sandbox at once (the outcome's limit then), or None. While
+    every 0.1 s: a reason to kill the sandbox at once (the outcome's limit then), or None. While
     another job holds the machine's timing slot the sandbox is stopped (timing_slot.Pauser): that
     time is the outcome's paused_s, and does not count towards the wall-clock limit."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
@@ -276,7 +276,7 @@ def run_sandboxed(
         pauser = timing_slot.Pauser(lock, proc.pid)
         while True:
             try:
-                returncode = proc.wait(timeout=0.2)
+                returncode = proc.wait(timeout=0.1)
                 break
             except subprocess.TimeoutExpired:
                 pauser.poll()

@@ -6,7 +6,7 @@ around each of its timing phases: the benchmark and its kernel profiles, the flo
 batch of tuning measurements, a run on an emulated board (whose QEMU shares these cores). Compiling
 never takes it, so jobs compile side by side.
 
-While one job holds it the others are stopped: each worker asks every 0.2 s who holds the slot (`holder`:
+While one job holds it the others are stopped: each worker asks every 0.1 s who holds the slot (`holder`:
 F_GETLK answers with the holder's process id, as this process sees it, even across the sandbox's pid
 namespace, so a job cannot pass for another) and, when it is not a process of its own sandbox, stops
 every process of that sandbox (SIGSTOP) until the slot is free (`Pauser`, in webapp/sandbox.py's loop).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ENV = "PLAYGROUND_TIMING_SLOT"  # where the sandbox finds the lock file (bound into it)
 RECORD = "timing-slot.jsonl"  # in the job folder: one line per hold
-SETTLE_S = 0.5  # after taking the slot: the other sandboxes stop within one 0.2 s poll of their worker
+SETTLE_S = 0.25  # after taking the slot: the other sandboxes stop within one 0.1 s poll of their worker
 MAX_WAIT_S = 600.0  # then a phase times without the slot, and says so (a holder that never lets go)
 MAX_PAUSE_S = 300.0  # a sandbox is stopped this long at most for one holder, then runs on regardless
 POLL_S = 0.05
@@ -144,7 +144,7 @@ def descendants(root: int) -> list[int]:
 
 class Pauser:
     """Stops the sandbox below `root` (bwrap's process) while another sandbox holds the slot at
-    `path`; `poll()` every 0.2 s, `paused_s` the time it spent stopped. `close()` continues it."""
+    `path`; `poll()` every 0.1 s, `paused_s` the time it spent stopped. `close()` continues it."""
 
     def __init__(self, path: Path | None, root: int):
         self.path, self.root = path, root
