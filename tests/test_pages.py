@@ -1333,3 +1333,13 @@ def test_the_benchmark_names_the_cpu_and_says_how_busy_the_machine_was(app, web)
         "processes used 0.04 cores on average); timed again because the first timing was disturbed (other "
         "processes used 0.97 cores on average)."
     )
+    # a core busy with other processes when it began: every runtime left it (bench.free_cores)
+    results["fewer_threads"] = {"threads": 1, "of": 2, "busy_cores": 1}
+    page = web.get(f"/r/{write_job(app, results)}").get_data(as_text=True)
+    line = re.sub(
+        r"\s+", " ", re.sub(r"<[^>]+>", "", page.split('id="bench-conditions">')[1].split("</p>")[0])
+    )
+    assert line.endswith(
+        "(other processes used 0.97 cores on average). Other processes kept 1 of the 2 cores busy when it "
+        "began: every runtime ran on 1 thread instead of 2, leaving them."
+    )
