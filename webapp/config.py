@@ -55,8 +55,9 @@ class Config:
     lost_after_s: float = 60.0
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
-    # The machine's timing slot (webapp/timing_slot.py): one file for every server on one machine
-    # (default: timing.lock in the data folder, shared by its workers and device pool)
+    # The machine's timing slot (webapp/timing_slot.py): a file on this machine's own disk, the same for
+    # every worker on it (default: /tmp/tvm-playground-timing.lock; not in the data folder, which
+    # several machines may share)
     timing_lock: Path | None = None
 
     def __post_init__(self) -> None:
@@ -108,7 +109,7 @@ class Config:
 
     @property
     def timing_lock_path(self) -> Path:
-        return self.timing_lock or self.data_dir / "timing.lock"
+        return self.timing_lock or Path("/tmp/tvm-playground-timing.lock")
 
     @property
     def jobs_dir(self) -> Path:

@@ -192,7 +192,6 @@ def sandbox_env(config: Config, job_dir: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": threads,
         "MALLOC_ARENA_MAX": "2",  # each thread's arena reserves 64 MB of address space otherwise
         "PLAYGROUND_MEMORY_LIMIT_MB": str(config.memory_limit_mb),
-        timing_slot.ENV: str(config.timing_lock_path),
     } | {k: os.environ[k] for k in PASSED_THROUGH if os.environ.get(k)}
 
 
@@ -252,7 +251,9 @@ def run_sandboxed(
     else:
         nproc = user_process_count() + config.process_limit
     env = sandbox_env(config, job_dir)
-    lock = timing_slot.prepare(config.timing_lock_path)
+    lock = timing_slot.prepare(config.timing_lock_path)  # None: time without it
+    if lock is not None:
+        env[timing_slot.ENV] = str(lock)
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:
@@ -274,22 +275,24 @@ def run_sandboxed(
         )
         ended = None  # the limit that ended it, if one did
         pauser = timing_slot.Pauser(lock, proc.pid)
-        while True:
-            try:
-                returncode = proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pauser.poll()
-                ended = stop() if stop is not None else None
-                running_s = time.monotonic() - started - pauser.paused_s - pauser.stopped_s()
-                if not ended and running_s >= config.wall_limit_s:
-                    ended = f"Wall-clock limit reached ({config.wall_limit_s} s)."
-                if ended:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    pauser.close()  # bwrap's child dies with it, stopped or not
-                    returncode = proc.wait()
+        try:
+            while True:
+                try:
+                    returncode = proc.wait(timeout=0.1)
+                    pauser.close(running=False)  # it ended (reaped): nothing of it left to continue
                     break
-        pauser.close()
+                except subprocess.TimeoutExpired:
+                    pauser.poll()
+                    ended = stop() if stop is not None else None
+                    if not ended and time.monotonic() - started - pauser.paused_s >= config.wall_limit_s:
+                        ended = f"Wall-clock limit reached ({config.wall_limit_s} s)."
+                    if ended:
+                        break
+        finally:
+            if proc.returncode is None:  # a limit, or an exception here: the sandbox goes, stopped or not
+                os.killpg(proc.pid, signal.SIGKILL)
+                pauser.close()
+                returncode = proc.wait()
     seconds, paused = time.monotonic() - started, round(pauser.paused_s, 3)
     if ended:
         return Outcome(returncode, ended, seconds, paused)

@@ -1,7 +1,7 @@
 """One timing at a time on this machine: the timing slot.
 
-The slot is a POSIX record lock on one file (Config.timing_lock: `timing.lock` in the data folder, or
-PLAYGROUND_TIMING_LOCK where several servers share a machine). A sandboxed job takes it (`hold`)
+The slot is a POSIX record lock on one file of the machine (Config.timing_lock_path:
+/tmp/tvm-playground-timing.lock, or PLAYGROUND_TIMING_LOCK). A sandboxed job takes it (`hold`)
 around each of its timing phases: the benchmark and its kernel profiles, the float-fallback checks, each
 batch of tuning measurements, a run on an emulated board (whose QEMU shares these cores). Compiling
 never takes it, so jobs compile side by side.
@@ -10,6 +10,10 @@ While one job holds it the others are stopped: each worker asks every 0.1 s who 
 F_GETLK answers with the holder's process id, as this process sees it, even across the sandbox's pid
 namespace, so a job cannot pass for another) and, when it is not a process of its own sandbox, stops
 every process of that sandbox (SIGSTOP) until the slot is free (`Pauser`, in webapp/sandbox.py's loop).
+SIGSTOP is no jail: processes of a hostile sandbox can continue each other; then its stopped time is
+not counted as such (its wall-clock limit keeps running), and the timing it disturbed says so in its
+conditions. (A cgroup freezer would hold it; not used, since no cgroup can be created everywhere this
+runs.)
 A holder waits SETTLE_S after taking the slot, time for the others to stop, before it times.
 
 Each hold is recorded in the job folder (timing-slot.jsonl: phase, seconds waited, when it held the slot)
@@ -23,7 +27,9 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import struct
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +38,7 @@ ENV = "PLAYGROUND_TIMING_SLOT"  # where the sandbox finds the lock file (bound i
 RECORD = "timing-slot.jsonl"  # in the job folder: one line per hold
 SETTLE_S = 0.25  # after taking the slot: the other sandboxes stop within one 0.1 s poll of their worker
 MAX_WAIT_S = 600.0  # then a phase times without the slot, and says so (a holder that never lets go)
-MAX_PAUSE_S = 300.0  # a sandbox is stopped this long at most for one holder, then runs on regardless
+MAX_PAUSE_S = 300.0  # a sandbox is stopped this long at most, in all, for one holder; then runs on
 POLL_S = 0.05
 
 # struct flock on Linux (x86-64 and aarch64): short l_type, l_whence; off_t l_start, l_len; pid_t l_pid
@@ -40,16 +46,24 @@ FLOCK = "hhqqi4x"
 _holding = False  # whether this process holds the slot now
 
 
-def prepare(path: Path) -> Path:
-    """The lock file, created where missing, writable by the sandbox's user (nobody, as root)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+def prepare(path: Path) -> Path | None:
+    """The lock file, created where missing and writable by the sandbox's user (nobody, as root); None,
+    with a warning, where it cannot be had (then jobs time without the slot)."""
     try:
-        os.fchmod(fd, 0o666)
-    except PermissionError:  # another user's file, already shared
-        pass
-    os.close(fd)
-    return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        info = os.lstat(path) if os.path.lexists(path) else None
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info is not None and info.st_uid == os.geteuid():
+            os.chmod(path, 0o666)  # again: a sandbox of this user could have taken its permissions away
+        flags = os.O_RDWR | os.O_NOFOLLOW | (0 if info else os.O_CREAT | os.O_EXCL)
+        os.close(os.open(path, flags, 0o666))
+        if info is None:
+            os.chmod(path, 0o666)  # past the umask
+        return path
+    except OSError as exc:
+        print(f"timing slot: {exc}; jobs time without it", file=sys.stderr, flush=True)
+        return None
 
 
 def holder(path: Path) -> int | None:
@@ -89,7 +103,15 @@ def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
     if not path or _holding:  # nested in a phase that holds it already (closing its file would free it)
         yield
         return
-    fd = os.open(path, os.O_RDWR)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # the file was taken away: time without the slot, and say so
+        record(
+            {"phase": phase, "waited_s": 0.0, "start": time.time(), "end": time.time(), "held": False},
+            job_dir,
+        )
+        yield
+        return
     _holding = True
     try:
         asked = time.monotonic()
@@ -103,24 +125,40 @@ def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
         finally:
             end = time.time()
             fcntl.lockf(fd, fcntl.LOCK_UN)
-            row = {"phase": phase, "waited_s": round(waited, 3), "start": start, "end": end, "held": held}
-            with open(Path(job_dir or ".") / RECORD, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            record(
+                {"phase": phase, "waited_s": round(waited, 3), "start": start, "end": end, "held": held},
+                job_dir,
+            )
     finally:
         _holding = False
         os.close(fd)
 
 
+def record(row: dict, job_dir: Path | None) -> None:
+    with open(Path(job_dir or ".") / RECORD, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def summary(job_dir: Path) -> dict | None:
-    """What result.json says of the job's holds: {"waited_s": total, "holds": [rows]}, None if none."""
+    """What result.json says of the job's holds: {"waited_s": total, "holds": [rows], "unheld": how many
+    phases timed without the slot}; None if none. A line that is not a hold is left out."""
     try:
-        lines = (job_dir / RECORD).read_text().splitlines()
+        lines = (job_dir / RECORD).read_text(errors="replace").splitlines()
     except OSError:
         return None
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = []
+    for line in lines:
+        try:
+            got = json.loads(line)
+            row = {key: float(got[key]) for key in ("waited_s", "start", "end")}
+            row |= {"phase": str(got["phase"]), "held": bool(got["held"])}
+        except (ValueError, TypeError, KeyError):
+            continue
+        rows.append(row)
     if not rows:
         return None
-    return {"waited_s": round(sum(r["waited_s"] for r in rows), 3), "holds": rows}
+    unheld = sum(1 for r in rows if not r["held"])
+    return {"waited_s": round(sum(r["waited_s"] for r in rows), 3), "holds": rows, "unheld": unheld}
 
 
 def descendants(root: int) -> list[int]:
@@ -144,43 +182,71 @@ def descendants(root: int) -> list[int]:
 
 class Pauser:
     """Stops the sandbox below `root` (bwrap's process) while another sandbox holds the slot at
-    `path`; `poll()` every 0.1 s, `paused_s` the time it spent stopped. `close()` continues it."""
+    `path`; `poll()` every 0.1 s. `paused_s`: the time it was seen stopped (every process of it in
+    state T at a poll; a sandbox whose processes continue each other is not counted as stopped). A
+    holder, known by its pid namespace, stops it MAX_PAUSE_S in all at most. `close()` continues it."""
 
     def __init__(self, path: Path | None, root: int):
         self.path, self.root = path, root
-        self.since: float | None = None  # when the current pause began
+        self.pausing = False  # stopping the sandbox now
+        self.stopped = False  # every process of it was seen stopped at the last poll
+        self.last = time.monotonic()
         self.paused_s = 0.0
-        self.endured: int | None = None  # a holder that kept the slot past MAX_PAUSE_S: ignored
+        self.spent: dict[str, float] = {}  # seconds stopped for each holder
 
     def poll(self) -> None:
+        now, since = time.monotonic(), self.last
+        self.last = now
         if self.path is None:
             return
-        pid = holder(self.path)
-        other = (
-            pid is not None and pid != self.endured and pid != self.root and pid not in descendants(self.root)
-        )
-        if other and self.since is not None and time.monotonic() - self.since > MAX_PAUSE_S:
-            self.endured, other = pid, False  # a holder that never lets go does not stop the others for ever
+        if self.pausing and self.stopped:
+            self.paused_s += now - since
+            self.spent[self.key] = self.spent.get(self.key, 0.0) + now - since
+        try:
+            pid = holder(self.path)
+            below = descendants(self.root) if pid is not None else []
+        except OSError:
+            pid, below = None, []
+        other = pid is not None and pid != self.root and pid not in below
         if other:
-            if self.since is None:
-                self.since = time.monotonic()
-            self.signal(signal.SIGSTOP)  # again each poll: a process forked meanwhile stops too
-        elif self.since is not None:
+            self.key = namespace(pid)
+            other = self.spent.get(self.key, 0.0) < MAX_PAUSE_S  # a holder that never lets go
+        if other:
+            self.pausing = True
+            self.stopped = self.signal(signal.SIGSTOP, below)  # each poll: a process forked meanwhile too
+        elif self.pausing:
             self.close()
 
-    def stopped_s(self) -> float:
-        """How long the current pause has lasted (0 when running)."""
-        return 0.0 if self.since is None else time.monotonic() - self.since
-
-    def signal(self, sig: int) -> None:
-        for pid in [self.root, *descendants(self.root)]:
+    def signal(self, sig: int, below: list[int] | None = None) -> bool:
+        """Sends sig to the sandbox's processes; whether each was stopped (state T) before it."""
+        stopped = True
+        for pid in [self.root, *(descendants(self.root) if below is None else below)]:
+            stopped = stopped and state(pid) in ("T", None)
             try:
                 os.kill(pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
+        return stopped
 
-    def close(self) -> None:
-        if self.since is not None:
+    def close(self, running: bool = True) -> None:
+        """Continues the sandbox if it was stopped (running: its root not reaped yet, or it ran on)."""
+        if self.pausing and running:
             self.signal(signal.SIGCONT)
-            self.paused_s += time.monotonic() - self.since
-            self.since = None
+        self.pausing = self.stopped = False
+
+
+def namespace(pid: int) -> str:
+    """Who holds the slot: its pid namespace (one per sandbox), or the pid where it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return f"pid {pid}"
+
+
+def state(pid: int) -> str | None:
+    """A process's state letter (R, S, T, ...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

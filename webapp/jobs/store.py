@@ -350,11 +350,17 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
         "expired": job["expired"],  # {"at", "reason", "files"} once the retention policy removed artifacts
         "queue": queue,  # a queued job's place, and when it may start (queue_estimate)
         # stopped while other jobs held the machine's timing slot (the worker's own record)
-        "paused_s": paused if isinstance(paused := progress.get("paused_s"), (int, float)) else None,
+        "paused_s": seconds_or_none(progress.get("paused_s")),
         "results": read_untrusted_json(job_dir / "result.json") or {},
         "url": f"{url_root}/r/{job_id}",
         "api_url": f"{url_root}/api/jobs/{job_id}",
     }
+
+
+def seconds_or_none(value) -> float | None:
+    """A count of seconds from an untrusted file: a finite number >= 0, else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+    return float(value) if ok else None
 
 
 def queue_estimate(place: dict) -> dict:
