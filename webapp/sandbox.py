@@ -232,14 +232,16 @@ def run_sandboxed(
     command: list[str] | None = None,
     network: bool = False,
     stop: Callable[[], str | None] | None = None,
+    pausable: bool = True,
 ) -> Outcome:
     """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
     boards and never reads the user's model), and with it every loopback service and abstract Unix
     socket of the host; the file system, users and limits are as jailed as the pipeline's. `stop`, asked
     every 0.1 s: a reason to kill the sandbox at once (the outcome's limit then), or None. While
-    another job holds the machine's timing slot the sandbox is stopped (timing_slot.Pauser): that
-    time is the outcome's paused_s, and does not count towards the wall-clock limit."""
+    another job holds the machine's timing slot the sandbox is stopped (timing_slot.Pauser), unless
+    not `pausable`: that time is the outcome's paused_s, and does not count towards the wall-clock
+    limit."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
@@ -274,7 +276,7 @@ def run_sandboxed(
             cwd=job_dir,
         )
         ended = None  # the limit that ended it, if one did
-        pauser = timing_slot.Pauser(lock, proc.pid)
+        pauser = timing_slot.Pauser(lock if pausable else None, proc.pid)
         try:
             while True:
                 try:

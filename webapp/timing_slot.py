@@ -193,6 +193,7 @@ class Pauser:
         self.last = time.monotonic()
         self.paused_s = 0.0
         self.spent: dict[str, float] = {}  # seconds stopped for each holder
+        self.key, self.held_by, self.members = "", None, []  # the holder, its pid; the processes stopped
 
     def poll(self) -> None:
         now, since = time.monotonic(), self.last
@@ -204,6 +205,14 @@ class Pauser:
             self.spent[self.key] = self.spent.get(self.key, 0.0) + now - since
         try:
             pid = holder(self.path)
+            if (  # still stopped for the same holder: nothing to scan (a stopped process cannot fork)
+                self.pausing
+                and self.stopped
+                and pid == self.held_by
+                and self.spent.get(self.key, 0.0) < MAX_PAUSE_S
+                and all(state(p) in ("T", None) for p in self.members)
+            ):
+                return
             below = descendants(self.root) if pid is not None else []
         except OSError:
             pid, below = None, []
@@ -212,7 +221,7 @@ class Pauser:
             self.key = namespace(pid)
             other = self.spent.get(self.key, 0.0) < MAX_PAUSE_S  # a holder that never lets go
         if other:
-            self.pausing = True
+            self.pausing, self.held_by, self.members = True, pid, [self.root, *below]
             self.stopped = self.signal(signal.SIGSTOP, below)  # each poll: a process forked meanwhile too
         elif self.pausing:
             self.close()

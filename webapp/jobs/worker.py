@@ -239,7 +239,9 @@ def run_remote_stage(config: Config, job_dir: Path, key: str, stop: Callable[[],
     wait_s = board_wait_s(config, key)
     command = [sys.executable, "-m", "webapp.pipeline.stages.remote", str(job_dir), config.tracker, key]
     command += [str(wait_s), str(config.bench_budget_s)]  # as remote.Remote.from_argv reads them
-    return run_sandboxed(job_dir, config, command, network=True, stop=stop)
+    # never stopped for other jobs' timings: its work on an emulated board holds the slot itself, and a
+    # real board's lease would stand idle
+    return run_sandboxed(job_dir, config, command, network=True, stop=stop, pausable=False)
 
 
 def board_wait_s(config: Config, key: str) -> float:
