@@ -73,6 +73,18 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
         assert f["max_abs_err"] < 1e-4 and f["cosine"] > 0.9999 and f["top1_agree"] == 1.0
     assert {b["device"] for b in job["results"]["benchmarks"]} == {job["results"]["benchmarks"][0]["device"]}
     assert client.get(f"/r/{created['id']}.json").get_json() == job
+    # the kernel profile as a Chrome/Perfetto trace: a process per build, a track per run, a slice per call
+    trace = json.loads(client.get(f"/r/{created['id']}/files/kernel-trace.json").get_data())
+    (profile,) = job["results"]["profiles"]
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {1} and {e["tid"] for e in slices} == set(
+        range(1, profile["runs"] + 1)
+    )
+    calls = {name: k["calls"] for name, k in profile["kernels"].items()}
+    for run in range(1, profile["runs"] + 1):
+        mine = sorted((e for e in slices if e["tid"] == run), key=lambda e: e["ts"])
+        assert {e["name"]: sum(1 for x in mine if x["name"] == e["name"]) for e in mine} == calls
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(mine, mine[1:], strict=False))  # in turn
 
     # where the time goes: a profile per build, its kernels on the page's table, slowest first
     results = job["results"]

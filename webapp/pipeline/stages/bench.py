@@ -8,6 +8,7 @@ median / p90.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -161,14 +162,17 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     return run
 
 
-def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5) -> dict:
+def profile_kernels(
+    executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5, trace: list | None = None
+) -> dict:
     """Where one whole-model run's time goes: the VM's instrument hook times every call of a
     compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run (the
     median over `runs` runs), and share of the kernels' time in a run (the shares add up to 1).
     `run_ms` is a whole run timed by time_evaluator without the hook, `kernels_ms` the kernels'
     total by the hook: their ratio says how much of a run the kernels are (below 1: the VM's own
     work, allocations and calls; above 1: the hook's own cost, a few microseconds a call, which
-    shows on a small model)."""
+    shows on a small model). `trace`, where given, gets each timed call: (run, kernel, start s, end s),
+    start and end from the run's start."""
     import tvm
     from tvm import relax
 
@@ -188,6 +192,7 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
         seconds: dict[str, float] = {}
         calls: dict[str, int] = {}
         started: dict[str, float] = {}
+        run_at: list[float] = []  # when each timed run began
 
         def hook(func, symbol, before_run, ret_value, *call_args):
             if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
@@ -196,8 +201,11 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
                 if before_run:
                     started[symbol] = time.perf_counter()
                 elif symbol in started:
-                    seconds[symbol] = seconds.get(symbol, 0.0) + time.perf_counter() - started.pop(symbol)
+                    begun, ended = started.pop(symbol), time.perf_counter()
+                    seconds[symbol] = seconds.get(symbol, 0.0) + ended - begun
                     calls[symbol] = calls.get(symbol, 0) + 1
+                    if trace is not None and run_at:
+                        trace.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
             return relax.VMInstrumentReturnKind.NO_OP
 
         vm["main"](*args)  # warm-up, untimed
@@ -205,6 +213,7 @@ def profile_kernels(executable, inputs: dict[str, np.ndarray], dev=None, runs: i
         per_run: dict[str, list[float]] = {}
         for _ in range(runs):
             seconds.clear()
+            run_at.append(time.perf_counter())
             vm["main"](*args)
             for name, t in seconds.items():
                 per_run.setdefault(name, []).append(t)
@@ -259,10 +268,10 @@ def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned
     return profile | {"benchmark_ms": median, "kernels_of_run": profile["kernels_ms"] / profile["run_ms"]}
 
 
-def profile_or_why(executable, inputs: dict[str, np.ndarray], dev) -> dict:
+def profile_or_why(executable, inputs: dict[str, np.ndarray], dev, trace: list | None = None) -> dict:
     """A build's kernel profile, or why there is none: a profile never fails the job."""
     try:
-        return profile_kernels(executable, inputs, dev)
+        return profile_kernels(executable, inputs, dev, trace=trace)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
@@ -562,19 +571,60 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
     results = benchmark(
         executables, inputs, model.outputs, job.references, device, budget, report, dev, reference
     )
+    traces: dict[str, list] = {}
     with timing_slot.hold("kernel profile"):  # one hold for every build's profile
         results["profiles"] = [  # `shown`: the build whose kernels the page lists (model.so)
             {
                 "variant": variant,
                 "tuned": tuned,
                 "shown": (variant, tuned) == shown,
-                **with_benchmark_ms(profile_or_why(ex, inputs, dev), results["benchmarks"], variant, tuned),
+                **with_benchmark_ms(
+                    profile_or_why(ex, inputs, dev, traces.setdefault(build_name(variant, tuned), [])),
+                    results["benchmarks"],
+                    variant,
+                    tuned,
+                ),
             }
             for (variant, tuned), ex in sorted(executables.items())
         ]
+    write_trace(job.dir / "files" / TRACE_FILE, traces)
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
+
+
+TRACE_FILE = "kernel-trace.json"
+
+
+def build_name(variant: str, tuned: bool) -> str:
+    return f"TVM {variant}, {'tuned' if tuned else 'default rules'}"
+
+
+def write_trace(path: Path, traces: dict[str, list]) -> None:
+    """The kernel profiles as a trace in Chrome's trace event format, which Perfetto (ui.perfetto.dev)
+    and chrome://tracing open: a process per build, a track per run, a slice per kernel call, each
+    run's track from 0 (so the runs line up). Nothing is written where no build was profiled."""
+    events: list[dict] = []
+    for pid, (build, calls) in enumerate(traces.items(), 1):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": build}})
+        for run in sorted({c[0] for c in calls}):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": run + 1,
+                           "args": {"name": f"run {run + 1}"}})  # fmt: skip
+        events += [
+            {
+                "name": kernel,
+                "cat": "kernel",
+                "ph": "X",
+                "pid": pid,
+                "tid": run + 1,
+                "ts": round(start * 1e6, 3),
+                "dur": round((end - start) * 1e6, 3),
+            }  # fmt: skip
+            for run, kernel, start, end in calls
+        ]
+    if any(calls for calls in traces.values()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
 def device_present(target) -> bool:
