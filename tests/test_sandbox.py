@@ -217,6 +217,11 @@ def test_the_timing_slot_survives_what_a_sandbox_can_do_to_its_files(config, tmp
     (tmp_path / "elsewhere").write_text("")
     (tmp_path / "link.lock").symlink_to(tmp_path / "elsewhere")
     assert timing_slot.prepare(tmp_path / "link.lock") is None  # not a regular file: no slot, no error
+    if os.geteuid() == 0:  # another local user's file in /tmp: not ours to trust (root can make one here)
+        theirs = tmp_path / "theirs.lock"
+        theirs.write_text("")
+        os.chown(theirs, 65534, 65534)
+        assert timing_slot.prepare(theirs) is None
 
     job = tmp_path / "job"
     job.mkdir()

@@ -51,15 +51,18 @@ def prepare(path: Path) -> Path | None:
     with a warning, where it cannot be had (then jobs time without the slot)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        info = os.lstat(path) if os.path.lexists(path) else None
-        if info is not None and not stat.S_ISREG(info.st_mode):
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:  # there already (or another worker made it just now)
+            pass
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path} is not a regular file")
-        if info is not None and info.st_uid == os.geteuid():
-            os.chmod(path, 0o666)  # again: a sandbox of this user could have taken its permissions away
-        flags = os.O_RDWR | os.O_NOFOLLOW | (0 if info else os.O_CREAT | os.O_EXCL)
-        os.close(os.open(path, flags, 0o666))
-        if info is None:
-            os.chmod(path, 0o666)  # past the umask
+        if info.st_uid not in (0, os.geteuid()):  # another user's file in /tmp: theirs to hold or break
+            raise OSError(f"{path} belongs to another user (uid {info.st_uid})")
+        if info.st_uid == os.geteuid():
+            os.chmod(path, 0o666)  # past the umask, and again: a sandbox of this user could have changed it
+        os.close(os.open(path, os.O_RDWR | os.O_NOFOLLOW))
         return path
     except OSError as exc:
         print(f"timing slot: {exc}; jobs time without it", file=sys.stderr, flush=True)
@@ -210,7 +213,8 @@ class Pauser:
                 and self.stopped
                 and pid == self.held_by
                 and self.spent.get(self.key, 0.0) < MAX_PAUSE_S
-                and all(state(p) in ("T", None) for p in self.members)
+                and all(state(p) in STOPPED for p in self.members)
+                and all(c in self.members for p in self.members for c in children(p))  # none forked since
             ):
                 return
             below = descendants(self.root) if pid is not None else []
@@ -230,7 +234,7 @@ class Pauser:
         """Sends sig to the sandbox's processes; whether each was stopped (state T) before it."""
         stopped = True
         for pid in [self.root, *(descendants(self.root) if below is None else below)]:
-            stopped = stopped and state(pid) in ("T", None)
+            stopped = stopped and state(pid) in STOPPED
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -250,6 +254,29 @@ def namespace(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return f"pid {pid}"
+
+
+STOPPED = (
+    "T",
+    "Z",
+    "X",
+    None,
+)  # stopped, or gone: a child that exited stays a zombie while its parent is stopped
+
+
+def children(pid: int) -> list[int]:
+    """A process's children, from /proc (each of its threads' list)."""
+    out = []
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            try:
+                with open(f"{task.path}/children") as f:
+                    out += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
 
 
 def state(pid: int) -> str | None:

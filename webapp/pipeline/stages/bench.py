@@ -193,6 +193,7 @@ def profile_kernels(
         calls: dict[str, int] = {}
         started: dict[str, float] = {}
         run_at: list[float] = []  # when each timed run began
+        timeline: list[tuple] = []  # each timed call: (run, kernel, start, end)
 
         def hook(func, symbol, before_run, ret_value, *call_args):
             if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
@@ -204,8 +205,8 @@ def profile_kernels(
                     begun, ended = started.pop(symbol), time.perf_counter()
                     seconds[symbol] = seconds.get(symbol, 0.0) + ended - begun
                     calls[symbol] = calls.get(symbol, 0) + 1
-                    if trace is not None and run_at:
-                        trace.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
+                    if run_at:
+                        timeline.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
             return relax.VMInstrumentReturnKind.NO_OP
 
         vm["main"](*args)  # warm-up, untimed
@@ -217,6 +218,8 @@ def profile_kernels(
             vm["main"](*args)
             for name, t in seconds.items():
                 per_run.setdefault(name, []).append(t)
+    if trace is not None:  # only a whole profile's calls
+        trace.extend(timeline)
     # each kernel's median over the runs: a run another process interrupted does not count
     ms = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
     total = sum(ms.values()) or 1.0
@@ -587,7 +590,10 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
             }
             for (variant, tuned), ex in sorted(executables.items())
         ]
-    write_trace(job.dir / "files" / TRACE_FILE, traces)
+    try:
+        write_trace(job.dir / "files" / TRACE_FILE, traces)
+    except OSError as exc:  # a trace never fails the job
+        print(f"kernel trace not written: {exc}", flush=True)
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
@@ -605,7 +611,7 @@ def write_trace(path: Path, traces: dict[str, list]) -> None:
     and chrome://tracing open: a process per build, a track per run, a slice per kernel call, each
     run's track from 0 (so the runs line up). Nothing is written where no build was profiled."""
     events: list[dict] = []
-    for pid, (build, calls) in enumerate(traces.items(), 1):
+    for pid, (build, calls) in enumerate(((b, c) for b, c in traces.items() if c), 1):
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": build}})
         for run in sorted({c[0] for c in calls}):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": run + 1,
