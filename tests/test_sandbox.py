@@ -224,6 +224,13 @@ def test_the_timing_slot_survives_what_a_sandbox_can_do_to_its_files(config, tmp
         os.chown(theirs, 65534, 65534)
         assert timing_slot.prepare(theirs) is None
 
+    # a job of a worker that could not have the lock file times without the slot, and its record says so
+    unusable = replace(config, timing_lock=tmp_path / "link.lock")
+    code = "from webapp import timing_slot\nwith timing_slot.hold('benchmark'):\n    pass\n"
+    outcome, job_dir, log = run_script(unusable, tmp_path, code)
+    assert outcome.returncode == 0, log
+    assert timing_slot.summary(job_dir)["unheld"] == 1
+
     job = tmp_path / "job"
     job.mkdir()
     row = {"phase": "benchmark", "waited_s": 1.5, "start": 1.0, "end": 2.0, "held": True}

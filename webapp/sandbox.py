@@ -253,9 +253,8 @@ def run_sandboxed(
     else:
         nproc = user_process_count() + config.process_limit
     env = sandbox_env(config, job_dir)
-    lock = timing_slot.prepare(config.timing_lock_path)  # None: time without it
-    if lock is not None:
-        env[timing_slot.ENV] = str(lock)
+    lock = timing_slot.prepare(config.timing_lock_path)  # None: time without it (and say so)
+    env[timing_slot.ENV] = str(lock) if lock is not None else timing_slot.UNAVAILABLE
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 ENV = "PLAYGROUND_TIMING_SLOT"  # where the sandbox finds the lock file (bound into it)
 RECORD = "timing-slot.jsonl"  # in the job folder: one line per hold
+UNAVAILABLE = "unavailable"  # ENV's value where the worker could not have the lock file
 SETTLE_S = 0.25  # after taking the slot: the other sandboxes stop within one 0.1 s poll of their worker
 MAX_WAIT_S = 600.0  # then a phase times without the slot, and says so (a holder that never lets go)
 MAX_PAUSE_S = 300.0  # a sandbox is stopped this long at most, in all, for one holder; then runs on
@@ -107,8 +108,10 @@ def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
         yield
         return
     try:
+        if path == UNAVAILABLE:
+            raise OSError("the worker could not have the lock file")
         fd = os.open(path, os.O_RDWR)
-    except OSError:  # the file was taken away: time without the slot, and say so
+    except OSError:  # no lock file, or it was taken away: time without the slot, and say so
         record(
             {"phase": phase, "waited_s": 0.0, "start": time.time(), "end": time.time(), "held": False},
             job_dir,
