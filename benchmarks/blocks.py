@@ -11,6 +11,7 @@ several times over to compare processes (docs/benchmarks.md: the same job three 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("shape", help="the input's shape, e.g. 1,3,224,224")
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--pin", action="store_true", help="TVM's threads pinned, one a core")
     args = parser.parse_args()
     import tvm
 
@@ -31,6 +33,8 @@ def main() -> None:
 
     shape = tuple(int(d) for d in args.shape.split(","))
     inputs = {"x": np.random.default_rng(0).standard_normal(shape).astype("float32")}
+    if args.pin:  # told a count, TVM pins each thread to a core
+        tvm.get_global_func("runtime.config_threadpool")(1, int(os.environ.get("TVM_NUM_THREADS") or 1))
     run = tvm_runner(tvm.runtime.load_module(args.library), inputs)
     run()
     medians = []
