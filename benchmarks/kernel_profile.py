@@ -33,6 +33,7 @@ from webapp.pipeline.stages.build import build, kernel_seconds, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.inspect import kernel_flop
 from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.profile import profile_kernels
 from webapp.pipeline.stages.quantize.variants import quantize_job
 from webapp.targets import get
 
@@ -73,7 +74,7 @@ def profile(name: str, preset: str, records: Path | None, quantize: str = "none"
                 "schedule": labels.get(name, "naive"),
             }
         )
-    hooked = bench.profile_kernels(executable, bench.make_inputs(model.inputs), runs=20)
+    hooked = profile_kernels(executable, bench.make_inputs(model.inputs), runs=20)
     return sorted(rows, key=lambda r: -r["ms"]), hooked
 
 

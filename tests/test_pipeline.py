@@ -19,6 +19,7 @@ from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.inspect import inspect_build
 from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.profile import profile_kernels, timed_kernels
 from webapp.pipeline.stages.quantize.annotate import bindings
 from webapp.targets import get
 
@@ -232,7 +233,7 @@ def test_kernel_profile_counts_every_kernel_call_of_a_run(config, example_files,
     model = import_model(example_files / f"{name}.onnx")
     target = get("x86-host")
     lowered, _ = schedule(optimize(model.mod, target, tmp_path).fused, target)
-    profile = bench.profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=3)
+    profile = profile_kernels(build(lowered, target, None), bench.make_inputs(model.inputs), runs=3)
     sites: dict[str, int] = {}
     for b in bindings(lowered["main"]):
         callee = b.value.op if isinstance(b.value, relax.Call) else None  # lowered: kernel(args, out)
@@ -257,7 +258,7 @@ def test_the_kernel_table_counts_calls_as_the_run_made_them():
         "matmul": {"calls": 4, "ms": 3.0, "share": 0.75},
         "matmul_weight_prepack": {"calls": 4, "ms": 1.0, "share": 0.25},
     }
-    rows = bench.timed_kernels(kernels, [{"shown": True, "kernels": times, "benchmark_ms": 8.0}])
+    rows = timed_kernels(kernels, [{"shown": True, "kernels": times, "benchmark_ms": 8.0}])
     assert [(k["name"], k["calls"], k["ms"]) for k in rows] == [
         ("matmul", 4, 6.0),
         ("matmul_weight_prepack", 4, 2.0),

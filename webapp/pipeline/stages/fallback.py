@@ -2,7 +2,7 @@
 int8 made slower kept in float when the whole model is then faster.
 
 Where the target's code runs here (a CPU preset this machine can run), the build stage profiles the
-float build and the first quantized variant (bench.profile_kernels: every kernel call timed within
+float build and the first quantized variant (profile.profile_kernels: every kernel call timed within
 whole-model runs) and gives each quantized layer the time of the kernel that computes it in each
 build (for a kernel called for several layers, its time per call). A layer whose quantized kernel
 took more than SLOWER_BY times its float kernel is quantized again in float, the model is built
@@ -25,8 +25,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from webapp.pipeline.errors import error_message
-from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, profile_kernels, time_models
+from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, time_models
 from webapp.pipeline.stages.optimize import Fusion
+from webapp.pipeline.stages.profile import profile_kernels
 
 # A layer counts as slower when its quantized kernel takes more than this times its float kernel's
 # time: less than that is within what two profiles of one build differ by on a shared machine.
