@@ -8,7 +8,7 @@ FROM ${BASE}
 ARG TORCH_PIP="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 ARG PIP_ARGS=""
 ARG CA_FILE=""
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap graphviz g++ procps \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap graphviz g++ llvm-19 procps \
     g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /venv

@@ -7,7 +7,7 @@ PORT ?= 8000
 # The Raspberry Pi targets: g++-aarch64-linux-gnu cross-compiles, mmdebstrap (+ arch-test) builds the
 # emulated boards' arm64 root file system, qemu-user-static runs them.
 PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
-SERVE_DEBS := bubblewrap graphviz g++ $(PI_DEBS)
+SERVE_DEBS := bubblewrap graphviz g++ llvm-19 $(PI_DEBS)
 # The tests start real Redis and PostgreSQL servers (the queue and store of several machines).
 TEST_DEBS := $(SERVE_DEBS) chromium redis-server postgresql
 

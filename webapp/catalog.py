@@ -143,6 +143,7 @@ CODE_VIEWS = {
     "tir": CodeView("TIR of a kernel", "python", "views/kernels/{kernel}.tir.py", graph_link="TIR"),
     "llvm": CodeView("LLVM IR", "llvm", "views/kernels/{kernel}.ll", "files/module.ll", graph_link="LLVM IR"),
     "asm": CodeView("Assembly", "gas", "views/kernels/{kernel}.s", "files/module.s", graph_link="assembly"),
+    "mca": CodeView("llvm-mca: the hot loop on the CPU's model", "text", "views/kernels/{kernel}.mca.txt"),
     "device": CodeView("Device code", "cuda", "views/kernels/{kernel}.device", device=True),
     "ptx": CodeView("PTX", "ptx", "views/kernels/{kernel}.ptx", device=True),
     "sass": CodeView("SASS", "gas", "views/kernels/{kernel}.sass", device=True),

@@ -59,6 +59,8 @@ def available_views(results: dict) -> dict[str, str]:
             continue  # written by the inspect stage, which a failed job did not reach
         if name in DEVICE_VIEWS and name not in device.get("views", ()):
             continue
+        if name == "mca" and not results.get("mca"):  # a GPU build, or a job from before llvm-mca
+            continue
         if name == "device" and device:
             title = f"Device code ({device['language']})"
         elif name == "ptx" and device:
@@ -211,10 +213,9 @@ def filter_asm(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def hot_loop(text: str) -> tuple[int, int] | None:
-    """The lines (1-based, inclusive) of the kernel's hot loop: of its innermost loops (a label and
-    the last jump back up to it, with no other loop inside), the one with the most vector
-    instructions; None when the code has no loop."""
+def inner_loops(text: str) -> list[tuple[int, int]]:
+    """The innermost loops of an assembly text: (first, last) line indexes (0-based) of a label and the
+    last jump back up to it, with no other such loop inside."""
     lines = text.splitlines()
     last_jump = {}  # label -> the last line that jumps to it
     for j, line in enumerate(lines):
@@ -226,12 +227,22 @@ def hot_loop(text: str) -> tuple[int, int] | None:
         label = ASM_LABEL.match(line)
         if label and label.group(1).startswith(".L") and last_jump.get(label.group(1), -1) > i:
             loops.append((i, last_jump[label.group(1)]))
-    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
-    vector = {
-        (a, b): sum(1 for line in lines[a : b + 1] if ASM_VECTOR.search(line.split("#")[0])) for a, b in inner
-    }
-    best = max(inner, key=lambda span: vector[span], default=None)
-    return (best[0] + 1, best[1] + 1) if best and vector[best] else None
+    return [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+
+
+def hot_loop(text: str, weight=None) -> tuple[int, int] | None:
+    """The lines (1-based, inclusive) of the kernel's hot loop: of its innermost loops, the one with the
+    most vector instructions, or the greatest `weight(lines)` where given (webapp.pipeline.reports.mca
+    weighs the multiply-adds first); None when the code has no loop with vector instructions."""
+    lines = text.splitlines()
+
+    def vectors(span) -> int:
+        return sum(1 for line in lines[span[0] : span[1] + 1] if ASM_VECTOR.search(line.split("#")[0]))
+
+    inner = [span for span in inner_loops(text) if vectors(span)]
+    key = (lambda span: weight(lines[span[0] : span[1] + 1])) if weight else vectors
+    best = max(inner, key=key, default=None)
+    return (best[0] + 1, best[1] + 1) if best else None
 
 
 def code_view(
@@ -283,10 +294,14 @@ def code_view(
         )
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
         lexer = "diff"
-    loop = None
+    loop, by_mca = None, False
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
-        loop = hot_loop(text) if view == "asm" else None
+        analysed = next((k.get("mca") for k in results.get("kernels") or [] if k["name"] == kernel), None)
+        # the loop llvm-mca analysed (webapp.pipeline.reports.mca), in the filtered text it numbered
+        if view == "asm":
+            by_mca = bool(analysed and not asm_all)
+            loop = tuple(analysed["lines"]) if by_mca else hot_loop(text)
     numbered = view in KERNEL_VIEWS
     kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
     marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()
@@ -304,6 +319,7 @@ def code_view(
         "download": download,
         "html": kept_highlighted(job_dir, text, lexer, numbered, marked, keep) if text else None,
         "hot_loop": loop,
+        "hot_loop_by_mca": by_mca,
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,
         "empty": not text,

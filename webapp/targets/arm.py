@@ -39,9 +39,9 @@ class Arm(LLVMCPU):
 QEMU_CORES = {"neoverse-v1": "max"}  # QEMU 7.2 (Debian 12) models no core with i8mm
 
 
-def board(name: str, title: str, core: str, features: list[str], description: str) -> Arm:
+def board(name: str, title: str, core: str, features: list[str], clock_ghz: float, description: str) -> Arm:
     spec = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": core, "mattr": features, "num-cores": 4}
-    return Arm(name, title, description, spec, board=name)
+    return Arm(name, title, description, spec, board=name, clock_ghz=clock_ghz)
 
 
 PRESETS = [
@@ -50,6 +50,7 @@ PRESETS = [
         "Raspberry Pi 4 (Cortex-A72)",
         "cortex-a72",
         ["+neon"],
+        1.8,
         "64-bit Raspberry Pi OS on a Pi 4: four Cortex-A72 cores with NEON, no dot product (int8 "
         "kernels multiply with smull and smlal into 16 bits, then add pairs with sadalp). Runs on an "
         "rpi4 board of the device pool.",
@@ -59,6 +60,7 @@ PRESETS = [
         "Raspberry Pi 5 (Cortex-A76)",
         "cortex-a76",
         ["+neon", "+dotprod"],
+        2.4,
         "64-bit Raspberry Pi OS on a Pi 5: four Cortex-A76 cores with NEON and the sdot/udot dot "
         "product (int8 kernels use sdot). Runs on an rpi5 board of the device pool.",
     ),
@@ -67,6 +69,7 @@ PRESETS = [
         "AWS Graviton3 (Neoverse V1)",
         "neoverse-v1",
         ["+neon", "+dotprod", "+i8mm"],
+        2.6,
         "An Arm server core with the i8mm matrix multiply (AWS c7g, 4 vCPUs; Neoverse V1, as in "
         "Graviton3): int8 kernels use smmla, a 2 x 8 by 8 x 2 int8 block into a 2 x 2 int32 tile per "
         "instruction, where sdot does 4 x 4. Runs on a graviton3 board of the device pool: emulated "

@@ -25,6 +25,7 @@ class Target:
     description: str
     spec: dict = field(default_factory=dict)  # the TVM target as a JSON dict
     board: str | None = None  # the device pool's key for the boards that run its code (e.g. "rpi5")
+    clock_ghz: float | None = None  # a board's nominal clock (llvm-mca's predicted kernel times)
 
     kind: ClassVar[str] = ""  # the kind's name, as /api/targets says it
     arch: ClassVar[str] = ""  # the machine architecture the built code runs on

@@ -14,9 +14,11 @@ from pathlib import Path
 import tvm
 
 from webapp.catalog import CODE_VIEWS, code_file
+from webapp.pipeline.reports import mca
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
 from webapp.pipeline.reports.model_explorer import write_model_explorer
+from webapp.pipeline.stages.bench import bench_threads
 from webapp.pipeline.stages.optimize import relax_script
 from webapp.targets import Target
 
@@ -132,6 +134,12 @@ def inspect_build(
             }
         )
     report(0.8)
+    executed = {
+        gv.name_hint: kernel_flop(fused[gv.name_hint] if gv.name_hint in names else func, direct=False)
+        for gv, func in lowered.functions_items()
+        if isinstance(func, tvm.tirx.PrimFunc)
+    }
+    static = None if target.gpu else mca.analyse_kernels(kernels, job_dir, target, executed, bench_threads())
     device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
@@ -143,14 +151,18 @@ def inspect_build(
     (job_dir / code_file("relax-optimized")).write_text(relax_script(lowered))
     (job_dir / code_file("bytecode")).write_text(executable.as_text())
     write_ir_zip(job_dir)
-    return {
-        "graphs": graphs,
-        "kernels": kernels,
-        "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
-        "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
-        "instructions": instruction_counts(asm) | instruction_counts(sass, COUNTED_SASS, SASS_MNEMONIC),
-        "dtype_census": dtype_census(lowered),
-    } | ({"device_code": device} if device else {})
+    return (
+        {
+            "graphs": graphs,
+            "kernels": kernels,
+            "code_sizes": {"llvm_ir_bytes": len(ll), "asm_bytes": len(asm)},
+            "model_flop": sum(k["flop"] * k["calls"] for k in kernels),
+            "instructions": instruction_counts(asm) | instruction_counts(sass, COUNTED_SASS, SASS_MNEMONIC),
+            "dtype_census": dtype_census(lowered),
+        }
+        | ({"device_code": device} if device else {})
+        | ({"mca": static} if static else {})
+    )
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2
@@ -213,16 +225,16 @@ def dtype_census(lowered: tvm.IRModule) -> dict:
     return {"tensors": tensors, "kernels": kernels}
 
 
-def kernel_flop(func: tvm.tirx.PrimFunc) -> float:
+def kernel_flop(func: tvm.tirx.PrimFunc, direct: bool = True) -> float:
     """Floating-point operations of one call (TVM's estimate: multiply-add counts as two). A Winograd
     kernel counts the direct convolution it computes (webapp.pipeline.passes.winograd.direct_flop): its
     GFLOP/s is then the effective rate, comparable with a direct kernel's, and a model's count does
-    not depend on which algorithm ran."""
+    not depend on which algorithm ran; with `direct` False, the operations it executes."""
     from webapp.pipeline.passes.winograd import direct_flop
 
-    direct = direct_flop(func)
-    if direct is not None:
-        return direct
+    count = direct_flop(func) if direct else None
+    if count is not None:
+        return count
     try:
         return float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # the estimator rejects some scheduled loops; the count is informative only
