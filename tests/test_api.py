@@ -113,6 +113,12 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
         len(results["kernels"]) - len(times)
     )
     assert results["kernels"][0]["name"].startswith("fused_conv2d")  # the convolutions take the most
+    # the job ran llvm-mca in its sandbox: the slowest kernel's hot loop analysed, its report a code view
+    assert results["mca"]["tool"].startswith("llvm-mca") and results["mca"]["analysed"] >= 1
+    slowest = results["kernels"][0]
+    assert slowest["mca"]["cycles_per_iteration"] > 0 and slowest["mca"]["predicted_ms"] > 0
+    view = client.get(f"/r/{created['id']}?view=mca&kernel={slowest['name']}")
+    assert view.status_code == 200 and b"Total Cycles" in view.data
     # the worker renders the long kernel views once after the job (webapp/codeviews.py: prerender),
     # and the code panel shows that HTML: the slowest kernel's LLVM IR is one of them (>100 KB)
     rendered = client.application.extensions["playground"]["store"].job_dir(created["id"]) / "rendered"

@@ -388,6 +388,12 @@ def test_a_pi_job_from_the_browser_shows_its_emulated_board(pool, tmp_path):
             expect(device.locator("#device-kind")).to_have_text("emulated")
             expect(device).to_contain_text("bit-exact")
             expect(page.locator("#benchmark")).to_contain_text("emulated")
+            # llvm-mca's per-kernel figures on the board's core, which QEMU's times are not
+            mca = page.locator("#kernel-mca")
+            expect(mca).to_contain_text("cortex-a76")
+            expect(mca).to_contain_text("2.40 GHz (the board's nominal clock)")
+            expect(mca).to_contain_text("emulated by QEMU, whose times are not a real board's")
+            expect(page.locator("#kernel-table")).to_contain_text("cycles/iter")
             browser.close()
     finally:
         consumer.stop(graceful=True)
