@@ -88,7 +88,8 @@ def test_a_kernel_without_a_loop_says_why():
 
 
 def test_operations_are_counted_by_vector_width():
-    x86 = "\tvfmadd231ps\t%zmm1, %zmm2, %zmm3\n\tvfmadd231ps\t%ymm1, %ymm2, %ymm3\n\tvpdpbusd\t%zmm1, %zmm2, %zmm3\n"
+    x86 = "\tvfmadd231ps\t%zmm1, %zmm2, %zmm3\n\tvfmadd231ps\t%ymm1, %ymm2, %ymm3\n"
+    x86 += "\tvpdpbusd\t%zmm1, %zmm2, %zmm3\n"
     assert mca.loop_ops(x86, "x86_64") == 2 * 16 + 2 * 8 + 8 * 16
     arm = "\tsdot\tv1.4s, v2.16b, v3.16b\n\tfmla\tv1.4s, v2.4s, v3.4s\n\tsmull\tv1.8h, v2.8b, v3.8b\n"
     assert mca.loop_ops(arm, "aarch64") == 8 * 4 + 2 * 4 + 2 * 8
