@@ -121,9 +121,10 @@ function markScrollable() {
 }
 window.addEventListener("resize", markScrollable);
 
-function scrollToHotLoop(box) { // a kernel's assembly opens at its hot loop
+function scrollToHotLoop(box) { // a kernel's assembly opens at its hot loop (or a linter's line)
   const hot = box.querySelector(".hll");
-  if (hot) box.scrollTop = hot.offsetTop - 60;
+  // not offsetTop: each line's box (content-visibility) is the marked span's offset parent
+  if (hot) box.scrollTop += hot.getBoundingClientRect().top - box.getBoundingClientRect().top - 60;
 }
 document.addEventListener("click", (e) => {
   if (!e.target.closest("#hot-loop-link")) return;

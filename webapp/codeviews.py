@@ -255,11 +255,13 @@ def code_view(
     asm_all: bool = False,
     back: dict | None = None,
     keep: bool = False,
+    line: int | None = None,
 ) -> dict:
     """Everything the code panel needs for one selection. The assembly is filtered (filter_asm)
-    unless `asm_all`, numbered, with its hot loop marked; `back` ({"graph", "node"}) is the graph
-    node the selection came from, for the link back; `keep`: the job has ended, so a long text's
-    highlighted HTML is read from (or kept in) its rendered/ folder."""
+    unless `asm_all`, numbered, with its hot loop marked (or `line` alone, where given: a line a
+    kernel linter's finding points at); `back` ({"graph", "node"}) is the graph node the selection
+    came from, for the link back; `keep`: the job has ended, so a long text's highlighted HTML is
+    read from (or kept in) its rendered/ folder."""
     views = available_views(results)
     if view not in views:
         view = "relax-imported"
@@ -305,6 +307,8 @@ def code_view(
     numbered = view in KERNEL_VIEWS
     kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
     marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()
+    line = line if numbered and kernel_shown and line and 0 < line <= text.count("\n") + 1 else None
+    marked = (line,) if line else marked
     return {
         "view": view,
         "title": title,
@@ -320,6 +324,7 @@ def code_view(
         "html": kept_highlighted(job_dir, text, lexer, numbered, marked, keep) if text else None,
         "hot_loop": loop,
         "hot_loop_by_mca": by_mca,
+        "line": line,
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,
         "empty": not text,

@@ -269,7 +269,7 @@ def result_json(job_id: str):
 
 
 def requested_code_view(job: dict) -> dict:
-    """The code panel for the selection in the query string (?view=&kernel=&pass=&diff=1)."""
+    """The code panel for the selection in the query string (?view=&kernel=&pass=&diff=1&line=)."""
     _, store, _ = ctx()
     args = request.args
     return code_view(
@@ -282,6 +282,7 @@ def requested_code_view(job: dict) -> dict:
         args.get("asm_all") == "1",
         {"graph": args.get("graph", "fused"), "node": args.get("node", "")},
         keep=job["status"] in FINISHED,
+        line=args.get("line", type=int),
     )
 
 

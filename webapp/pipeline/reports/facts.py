@@ -10,6 +10,7 @@ calling it again on its result changes nothing.
 from __future__ import annotations
 
 from webapp.naming import natural_key
+from webapp.pipeline.reports import lint
 
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
 NO_SPEEDUP_BELOW = 1.1
@@ -34,6 +35,7 @@ def derive(results: dict) -> dict:
         facts["tuning_summary"] = tuning_summary(results)
     if results.get("kernels"):
         facts["kernel_summary"] = kernel_summary(results)
+        facts["lint"] = lint.summary(results)
     if results.get("device"):
         facts["device_summary"] = device_summary(results, facts.get("quantization_summary"))
     if results.get("target"):

@@ -27,6 +27,27 @@ def bench_threads() -> int:
     return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
 
 
+def sgemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
+    """This machine's fp32 matrix-multiply rate at `threads` (torch.mm, n x n, the best of `repeats`):
+    the reference the kernel linter sets convolutions and matmuls against (reports/lint.py). A
+    measured reference, not the hardware's peak."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * n**3 / best / 1e9
+
+
 def free_cores(threads: int, window_s: float = 0.5) -> int:
     """Of `threads`, how many to use now: the cores no other process keeps busy (the others' CPU use
     over window_s, rounded to whole cores, taken from all cores), at least 1."""
@@ -297,6 +318,9 @@ def benchmark(
             outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
             report(0.2 * (i + 1) / len(makers))
         timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
+        # a CPU build's kernels against this machine's sgemm (the linter's reference), not a GPU's
+        on_cpu = dev is None or str(dev).startswith("cpu")
+        sgemm = {"gflops": sgemm_gflops(threads), "threads": threads} if on_cpu else None
     rows = [
         {
             "runtime": runtime,
@@ -338,6 +362,7 @@ def benchmark(
         if threads < all_threads
         else None,
         "machine": machine(),
+        "sgemm": sgemm,
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }

@@ -14,7 +14,8 @@ from pathlib import Path
 import tvm
 
 from webapp.catalog import CODE_VIEWS, code_file
-from webapp.pipeline.reports import mca
+from webapp.codeviews import filter_asm
+from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
 from webapp.pipeline.reports.model_explorer import write_model_explorer
@@ -146,6 +147,9 @@ def inspect_build(
         resources = device["kernels"][k["name"]].get("resources")
         k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
         k.update({"gpu": resources} if resources else {})
+    for k in kernels:  # the linter's findings on the build (reports/lint.py)
+        tir, kernel_asm = ((job_dir / code_file(view, k["name"])).read_text() for view in ("tir", "asm"))
+        k["lint"] = lint.static_findings(k, tir, filter_asm(kernel_asm), target)
     report(0.9)
 
     (job_dir / code_file("relax-optimized")).write_text(relax_script(lowered))

@@ -1,0 +1,144 @@
+"""The kernel linter: each kernel checked for hazards that cost time, each finding with its evidence and
+the code line it points at (a code view and a line of it, as the page numbers them).
+
+What the build shows (`static_findings`, run by the inspect stage on each kernel's TIR and assembly):
+- "naive": no schedule rule took the kernel: TVM's default schedule, serial and unvectorized;
+- "scalar loop": a kernel with arithmetic whose innermost loops have no vector instruction;
+- "int8 without the dot product": an int8 convolution or matmul whose assembly lacks the instruction the
+  target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddubsw ...);
+- "allocation in a parallel loop": TVMBackendAllocWorkspace called inside a parallel lambda, a runtime
+  allocation by every thread at every chunk;
+- "call in a loop": a call to a named function inside an innermost loop (a libm `expf`, a `memset`);
+- "matmul on the reduction rule": a matrix multiply scheduled as a plain reduction, one dot product at a
+  time;
+- "register spills": a GPU kernel that ptxas spills to local memory.
+What the benchmark shows (`rate_findings`, from the timed kernels, in the facts):
+- "far below sgemm": a convolution or matmul that takes at least 2% of a run at under a tenth of this
+  machine's sgemm reference rate (results.sgemm, measured by the benchmark)."""
+
+from __future__ import annotations
+
+import re
+
+HAZARDS = {
+    "naive": "left on TVM's naive schedule",
+    "scalar loop": "no vector instructions in its loops",
+    "int8 without the dot product": "int8 without the target's multiply instruction",
+    "allocation in a parallel loop": "a runtime allocation inside a parallel loop",
+    "call in a loop": "a function call inside an inner loop",
+    "matmul on the reduction rule": "a matmul on the reduction rule",
+    "register spills": "register spills (ptxas)",
+    "far below sgemm": "far below the sgemm reference for its flops",
+}
+SLOW_SHARE = 0.02  # a kernel below this share of a run is not worth a finding for its rate
+SLOW_OF_SGEMM = 0.10
+WEIGHTY = re.compile(r"conv2d|matmul|dense")  # the kernels whose rate is set against sgemm
+# a direct call to a named function (libm's expf, memset); not TVM's error path (__tvm_set_raised), and
+# not the calls through a register that launch the parallel lambdas outside any hot loop
+CALL = re.compile(r"^\s+(callq?|bl)\s+(?!__tvm_set_raised)([A-Za-z_][\w.@]*)\s*$")
+
+
+def finding(hazard: str, evidence: str, view: str | None = None, line: int | None = None) -> dict:
+    return {"hazard": hazard, "title": HAZARDS[hazard], "evidence": evidence, "view": view, "line": line}
+
+
+def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
+    """The hazards a kernel's build shows. `asm` is its assembly as the page shows it (filtered), so
+    that a finding's line is the page's line; `kernel` its kernel-table row."""
+    from webapp.codeviews import inner_loops
+
+    lines = asm.splitlines()
+    loops = inner_loops(asm)
+    arithmetic = bool(kernel.get("flop"))
+    out = []
+    if kernel.get("schedule") == "naive" and arithmetic:
+        out.append(finding("naive", "no schedule rule took it: TVM's default, serial, unvectorized", "tir"))
+    if arithmetic and loops and not target.gpu and not any(has_vectors(lines, span) for span in loops):
+        first, last = max(loops, key=lambda span: span[1] - span[0])
+        evidence = f"no vector register in its innermost loops; the longest: lines {first + 1}-{last + 1}"
+        out.append(finding("scalar loop", evidence, "asm", first + 1))
+    mnemonic = target.int8_mnemonic()
+    int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir) and not target.gpu
+    if mnemonic and int8 and not re.search(rf"^\s+{mnemonic}\b", asm, re.M):
+        evidence = f"no {mnemonic} in its {len(lines):,} lines of assembly, though {target.name} has it"
+        out.append(finding("int8 without the dot product", evidence, "asm"))
+    alloc = allocation_in_lambda(lines)
+    if alloc:
+        line, lambda_line = alloc
+        evidence = f"TVMBackendAllocWorkspace at line {line}, in the parallel lambda at line {lambda_line}"
+        out.append(finding("allocation in a parallel loop", evidence, "asm", line))
+    calls = [(j, CALL.match(lines[j]), span) for span in loops for j in range(span[0], span[1] + 1)]
+    call = next(((j, m, span) for j, m, span in calls if m), None)
+    if call:
+        j, m, (first, last) = call
+        evidence = f"{m.group(1)} {m.group(2)} at line {j + 1}, in the loop of lines {first + 1}-{last + 1}"
+        out.append(finding("call in a loop", evidence, "asm", j + 1))
+    if "matmul" in kernel["name"] and "reduction" in kernel.get("schedule", ""):
+        out.append(finding("matmul on the reduction rule", f"scheduled by '{kernel['schedule']}'", "tir"))
+    spills = (kernel.get("gpu") or {}).get("spill_bytes")
+    if spills:
+        out.append(finding("register spills", f"ptxas: {spills:,} bytes of spill stores and loads", "sass"))
+    return out
+
+
+# x86's packed instructions (ps, pd, packed integers, broadcasts): scalar float math also runs in xmm
+# registers (vmulss, vfmadd231sd), which is no vector code
+X86_PACKED = re.compile(r"^\s+(v?p[a-z]\w*|\w+p[sd]|vmovdq\w*|vbroadcast\w*|vperm\w*)\s.*%[xyz]mm")
+ARM_VECTOR = re.compile(r"\bv\d+\.\d+[bhsd]\b")  # a NEON register with an arrangement (v1.4s)
+
+
+def has_vectors(lines: list[str], span: tuple[int, int]) -> bool:
+    return any(X86_PACKED.match(line) or ARM_VECTOR.search(line) for line in lines[span[0] : span[1] + 1])
+
+
+def allocation_in_lambda(lines: list[str]) -> tuple[int, int] | None:
+    """(line of the call, line of the lambda), 1-based: TVMBackendAllocWorkspace inside a parallel
+    lambda (from its label to the next function's)."""
+    inside = None
+    for i, line in enumerate(lines):
+        if line.startswith(".L__tvm_parallel_lambda"):
+            inside = i
+        elif re.match(r"^[\w$][\w.$]*:", line):  # another function (not a local .L label)
+            inside = None
+        elif inside is not None and "TVMBackendAllocWorkspace" in line:
+            return i + 1, inside + 1
+    return None
+
+
+def rate_findings(kernel: dict, sgemm: dict | None) -> list[dict]:
+    """ "far below sgemm", from the kernel's measured ms (a share of the benchmark's median) and its
+    flop, against the machine's sgemm reference at the same threads."""
+    ms, flop, share = kernel.get("ms"), kernel.get("flop"), kernel.get("share") or 0
+    if not (sgemm and ms and flop and share >= SLOW_SHARE and WEIGHTY.search(kernel["name"])):
+        return []
+    gflops = flop * kernel.get("calls", 1) / (ms * 1e-3) / 1e9
+    if gflops >= SLOW_OF_SGEMM * sgemm["gflops"]:
+        return []
+    evidence = (
+        f"{gflops:.1f} GFLOP/s, {100 * gflops / sgemm['gflops']:.0f}% of this machine's sgemm reference "
+        f"({sgemm['gflops']:.0f} GFLOP/s at {sgemm['threads']} threads), in {100 * share:.0f}% of a run"
+    )
+    return [finding("far below sgemm", evidence, "tir")]
+
+
+def summary(results: dict) -> dict | None:
+    """Every kernel's findings (the build's and the benchmark's) and their counts, for the page's top
+    line and its findings table; None before the inspect stage."""
+    kernels = results.get("kernels")
+    if not kernels:
+        return None
+    findings = [
+        {"kernel": k["name"], **f}
+        for k in kernels
+        for f in [*(k.get("lint") or []), *rate_findings(k, results.get("sgemm"))]
+    ]
+    by_hazard: dict[str, int] = {}
+    for f in findings:
+        by_hazard[f["title"]] = by_hazard.get(f["title"], 0) + 1
+    return {
+        "count": len(findings),
+        "kernels": len({f["kernel"] for f in findings}),
+        "checked": len(kernels),
+        "by_hazard": sorted(by_hazard.items(), key=lambda kv: -kv[1]),
+        "findings": findings,
+    }
