@@ -338,6 +338,30 @@ def run_example(page, live_server, options: dict) -> str:
     return job["url"]
 
 
+def test_the_linter_and_llvm_mca_link_their_findings_to_the_code(page, live_server):
+    """The headline counts the kernel linter's findings as its table lists them; a finding opens the
+    kernel's assembly at the marked line it names; a kernel's llvm-mca figures open its report."""
+    page.goto(run_example(page, live_server, {"quantize": "int8"}))
+    count = int(re.search(r"(\d+) finding", page.locator("#headline-lint").inner_text()).group(1))
+    assert count >= 1  # cnn-small int8: the input's quantization kernel loops without vector instructions
+    expect(page.locator("#lint-table tr")).to_have_count(1 + count)
+    finding = page.locator("#lint-table a[href*='line=']").first
+    line = int(re.search(r"line=(\d+)", finding.get_attribute("href")).group(1))
+    finding.click()
+    expect(page.locator("#code-back")).to_contain_text(f"Line {line} is marked")
+    marked = page.locator("#code-text .hll")
+    expect(marked).to_have_count(1)
+    box, mark = page.locator("#code-text").bounding_box(), marked.bounding_box()
+    assert box["y"] <= mark["y"] <= box["y"] + box["height"]  # scrolled to it
+
+    page.goto(page.url.split("?")[0])
+    loop = page.locator("#kernel-table a", has_text="cycles/iter").first
+    expect(page.locator("#kernel-mca")).to_contain_text("llvm-mca")
+    loop.click()
+    expect(page.locator(".code-title")).to_contain_text("llvm-mca")
+    expect(page.locator("#code-text")).to_contain_text("Total Cycles")
+
+
 @pytest.mark.isa
 def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page, live_server):
     fp32, int8 = run_example(page, live_server, {}), run_example(page, live_server, {"quantize": "int8"})
