@@ -395,6 +395,7 @@ def test_derive_on_partial_results_states_only_what_is_measured():
         "quantization_summary",
         "tuning_summary",
         "kernel_summary",
+        "lint",
         "headline",
     }
     assert derive(with_facts(results)) == derive(results)  # derive reads none of its own keys

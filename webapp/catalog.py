@@ -151,6 +151,11 @@ CODE_VIEWS = {
 }
 
 
+# a kernel's TIR before scheduling, beside its views: the reference of its reproducer (webapp/repro.py)
+UNSCHEDULED_TIR = "views/kernels/{kernel}.unscheduled.py"
+PREPACK_TIR = "views/kernels/{kernel}.prepack.py"  # its weights' repacking, where the schedule has one
+
+
 def code_file(view: str, kernel: str = "") -> str:
     """Where a code view's text is, relative to the job folder (a kernel's, for a per-kernel view)."""
     return CODE_VIEWS[view].path.format(kernel=file_stem(kernel))

@@ -297,9 +297,10 @@ def code_view(
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
         lexer = "diff"
     loop, by_mca = None, False
+    row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
-        analysed = next((k.get("mca") for k in results.get("kernels") or [] if k["name"] == kernel), None)
+        analysed = row.get("mca")
         # the loop llvm-mca analysed (webapp.pipeline.reports.mca), in the filtered text it numbered
         if view == "asm":
             by_mca = bool(analysed and not asm_all)
@@ -325,6 +326,7 @@ def code_view(
         "hot_loop": loop,
         "hot_loop_by_mca": by_mca,
         "line": line,
+        "reproducible": bool(row.get("reproducer")),  # the job wrote its reproducer's texts (repro.py)
         "asm_all": asm_all,
         "back": (back or {}) | {"kernel": kernel} if kernel_shown else None,
         "empty": not text,

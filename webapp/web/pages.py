@@ -33,12 +33,14 @@ from webapp.catalog import (
     TARGETS,
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
+    file_stem,
 )
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
+from webapp.repro import reproducer_zip
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
 from webapp.web.compare import code_diff, compare, job_title
@@ -499,6 +501,21 @@ def files(job_id: str, name: str):
     )
     resp.headers.update(FILE_HEADERS)
     return cache_forever(resp) if job["status"] in FINISHED else resp
+
+
+@bp.get("/r/<job_id>/repro/<path:kernel>.zip")
+def reproducer(job_id: str, kernel: str):
+    """A kernel's reproducer (webapp/repro.py), packed from the job's texts when asked."""
+    job = view_or_404(job_id)
+    _, store, _ = ctx()
+    finished = job["status"] in FINISHED
+    data = reproducer_zip(store.job_dir(job_id), job["results"], kernel) if finished else None
+    if data is None:
+        abort(404)
+    resp = Response(data, mimetype="application/zip")
+    resp.headers["Content-Disposition"] = f'attachment; filename="repro-{file_stem(kernel, 60)}.zip"'
+    resp.headers.update(FILE_HEADERS)
+    return cache_forever(resp)
 
 
 @bp.get("/pygments.css")

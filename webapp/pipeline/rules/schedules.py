@@ -148,6 +148,10 @@ def repacks_weights(func) -> bool:
     return any(PREPROC in sch.get(b).annotations for b in blocks)
 
 
+PREPACK = "_weight_prepack"  # a kernel's weight repacking, split off by split_weight_repacking
+PREPACKS_ATTR = "playground.prepacks"  # the lowered module's {repacking: its TIR}, for reproducers
+
+
 def split_weight_repacking(mod: tvm.IRModule) -> tvm.IRModule:
     """The weight repacking blocks of the kernels that have them moved into kernels of their own
     (`<name>_weight_prepack`), called before their kernel, which keeps its name (TVM's pass renames

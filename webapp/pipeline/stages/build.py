@@ -18,6 +18,7 @@ from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes import lowering
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.rules import schedules
+from webapp.pipeline.rules.schedules import PREPACK
 from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
 from webapp.targets import Target
@@ -49,17 +50,20 @@ def schedule(
             mod = schedules.default_schedules(mod, target)
             # Weight repacking blocks become their own kernels, which FoldConstant runs once, here.
             mod = schedules.split_weight_repacking(mod)
+            prepacks = {g.name_hint: f.script() for g, f in mod.functions_items() if PREPACK in g.name_hint}
             mod = relax.transform.FoldConstant()(mod)
             mod = relax.transform.DeadCodeElimination()(mod)
             # What is left of the repacking runs at every call (its operand is not a constant): it
             # inherited its kernel's attributes, so it is scheduled here as the copy it is.
             mod = mod.clone()
             for gv, f in mod.functions_items():
-                if gv.name_hint.endswith("_weight_prepack"):
+                if gv.name_hint.endswith(PREPACK):
                     mod[gv] = f.without_attr("tirx.is_scheduled").without_attr(schedules.SCHEDULE_ATTR)
             mod = schedules.default_schedules(mod, target)
         labels = schedules.labels(mod)
         lowered = tvm.transform.Sequential(target.lower_passes())(mod)
+    if default_rules and prepacks:  # each kernel's weight repacking, as it was before it was folded
+        lowered = lowered.with_attr(schedules.PREPACKS_ATTR, prepacks)
     return lowered, labels
 
 

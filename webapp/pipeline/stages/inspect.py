@@ -13,12 +13,13 @@ from pathlib import Path
 
 import tvm
 
-from webapp.catalog import CODE_VIEWS, code_file
+from webapp.catalog import CODE_VIEWS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
 from webapp.codeviews import filter_asm
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
 from webapp.pipeline.reports.model_explorer import write_model_explorer
+from webapp.pipeline.rules.schedules import PREPACK, PREPACKS_ATTR
 from webapp.pipeline.stages.bench import bench_threads
 from webapp.pipeline.stages.optimize import relax_script
 from webapp.targets import Target
@@ -113,12 +114,21 @@ def inspect_build(
     kernels = []
     code = CodeIndex(ll, asm)
     names = {gv.name_hint for gv in fused.get_global_vars()}
+    lowered_names = {gv.name_hint for gv in lowered.get_global_vars()}
+    prepacks = dict((lowered.attrs or {}).get(PREPACKS_ATTR, {}))  # the repackings folded at build
     for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         name = gv.name_hint
         kernel_ll, kernel_asm = code.kernel_code(name)
         (job_dir / code_file("tir", name)).write_text(func.script())
+        unscheduled = fused[name] if name in names else func  # a weight repacking has no other form
+        (job_dir / UNSCHEDULED_TIR.format(kernel=file_stem(name))).write_text(unscheduled.script())
+        prepack = prepacks.get(name + PREPACK)
+        if prepack is None and name + PREPACK in lowered_names:
+            prepack = lowered[name + PREPACK].script()
+        if prepack is not None:
+            (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(str(prepack))
         (job_dir / code_file("llvm", name)).write_text(kernel_ll)
         (job_dir / code_file("asm", name)).write_text(kernel_asm)
         kernels.append(
@@ -130,8 +140,9 @@ def inspect_build(
                 # counted on the kernel before scheduling: the counter cannot read tensorized code
                 "flop": kernel_flop(fused[name] if name in names else func),
                 "dtypes": kernel_dtypes(func),
-                "layers": layers.get(name.removesuffix("_weight_prepack"), []),
-                "blocks": blocks.get(name.removesuffix("_weight_prepack"), []),
+                "layers": layers.get(name.removesuffix(PREPACK), []),
+                "blocks": blocks.get(name.removesuffix(PREPACK), []),
+                "reproducer": not target.gpu,  # its texts written: /r/<id>/repro/<name>.zip (webapp/repro.py)
             }
         )
     report(0.8)

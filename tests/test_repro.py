@@ -1,0 +1,78 @@
+"""A kernel's reproducer (webapp/repro.py): downloaded from a finished job, unpacked into an empty
+folder and run by its own script with TVM and numpy alone (the project's package cannot be imported),
+it builds the kernel as the job scheduled it, matches the unscheduled kernel, and gives the same
+output as the job's own library."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import tvm
+
+from tests.conftest import wait_for_job
+from tests.test_api import submit
+
+# run.py as __main__ with `webapp` made unimportable: the reproducer needs nothing of the project
+RUN = (
+    "import sys; sys.modules['webapp'] = None; sys.argv = ['run.py', *sys.argv[1:]]; "
+    "exec(compile(open('run.py').read(), 'run.py', 'exec'), {'__name__': '__main__', '__file__': 'run.py'})"
+)
+
+
+def unpacked(client, job_id: str, kernel: str, folder):
+    resp = client.get(f"/r/{job_id}/repro/{kernel}.zip")
+    assert resp.status_code == 200 and resp.mimetype == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(resp.data)) as z:
+        z.extractall(folder)
+        (top,) = {name.split("/")[0] for name in z.namelist()}
+    return folder / top
+
+
+def test_a_kernel_reproducer_runs_alone_and_gives_the_jobs_output(client, tmp_path):
+    job_id = submit(client, {"example": "cnn-small", "quantize": "int8"}).get_json()["id"]
+    job = wait_for_job(client, job_id)
+    assert job["status"] == "done", job["error"]
+    kernel = next(k["name"] for k in job["results"]["kernels"] if k["name"].startswith("fused_conv2d"))
+    page = client.get(f"/r/{job_id}?view=asm&kernel={kernel}").get_data(as_text=True)
+    assert f'id="repro-link" href="/r/{job_id}/repro/{kernel}.zip"' in page
+    folder = unpacked(client, job_id, kernel, tmp_path)
+    names = {p.name for p in folder.iterdir()}
+    assert {"kernel.py", "reference.py", "target.json", "run.py", "README.txt"} <= names
+    assert "prepack.py" in names  # an int8 convolution reads its weights repacked for its dot product
+
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", RUN, "--runs", "3", "--out", "out.npz"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "matches the unscheduled kernel" in run.stdout and "ms a call" in run.stdout
+
+    # the same kernel in the job's library, on the same arrays, gives the same output bit for bit
+    sys.path.insert(0, str(folder))
+    try:
+        import run as script  # the reproducer's own script, for its seeded inputs
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("run", None)
+    ours = np.load(folder / "out.npz")
+    ours = [ours[f"arr_{i}"] for i in range(len(ours.files))]
+    job_dir = client.application.extensions["playground"]["store"].job_dir(job_id)
+    library = tvm.runtime.load_module(str(job_dir / "files" / "model.so"))
+    function = library.imports[0].get_function(kernel)
+    args = [tvm.runtime.tensor(a) for a in ours[:-1]] + [tvm.runtime.tensor(np.zeros_like(ours[-1]))]
+    function(*args)
+    np.testing.assert_array_equal(args[-1].numpy(), ours[-1])
+    assert callable(script.random_args)
+
+
+def test_no_reproducer_for_an_unknown_kernel(client):
+    job_id = submit(client, {"example": "mlp"}).get_json()["id"]
+    wait_for_job(client, job_id)
+    assert client.get(f"/r/{job_id}/repro/no_such_kernel.zip").status_code == 404

@@ -1,0 +1,51 @@
+"""A kernel's reproducer (/r/<job>/repro/<kernel>.zip): its TIR as the job scheduled it, the same kernel
+before scheduling, its weight repacking where it has one, the job's TVM target, and a script
+(webapp/repro_script.py, as run.py) that builds and checks it with apache-tvm and numpy alone. Packed
+from the texts the job's inspect stage wrote; nothing of them runs here."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+from webapp.catalog import PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
+from webapp.codeviews import safe_job_file
+
+SCRIPT = Path(__file__).with_name("repro_script.py")
+PREPACK_PY = "prepack.py"
+
+
+def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
+    """The zip of one kernel of a finished CPU build, or None (no such kernel, or its texts are gone)."""
+    row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
+    target = (results.get("target") or {}).get("tvm")
+    if not row.get("reproducer") or not target:
+        return None
+    parts = {
+        "kernel.py": safe_job_file(job_dir, code_file("tir", kernel)),
+        "reference.py": safe_job_file(job_dir, UNSCHEDULED_TIR.format(kernel=file_stem(kernel))),
+    }
+    if any(path is None for path in parts.values()):
+        return None
+    prepack = safe_job_file(job_dir, PREPACK_TIR.format(kernel=file_stem(kernel)))
+    if prepack is not None:
+        parts[PREPACK_PY] = prepack
+    folder = f"repro-{file_stem(kernel, 60)}"
+    readme = (
+        f"Kernel {kernel} of a TVM Playground job, target {results['target'].get('preset')}.\n"
+        "kernel.py: its TIR as the job scheduled it; reference.py: the same kernel before scheduling;\n"
+        + ("prepack.py: its weights repacked as kernel.py reads them;\n" if PREPACK_PY in parts else "")
+        + "target.json: the job's TVM target.\n\n"
+        "    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy\n"
+        "    python run.py   # builds, checks against the reference on seeded random inputs, times\n"
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, path in parts.items():
+            z.writestr(f"{folder}/{name}", path.read_text())
+        z.writestr(f"{folder}/target.json", json.dumps(target, indent=2) + "\n")
+        z.writestr(f"{folder}/run.py", SCRIPT.read_text())
+        z.writestr(f"{folder}/README.txt", readme)
+    return buffer.getvalue()

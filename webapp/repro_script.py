@@ -1,0 +1,113 @@
+"""Reproduces one kernel of a TVM Playground job, with apache-tvm and numpy alone (shipped as run.py in
+the kernel's reproducer, /r/<job>/repro/<kernel>.zip; webapp/repro.py packs it).
+
+The folder holds the kernel's TIR as the job scheduled it (kernel.py), the same kernel before
+scheduling (reference.py), and the job's TVM target (target.json). This script builds both with
+tvm.compile, runs them on the same seeded random inputs, checks that the scheduled kernel computes what
+the unscheduled one does (numpy, within float rounding), and times the scheduled one. For another CPU's
+target (an Arm board's kernel on an x86 machine) it builds and stops: its code cannot run here.
+
+    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy
+    python run.py [--seed 0] [--runs 20] [--out outputs.npz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(name: str):
+    return tvm.script.from_source((HERE / name).read_text())
+
+
+def random_args(func, seed: int) -> list[np.ndarray]:
+    """One seeded array per parameter, by its dtype: floats normal, 8-bit integers over their range,
+    wider integers small (indices, biases)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param in func.params:
+        shape, dtype = [int(d) for d in param.shape], str(param.dtype)
+        if dtype.startswith("float"):
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype in ("int8", "uint8"):
+            info = np.iinfo(dtype)
+            arrays.append(rng.integers(info.min, int(info.max) + 1, shape).astype(dtype))
+        elif dtype == "bool":
+            arrays.append(rng.integers(0, 2, shape).astype(dtype))
+        else:
+            arrays.append(rng.integers(0, 8, shape).astype(dtype))
+    return arrays
+
+
+def built(func, target):
+    """The kernel compiled by TVM's default pipeline for `target`, as a runtime module."""
+    executable = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    return getattr(executable, "mod", executable)
+
+
+def call(func, target, arrays: list[np.ndarray], dev):
+    """The kernel built for `target` and run once on copies of `arrays`: (its arrays after, the module,
+    the tensors)."""
+    module = built(func, target)
+    args = [tvm.runtime.tensor(a.copy(), dev) for a in arrays]
+    module["main"](*args)
+    return [a.numpy() for a in args], module, args
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=int, default=20, help="timed runs of the scheduled kernel")
+    parser.add_argument("--out", type=Path, help="write the scheduled kernel's arrays after the call (.npz)")
+    args = parser.parse_args()
+
+    target = tvm.target.Target(json.loads((HERE / "target.json").read_text()))
+    kernel, reference = load("kernel.py"), load("reference.py")
+    arch = "aarch64" if "aarch64" in str(target.attrs.get("mtriple", "")) else "x86_64"
+    if target.kind.name != "llvm" or arch != platform.machine():
+        built(kernel, target)
+        print(f"built for {target}; it runs on {arch}, not this {platform.machine()} machine")
+        return 0
+
+    dev = tvm.cpu()
+    arrays = random_args(reference, args.seed)
+    packed = list(arrays)  # the scheduled kernel reads its weights repacked: prepack.py makes them
+    for i, (mine, theirs) in enumerate(zip(kernel.params, reference.params, strict=True)):
+        if [int(d) for d in mine.shape] != [int(d) for d in theirs.shape]:
+            prepack = load("prepack.py")
+            out = np.zeros([int(d) for d in mine.shape], str(mine.dtype))
+            packed[i] = call(prepack, target, [arrays[i], out], dev)[0][-1]
+    ours, module, tensors = call(kernel, target, packed, dev)
+    expected, _, _ = call(reference, "llvm", arrays, dev)  # the unscheduled kernel, for this CPU
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours, expected, strict=True)):
+        if a.shape != b.shape:  # a repacked weight: an input, the same values in another layout
+            continue
+        if a.dtype.kind == "f":
+            scale = max(float(np.abs(b).max()) if b.size else 0.0, 1.0)
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"argument {i}")
+        else:  # integers: a requantized value may round the other way at a float's last bit
+            off = np.abs(a.astype(np.int64) - b.astype(np.int64))
+            assert off.max(initial=0) <= 1 and (off > 0).mean() <= 0.01, f"argument {i}: {off.max()} off"
+        if a.size:
+            worst = max(worst, float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()))
+    timer = module.time_evaluator("main", dev, number=1, repeat=args.runs, min_repeat_ms=10)
+    ms = float(np.median(timer(*tensors).results)) * 1e3
+    print(f"matches the unscheduled kernel (largest difference {worst:.3g})")
+    print(f"{ms:.4f} ms a call, the median of {args.runs} runs")
+    if args.out:
+        np.savez(args.out, *ours)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
