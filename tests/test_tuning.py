@@ -53,6 +53,14 @@ def test_tuning_writes_records_and_the_next_job_starts_tuned(client, config):
     assert (shared_dir(config, "x86-generic") / RECORDS).read_text().strip()
     assert_records_used_where_faster(job["results"])
     assert all(f["max_abs_err"] < 1e-4 for f in job["results"]["fidelity"])
+    # each measured kernel's search: its best time by trial, improving only, within the job's trials
+    curves = [t["curve"] for t in tuning["tasks"] if t["curve"]]
+    assert curves and all(1 <= c[0]["trials"] and c[-1]["trials"] <= 5 for c in curves)
+    steps = [(a, b) for c in curves for a, b in zip(c, c[1:], strict=False)]
+    assert all(a["trials"] < b["trials"] and a["us"] > b["us"] for a, b in steps)
+    page = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    charted = sum(1 for t in tuning["tasks"] if t["curve"] and t["latency_us"])
+    assert charted and page.count('<svg class="spark"') == charted
     tuned_before = sum(1 for t in tuning["tasks"] if t["latency_us"] is not None)
 
     again = wait_for_job(client, submit(client, {"example": "mlp", "target": "x86-generic"}).get_json()["id"])

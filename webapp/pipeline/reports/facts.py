@@ -326,6 +326,7 @@ def tuning_summary(results: dict) -> dict:
                 "search_us": task["latency_us"],
                 "search_gflops": task.get("gflops"),
                 "pretuned": task.get("pretuned", False),
+                "curve": task.get("curve") or [],  # best µs at each trial count where it improved
                 "build_record_us": choice.get("tuned_us"),
                 "build_default_us": choice.get("default_us"),
                 "faster": faster(choice),

@@ -231,6 +231,8 @@ def tune(
     weights = {i: int(t.weight) for i, t in enumerate(tasks)}
     best = dict(before)
     curve: list[dict] = []
+    # per task, each trial count at which its best measured time improved (the first one included)
+    history: dict[int, list[dict]] = {}
     done = 0
     stop = {"requested": False}
 
@@ -239,11 +241,14 @@ def tune(
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
             nonlocal done
             done += len(measure_candidates)
-            for r in runner_results:
+            for trial, r in enumerate(runner_results, done - len(measure_candidates) + 1):
                 if r.run_secs:
                     secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
                     if best.get(task_id) is None or secs < best[task_id]:
                         best[task_id] = secs
+                    steps = history.setdefault(task_id, [])
+                    if not steps or secs * 1e6 < steps[-1]["us"]:
+                        steps.append({"trials": trial, "us": round(secs * 1e6, 3)})
             total = estimated_total_ms(best, weights)
             if total is not None:
                 curve.append({"trials": done, "ms": round(total, 4)})
@@ -316,6 +321,8 @@ def tune(
                 "latency_us": None if secs is None else secs * 1e6,
                 "gflops": None if not secs else flop / secs / 1e9,
                 "pretuned": before[i] is not None,
+                # this job's search: its best measured time at each trial count where it improved
+                "curve": history.get(i, []),
             }
         )
     return Tuned(
