@@ -17,6 +17,7 @@ from tvm import relax
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes import lowering
 from webapp.pipeline.passes.legalize import fuse
+from webapp.pipeline.reports.memory import footprint
 from webapp.pipeline.rules import schedules
 from webapp.pipeline.rules.schedules import PREPACK
 from webapp.pipeline.stages.optimize import FusionTrace
@@ -219,9 +220,14 @@ class Built:
     record_check: list[dict] = field(default_factory=list)  # per build with faster records: model_check
     fusion: object = None  # a quantized build's optimize.Fusion (the float one is the optimize stage's)
     board_plan: dict | None = None  # the layers' kernels a board times alone (fallback.board_plan)
+    memory: dict = field(default_factory=dict)  # variant -> its build's footprint (reports/memory.py)
+    shown_variant: str = "fp32"  # the variant exported as model.so
 
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
+        files = {"fp32": library.with_name("model-fp32.so"), self.shown_variant: library}
+        sizes = {v: path.stat().st_size for v, path in files.items() if path.exists()}
+        out["memory"] = [{"variant": v, **m, "library_bytes": sizes.get(v)} for v, m in self.memory.items()]
         out |= {"record_choice": self.record_choice} if self.record_choice else {}
         return out | ({"record_check": self.record_check} if self.record_check else {})
 
@@ -275,8 +281,10 @@ def build_job(
             continue
         if shown is None:
             shown = keep_library(variant, target, tuning_dir, library)
+            built.shown_variant = q.variant
             built.fused, built.fusion = qfused, fusion
         built.executables.update(variant.executables)
+        built.memory.update(variant.memory)
         built.libraries.update(variant.libraries)
         built.record_choice += variant.record_choice
         built.record_check += variant.record_check
@@ -339,9 +347,13 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None) -> Built
             c["used"] = c["kernel"] in keep
     if not keep:
         executables = {(variant, False): default_exe}
-        return Built(executables, fused, default, default_labels, default_exe, choice, {}, checked)
+        return Built(
+            executables, fused, default, default_labels, default_exe, choice, {}, checked,
+            memory={variant: footprint(default)},
+        )  # fmt: skip
     executables = {(variant, True): tuned_exe, (variant, False): default_exe}
-    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {}, checked)
+    memory = {variant: footprint(tuned)}
+    return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {}, checked, memory=memory)
 
 
 def build_stage(ctx, report, model, optimized, quantized) -> Built:

@@ -1,0 +1,64 @@
+"""A build's memory, read from its lowered module: its parameters (the constants the VM passes to the
+kernels, weights included, each counted once), its activations (the storage blocks TVM's static memory
+planning allocates for the tensors between kernels: R.vm.alloc_storage, reused across the run), and the
+largest workspace one kernel allocates for its own intermediates (its global-scope buffers, which the
+runtime takes from its workspace pool at each call). The library's size is its file's."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def footprint(lowered: tvm.IRModule) -> dict:
+    constants: dict = {}
+    storages: list[int] = []
+
+    def visit(expr) -> None:
+        tensor = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
+        if tensor is not None and hasattr(tensor, "shape") and hasattr(tensor, "dtype"):
+            elements = int(np.prod([int(d) for d in tensor.shape], dtype=np.int64))
+            constants[expr] = elements * tvm.runtime.DataType(str(tensor.dtype)).bits // 8
+        elif isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.vm.alloc_storage":
+            size = expr.args[0]
+            if isinstance(size, relax.ShapeExpr) and all(isinstance(v, tvm.tirx.IntImm) for v in size.values):
+                storages.append(int(np.prod([int(v) for v in size.values], dtype=np.int64)))
+
+    for func in lowered.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    workspace = {name: kernel_workspace(func) for name, func in kernel_items(lowered)}
+    largest = max(workspace, key=workspace.get, default=None)
+    return {
+        "params_bytes": sum(constants.values()),
+        "params": len(constants),
+        "activations_bytes": sum(storages),
+        "storages": len(storages),
+        "workspace_bytes": workspace[largest] if largest else 0,
+        "workspace_kernel": largest if largest and workspace[largest] else None,
+    }
+
+
+def kernel_items(lowered: tvm.IRModule):
+    return [(gv.name_hint, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+ALLOC = re.compile(r'T\.sblock_alloc_buffer\(\((.*?)\), "(\w+)"(.*?)\)$', re.M)
+DIM = re.compile(r"T\.int64\((\d+)\)|(?<![\w.(])(\d+)(?![\w.(])")
+
+
+def kernel_workspace(func) -> int:
+    """Bytes of a kernel's global-scope intermediate buffers with static shapes, from its TVMScript
+    (this TVM has no Python visitor of TIR statements)."""
+    total = 0
+    for shape, dtype, rest in ALLOC.findall(func.script()):
+        if "scope=" in rest and 'scope="global"' not in rest:
+            continue
+        dims = [int(a or b) for a, b in DIM.findall(shape)]
+        if len(dims) != shape.count(",") + 1 - shape.rstrip().endswith(","):  # a symbolic dimension
+            continue
+        total += int(np.prod(dims, dtype=np.int64)) * tvm.runtime.DataType(dtype).bits // 8
+    return total
