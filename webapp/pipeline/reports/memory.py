@@ -46,19 +46,22 @@ def kernel_items(lowered: tvm.IRModule):
     return [(gv.name_hint, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-ALLOC = re.compile(r'T\.sblock_alloc_buffer\(\((.*?)\), "(\w+)"(.*?)\)$', re.M)
-DIM = re.compile(r"T\.int64\((\d+)\)|(?<![\w.(])(\d+)(?![\w.(])")
+ALLOC = re.compile(r"T\.sblock_alloc_buffer\((.*)$", re.M)
+DIM = re.compile(r"T\.int(?:64|32)\((\d+)\)|\b(\d+)\b")
 
 
 def kernel_workspace(func) -> int:
     """Bytes of a kernel's global-scope intermediate buffers with static shapes, from its TVMScript
     (this TVM has no Python visitor of TIR statements)."""
     total = 0
-    for shape, dtype, rest in ALLOC.findall(func.script()):
-        if "scope=" in rest and 'scope="global"' not in rest:
+    for args in ALLOC.findall(func.script()):
+        shape = re.split(r', "|, scope=', args)[0]
+        scope = re.search(r'scope="([\w.]+)"', args)
+        if scope and scope.group(1) != "global":
             continue
-        dims = [int(a or b) for a, b in DIM.findall(shape)]
-        if len(dims) != shape.count(",") + 1 - shape.rstrip().endswith(","):  # a symbolic dimension
+        if re.sub(r"T\.int(?:64|32)\(\d+\)", "", shape).strip("(), 0123456789"):  # a symbolic dimension
             continue
-        total += int(np.prod(dims, dtype=np.int64)) * tvm.runtime.DataType(dtype).bits // 8
+        dtype = re.search(r', "(\w+)"', args)
+        elements = int(np.prod([int(a or b) for a, b in DIM.findall(shape)], dtype=np.int64))
+        total += elements * tvm.runtime.DataType(dtype.group(1) if dtype else "float32").bits // 8
     return total
