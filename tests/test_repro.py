@@ -76,3 +76,12 @@ def test_no_reproducer_for_an_unknown_kernel(client):
     job_id = submit(client, {"example": "mlp"}).get_json()["id"]
     wait_for_job(client, job_id)
     assert client.get(f"/r/{job_id}/repro/no_such_kernel.zip").status_code == 404
+
+
+def test_a_kernel_name_from_the_pipeline_cannot_lead_the_zip_out_of_its_folder():
+    from webapp.repro import archive_name
+
+    for name in ("../../etc/cron.d/x", 'a"; filename="b', "..", "fused_conv2d_add"):
+        safe = archive_name(name)
+        assert safe.startswith("repro-") and "/" not in safe and '"' not in safe and ".." not in safe[6:8]
+    assert archive_name("fused_conv2d_add") == "repro-fused_conv2d_add"

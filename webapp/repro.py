@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from webapp.codeviews import safe_job_file
 
 SCRIPT = Path(__file__).with_name("repro_script.py")
 PREPACK_PY = "prepack.py"
+
+
+def archive_name(kernel: str) -> str:
+    """The reproducer's folder and file name: the kernel's (which the pipeline wrote) in letters,
+    digits, `.`, `-` and `_` only, so that unpacking it cannot leave its folder."""
+    return "repro-" + re.sub(r"[^\w.-]", "_", file_stem(kernel, 60)).lstrip(".")
 
 
 def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
@@ -32,7 +39,7 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
     prepack = safe_job_file(job_dir, PREPACK_TIR.format(kernel=file_stem(kernel)))
     if prepack is not None:
         parts[PREPACK_PY] = prepack
-    folder = f"repro-{file_stem(kernel, 60)}"
+    folder = archive_name(kernel)
     readme = (
         f"Kernel {kernel} of a TVM Playground job, target {results['target'].get('preset')}.\n"
         "kernel.py: its TIR as the job scheduled it; reference.py: the same kernel before scheduling;\n"

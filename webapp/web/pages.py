@@ -33,14 +33,13 @@ from webapp.catalog import (
     TARGETS,
     WEIGHT_GRANULARITY,
     WEIGHT_SCALE_MODES,
-    file_stem,
 )
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.jobs.submit import SubmitError
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
-from webapp.repro import reproducer_zip
+from webapp.repro import archive_name, reproducer_zip
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
 from webapp.web.compare import code_diff, compare, job_title
@@ -513,7 +512,7 @@ def reproducer(job_id: str, kernel: str):
     if data is None:
         abort(404)
     resp = Response(data, mimetype="application/zip")
-    resp.headers["Content-Disposition"] = f'attachment; filename="repro-{file_stem(kernel, 60)}.zip"'
+    resp.headers["Content-Disposition"] = f'attachment; filename="{archive_name(kernel)}.zip"'
     resp.headers.update(FILE_HEADERS)
     return cache_forever(resp)
 
