@@ -65,6 +65,21 @@ def test_hot_loop_is_the_innermost_loop_with_vector_instructions():
     assert hot_loop("f:\n\tmovl\t$1, %eax\n\tretq\n") is None
 
 
+def test_the_marked_loop_is_llvm_mcas_where_its_lines_fit_the_text_and_a_linters_line_alone(tmp_path):
+    path = tmp_path / code_file("asm", "k")
+    path.parent.mkdir(parents=True)
+    path.write_text(ASM)
+    start, end = hot_loop(filter_asm(ASM))
+    for lines in ([1, 10**10], [3], ["1", "2"], [5, 2], None):  # the sandbox wrote them: any of these
+        shown = code_view(tmp_path, {"kernels": [{"name": "k", "mca": {"lines": lines}}]}, "asm", "k")
+        assert shown["hot_loop"] == (start, end) and not shown["hot_loop_by_mca"]
+    shown = code_view(tmp_path, {"kernels": [{"name": "k", "mca": {"lines": [2, 3]}}]}, "asm", "k")
+    assert shown["hot_loop"] == (2, 3) and shown["hot_loop_by_mca"]
+    shown = code_view(tmp_path, {"kernels": [{"name": "k"}]}, "asm", "k", line=4)
+    assert shown["line"] == 4 and str(shown["html"]).count('class="hll"') == 1
+    assert code_view(tmp_path, {"kernels": [{"name": "k"}]}, "asm", "k", line=10**6)["line"] is None
+
+
 def test_a_long_kernel_view_is_highlighted_once_and_kept_a_short_one_is_not(tmp_path):
     """The worker renders a finished job's long kernel views beforehand (prerender); the web then reads
     the kept HTML instead of highlighting the text again."""

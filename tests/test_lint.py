@@ -141,3 +141,13 @@ def test_rule_spill_and_rate_findings_on_kernel_rows():
         {"kernels": [slow | {"lint": []}, matmul | {"lint": [lint.finding("naive", "x")]}], "sgemm": sgemm}
     )
     assert summary["count"] == 2 and summary["kernels"] == 2 and summary["checked"] == 2
+
+
+def test_a_gpu_kernel_is_linted_without_its_host_code():
+    """A GPU build's assembly is the host side's (kernel launches): only the rule, naive and spill
+    hazards apply, and int8 GPU kernels are not asked for a CPU's instruction."""
+    target = get("cuda-sm80")
+    row = {"name": "fused_conv2d_int8", "schedule": "default rule: gpu", "flop": 1e6}
+    row["gpu"] = {"spill_bytes": 8}
+    host = "\tcallq\texpf@PLT\n.LBB0_1:\n\tmovl\t$1, %eax\n\tjne\t.LBB0_1\n"
+    assert hazards(lint.static_findings(row, '"int8"', host, target)) == ["register spills"]

@@ -303,8 +303,16 @@ def code_view(
         analysed = row.get("mca")
         # the loop llvm-mca analysed (webapp.pipeline.reports.mca), in the filtered text it numbered
         if view == "asm":
-            by_mca = bool(analysed and not asm_all)
-            loop = tuple(analysed["lines"]) if by_mca else hot_loop(text)
+            lines = (analysed or {}).get("lines")  # the sandbox wrote them: checked before use
+            count = text.count("\n") + 1
+            by_mca = (
+                not asm_all
+                and isinstance(lines, list)
+                and len(lines) == 2
+                and all(isinstance(n, int) and 1 <= n <= count for n in lines)
+                and lines[0] <= lines[1]
+            )
+            loop = tuple(lines) if by_mca else hot_loop(text)
     numbered = view in KERNEL_VIEWS
     kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
     marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()

@@ -15,13 +15,19 @@ from webapp.catalog import PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
 from webapp.codeviews import safe_job_file
 
 SCRIPT = Path(__file__).with_name("repro_script.py")
+MAX_TEXT_BYTES = 32 << 20
+WARNING = (
+    "These texts were written by the job's pipeline from the uploaded model. run.py parses them with\n"
+    "TVMScript, which evaluates Python expressions in them: run it only where you would run code that\n"
+    "came with the model.\n"
+)
 PREPACK_PY = "prepack.py"
 
 
 def archive_name(kernel: str) -> str:
     """The reproducer's folder and file name: the kernel's (which the pipeline wrote) in letters,
     digits, `.`, `-` and `_` only, so that unpacking it cannot leave its folder."""
-    return "repro-" + re.sub(r"[^\w.-]", "_", file_stem(kernel, 60)).lstrip(".")
+    return "repro-" + re.sub(r"[^\w.-]", "_", file_stem(kernel, 60), flags=re.ASCII).lstrip(".")
 
 
 def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
@@ -46,12 +52,15 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
         + ("prepack.py: its weights repacked as kernel.py reads them;\n" if PREPACK_PY in parts else "")
         + "target.json: the job's TVM target.\n\n"
         "    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy\n"
-        "    python run.py   # builds, checks against the reference on seeded random inputs, times\n"
+        "    python run.py   # builds, checks against the reference on seeded random inputs, times\n\n"
+        + WARNING
     )
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         for name, path in parts.items():
-            z.writestr(f"{folder}/{name}", path.read_text())
+            if path.stat().st_size > MAX_TEXT_BYTES:  # the sandbox wrote it: no unbounded read here
+                return None
+            z.writestr(f"{folder}/{name}", path.read_bytes())
         z.writestr(f"{folder}/target.json", json.dumps(target, indent=2) + "\n")
         z.writestr(f"{folder}/run.py", SCRIPT.read_text())
         z.writestr(f"{folder}/README.txt", readme)

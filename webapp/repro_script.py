@@ -83,6 +83,9 @@ def main() -> int:
     packed = list(arrays)  # the scheduled kernel reads its weights repacked: prepack.py makes them
     for i, (mine, theirs) in enumerate(zip(kernel.params, reference.params, strict=True)):
         if [int(d) for d in mine.shape] != [int(d) for d in theirs.shape]:
+            if not (HERE / "prepack.py").exists():
+                print(f"argument {i} is in another layout than the reference's, and no prepack.py says how")
+                return 1
             prepack = load("prepack.py")
             out = np.zeros([int(d) for d in mine.shape], str(mine.dtype))
             packed[i] = call(prepack, target, [arrays[i], out], dev)[0][-1]

@@ -19,13 +19,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from webapp.catalog import code_file
 from webapp.codeviews import filter_asm, hot_loop
 
 ITERATIONS = 100
-TIMEOUT_S = 20
+TIMEOUT_S = 20  # a loop
+BUDGET_S = 90  # all the kernels of a job: the rest are left unanalysed, said in their view
+MAX_FREQ = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
 
 # Operations per instruction (a multiply-add counts as two, as the kernel's flop count does), by the
 # instruction and its vector: x86 by the register (xmm, ymm, zmm bits / element bits), Arm by the
@@ -75,7 +78,7 @@ def loop_body(asm: str, arch: str) -> tuple[str, tuple[int, int]] | None:
     if span is None:
         return None
     body = instructions(text.splitlines()[span[0] - 1 : span[1]])
-    if any(re.match(r"\s+(call|ret|bl|blr|br)\b", line) for line in body):
+    if any(re.match(r"\s+(callq?|retq?|bl|blr|br)\b", line) for line in body):
         return None
     return "\n".join(body) + "\n", span
 
@@ -164,6 +167,8 @@ def analyse(asm: str, triple: str, cpu: str) -> tuple[dict | None, str]:
         run = subprocess.run(command, input=body, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return None, f"llvm-mca took over {TIMEOUT_S} s on this loop"
+    except OSError as exc:
+        return None, f"llvm-mca did not start: {exc}"
     if run.returncode != 0:
         return None, f"llvm-mca could not read this loop: {run.stderr.strip()[:300]}"
     figures = parse(run.stdout)
@@ -187,7 +192,12 @@ def predicted_ms(figures: dict, flop: float, calls: int, clock: float | None, th
 
 
 def host_clock_ghz() -> float | None:
-    """This machine's clock, from /proc/cpuinfo's first `cpu MHz` (x86 reports it; Arm often does not)."""
+    """This machine's clock: its cores' top frequency where the kernel says it (cpufreq), else
+    /proc/cpuinfo's first `cpu MHz` (the current one; a virtual machine reports its nominal clock)."""
+    try:
+        return int(Path(MAX_FREQ).read_text()) / 1e6
+    except (OSError, ValueError):
+        pass
     try:
         m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text(), re.M)
     except OSError:
@@ -207,8 +217,15 @@ def analyse_kernels(kernels: list[dict], job_dir: Path, target, flop: dict, thre
     cpu = str(target.tvm.attrs.get("mcpu", "generic"))
     clock = target.clock_ghz or (host_clock_ghz() if target.arch == "x86_64" else None)
     mca = tool()
+    deadline = time.monotonic() + BUDGET_S
     for k in kernels:
-        figures, text = analyse((job_dir / code_file("asm", k["name"])).read_text(), triple, cpu)
+        if time.monotonic() > deadline:
+            figures, text = None, f"not analysed: llvm-mca's {BUDGET_S} s for this job's kernels were spent"
+        else:
+            try:
+                figures, text = analyse((job_dir / code_file("asm", k["name"])).read_text(), triple, cpu)
+            except Exception as exc:  # an analysis that fails leaves the kernel unanalysed, never the job
+                figures, text = None, f"llvm-mca's analysis failed: {type(exc).__name__}: {exc}"
         if figures is not None:
             ops = flop.get(k["name"]) or 0
             figures["predicted_ms"] = predicted_ms(figures, ops, k.get("calls") or 0, clock, threads)
@@ -219,6 +236,8 @@ def analyse_kernels(kernels: list[dict], job_dir: Path, target, flop: dict, thre
         "cpu": cpu,
         "clock_ghz": clock,
         "threads": threads,
-        "clock_source": "the board's nominal clock" if target.clock_ghz else "this machine's /proc/cpuinfo",
+        "clock_source": "the board's nominal clock"
+        if target.clock_ghz
+        else "this machine's, as Linux reports it",
         "analysed": sum(1 for k in kernels if "mca" in k),
     }

@@ -320,7 +320,11 @@ def benchmark(
         timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
         # a CPU build's kernels against this machine's sgemm (the linter's reference), not a GPU's
         on_cpu = dev is None or str(dev).startswith("cpu")
-        sgemm = {"gflops": sgemm_gflops(threads), "threads": threads} if on_cpu else None
+        try:
+            sgemm = {"gflops": sgemm_gflops(threads), "threads": threads} if on_cpu else None
+        except Exception as exc:  # the linter's reference only: the measurements stand without it
+            print(f"sgemm reference left out: {type(exc).__name__}: {exc}")
+            sgemm = None
     rows = [
         {
             "runtime": runtime,

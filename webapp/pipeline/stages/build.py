@@ -227,7 +227,9 @@ class Built:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
         files = {"fp32": library.with_name("model-fp32.so"), self.shown_variant: library}
         sizes = {v: path.stat().st_size for v, path in files.items() if path.exists()}
-        out["memory"] = [{"variant": v, **m, "library_bytes": sizes.get(v)} for v, m in self.memory.items()]
+        out["memory"] = [
+            {"variant": v, **m, "library_bytes": sizes.get(v)} for v, m in self.memory.items() if m
+        ]
         out |= {"record_choice": self.record_choice} if self.record_choice else {}
         return out | ({"record_check": self.record_check} if self.record_check else {})
 
