@@ -62,15 +62,15 @@ def program(loops: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cpu", default="cortex-a76", help="QEMU's core (cortex-a72: the Pi 4, no sdot)")
     parser.add_argument("--loops", type=int, default=2_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "costs.c", Path(tmp) / "costs"
         source.write_text(program(args.loops))
-        march = "-march=armv8.2-a+dotprod"
-        subprocess.run(["aarch64-linux-gnu-gcc", "-O2", march, "-static", str(source), "-o", str(binary)], check=True)
+        gcc = ["aarch64-linux-gnu-gcc", "-O2", "-march=armv8.2-a+dotprod", "-static"]
+        subprocess.run([*gcc, str(source), "-o", str(binary)], check=True)
         env = os.environ | {"QEMU_CPU": args.cpu}
         run = subprocess.run(["qemu-aarch64-static", str(binary)], env=env, capture_output=True, text=True)
         if run.returncode != 0:
