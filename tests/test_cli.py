@@ -42,6 +42,10 @@ def test_tune_compile_to_a_package_and_run_it_with_the_runtime_alone(example_fil
     # the page's headline, as the result JSON says it
     assert f"* {result['headline']['speed']['text']}\n" in made.stdout
     assert f"* Look next: {result['headline']['look_next']['text']}" in made.stdout
+    lint = result["lint"]
+    counted = f"{lint['count']} findings in {lint['kernels']} of {lint['checked']} kernels"
+    assert f"* Kernel linter: {counted}" in made.stdout
+    assert all(f"  {f['kernel']}: {f['title']}: {f['evidence']}" in made.stdout for f in lint["findings"])
     with tarfile.open(tmp_path / "model.tar") as tar:
         assert sorted(tar.getnames()) == ["README.txt", "metadata.json", "model.so", "run.py"]
         meta = json.loads(tar.extractfile("metadata.json").read())

@@ -356,12 +356,20 @@ def multipart(fields_: dict[str, str], files: dict[str, tuple[str, bytes]]) -> t
 
 def headline_lines(result: dict) -> str:
     """The result page's headline: TVM against the fastest other runtime, the quantized build's gain,
-    what to look at next (each as the result JSON says it)."""
+    what to look at next, the kernel linter's findings (each as the result JSON says it)."""
     h = result.get("headline") or {}
     lines = [h[k]["text"] for k in ("speed", "quantized") if h.get(k)]
     if h.get("look_next"):
         lines.append(f"Look next: {h['look_next']['text']}")
-    return "\n".join(f"* {line}" for line in lines)
+    lint = result.get("lint")
+    if lint:  # the kernel linter's count, as the page's headline says it; each finding after it
+        by = "; ".join(f"{title}: {n}" for title, n in lint["by_hazard"])
+        lines.append(
+            f"Kernel linter: {lint['count']} findings in {lint['kernels']} of {lint['checked']} kernels"
+            + (f" ({by})" if by else "")
+        )
+        lines += [f"  {f['kernel']}: {f['title']}: {f['evidence']}" for f in lint["findings"]]
+    return "\n".join(f"* {line}" if not line.startswith("  ") else line for line in lines)
 
 
 def benchmark_table(result: dict) -> str:
