@@ -6,8 +6,6 @@ runtime takes from its workspace pool at each call). The library's size is its f
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import tvm
 from tvm import relax
@@ -55,22 +53,16 @@ def kernel_items(lowered: tvm.IRModule):
     return [(gv.name_hint, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-ALLOC = re.compile(r"T\.sblock_alloc_buffer\((.*)$", re.M)
-DIM = re.compile(r"T\.int(?:64|32)\((\d+)\)|\b(\d+)\b")
-
-
 def kernel_workspace(func) -> int:
-    """Bytes of a kernel's global-scope intermediate buffers with static shapes, from its TVMScript
-    (this TVM has no Python visitor of TIR statements)."""
+    """Bytes of a kernel's global-scope intermediate buffers with static shapes: those its root block
+    allocates, where the schedules put them (read from the TIR, not from its printed text: printing
+    every kernel of every build cost seconds a job)."""
+    block = getattr(func.body, "block", None)
     total = 0
-    for args in ALLOC.findall(func.script()):
-        shape = re.split(r', "|, scope=', args)[0]
-        scope = re.search(r'scope="([\w.]+)"', args)
-        if scope and scope.group(1) != "global":
+    for buffer in getattr(block, "alloc_buffers", None) or []:
+        static = all(isinstance(d, tvm.tirx.IntImm) for d in buffer.shape)
+        if buffer.scope() not in ("global", "") or not static:
             continue
-        if re.sub(r"T\.int(?:64|32)\(\d+\)", "", shape).strip("(), 0123456789"):  # a symbolic dimension
-            continue
-        dtype = re.search(r', "(\w+)"', args)
-        elements = int(np.prod([int(a or b) for a, b in DIM.findall(shape)], dtype=np.int64))
-        total += elements * tvm.runtime.DataType(dtype.group(1) if dtype else "float32").bits // 8
+        elements = int(np.prod([int(d) for d in buffer.shape], dtype=np.int64))
+        total += elements * tvm.runtime.DataType(str(buffer.dtype)).bits // 8
     return total

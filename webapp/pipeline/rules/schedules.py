@@ -149,7 +149,7 @@ def repacks_weights(func) -> bool:
 
 
 PREPACK = "_weight_prepack"  # a kernel's weight repacking, split off by split_weight_repacking
-PREPACKS_ATTR = "playground.prepacks"  # the lowered module's {repacking: its TIR}, for reproducers
+PREPACKS_ATTR = "playground.prepacks"  # the lowered module's {repacking: its PrimFunc}, for reproducers
 
 
 def split_weight_repacking(mod: tvm.IRModule) -> tvm.IRModule:

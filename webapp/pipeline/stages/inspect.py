@@ -124,11 +124,11 @@ def inspect_build(
         (job_dir / code_file("tir", name)).write_text(func.script())
         unscheduled = fused[name] if name in names else func  # a weight repacking has no other form
         (job_dir / UNSCHEDULED_TIR.format(kernel=file_stem(name))).write_text(unscheduled.script())
-        prepack = prepacks.get(name + PREPACK)
+        prepack = prepacks.get(name + PREPACK)  # printed here, for the shown build only
         if prepack is None and name + PREPACK in lowered_names:
-            prepack = lowered[name + PREPACK].script()
+            prepack = lowered[name + PREPACK]
         if prepack is not None:
-            (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(str(prepack))
+            (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
         (job_dir / code_file("llvm", name)).write_text(kernel_ll)
         (job_dir / code_file("asm", name)).write_text(kernel_asm)
         kernels.append(
