@@ -59,7 +59,8 @@ def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
         evidence = f"no vector register in its innermost loops; the longest: lines {first + 1}-{last + 1}"
         out.append(finding("scalar loop", evidence, "asm", first + 1))
     mnemonic = None if target.gpu or not asm.strip() else target.int8_mnemonic()  # a GPU's asm is its host's
-    int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir)
+    # a depthwise (grouped) convolution reduces over no input channels: a dot product has nothing to add up
+    int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir) and "group_conv2d" not in tir
     if mnemonic and int8 and not re.search(rf"^\s+{mnemonic}\b", asm, re.M):
         evidence = f"no {mnemonic} in its {len(lines):,} lines of assembly, though {target.name} has it"
         out.append(finding("int8 without the dot product", evidence, "asm"))
