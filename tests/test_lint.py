@@ -4,13 +4,11 @@ gives none; the rate, register-spill and rule hazards on kernel-table rows."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tvm
-from tvm import relax
-from tvm.relax import op as R
 from tvm.script import tirx as T
 
+from tests.test_mca import conv_model
 from webapp.codeviews import filter_asm
 from webapp.pipeline.reports import lint
 from webapp.pipeline.stages.build import build, schedule
@@ -92,21 +90,9 @@ def test_int8_without_the_targets_multiply_instruction_is_found():
     assert target.int8_mnemonic() in next(f["evidence"] for f in found if "int8" in f["hazard"])
 
 
-def one_by_one_conv() -> tvm.IRModule:
-    rng = np.random.default_rng(0)
-    x = relax.Var("x", relax.TensorType((1, 64, 28, 28), "float32"))
-    w = relax.const(rng.normal(0, 0.1, (64, 64, 1, 1)).astype("float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, w)))))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def test_the_default_rules_convolution_has_no_findings(tmp_path):
     target = get("x86-host")
-    mod = one_by_one_conv()
+    mod = conv_model(kernel=1, size=28)
     fused = optimize(mod, target, tmp_path).fused
     lowered, labels = schedule(fused, target, None)
     found = inspect_build(mod, fused, lowered, build(lowered, target, None), tmp_path, labels, target)

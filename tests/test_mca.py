@@ -22,15 +22,17 @@ from webapp.targets import get
 pytestmark = pytest.mark.skipif(mca.tool() is None, reason="llvm-mca is not installed (make setup-test)")
 
 
-def conv_model() -> tvm.IRModule:
-    """One 3x3 convolution, 64 -> 64 channels over 56 x 56 (a ResNet layer), with its ReLU."""
+def conv_model(kernel: int = 3, size: int = 56) -> tvm.IRModule:
+    """One convolution, 64 -> 64 channels over size x size (by default a ResNet layer's 3x3 over 56 x 56,
+    padded to keep its size), with its ReLU."""
     rng = np.random.default_rng(0)
-    x = relax.Var("x", relax.TensorType((1, 64, 56, 56), "float32"))
-    w = relax.const(rng.normal(0, 0.1, (64, 64, 3, 3)).astype("float32"))
+    x = relax.Var("x", relax.TensorType((1, 64, size, size), "float32"))
+    w = relax.const(rng.normal(0, 0.1, (64, 64, kernel, kernel)).astype("float32"))
+    pad = [kernel // 2] * 2
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, w, padding=[1, 1])))))
+            out = bb.emit_output(bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, w, padding=pad)))))
         bb.emit_func_output(out)
     return bb.get()
 

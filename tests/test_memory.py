@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from tests.conftest import wait_for_job
 from tests.test_api import submit
-from tests.test_lint import one_by_one_conv
 from tests.test_mca import conv_model
 from webapp.pipeline.reports.memory import footprint
 from webapp.pipeline.stages.build import schedule
@@ -20,7 +19,7 @@ def lowered(mod, tmp_path):
 
 
 def test_parameters_activations_and_workspace_of_two_convolutions(tmp_path):
-    one = footprint(lowered(one_by_one_conv(), tmp_path))
+    one = footprint(lowered(conv_model(kernel=1, size=28), tmp_path))
     assert one["params_bytes"] == 64 * 64 * 4 and one["params"] == 1
     tensor = 28 * 28 * 64 * 4  # the input, the convolution's output and the output are this size
     assert tensor <= one["activations_bytes"] <= 3 * tensor and one["storages"] >= 1

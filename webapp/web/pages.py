@@ -506,15 +506,11 @@ def files(job_id: str, name: str):
 def reproducer(job_id: str, kernel: str):
     """A kernel's reproducer (webapp/repro.py), packed from the job's texts when asked."""
     job = view_or_404(job_id)
-    _, store, _ = ctx()
-    finished = job["status"] in FINISHED
-    data = reproducer_zip(store.job_dir(job_id), job["results"], kernel) if finished else None
-    if data is None:
+    data = job["status"] in FINISHED and reproducer_zip(ctx()[1].job_dir(job_id), job["results"], kernel)
+    if not data:
         abort(404)
-    resp = Response(data, mimetype="application/zip")
-    resp.headers["Content-Disposition"] = f'attachment; filename="{archive_name(kernel)}.zip"'
-    resp.headers.update(FILE_HEADERS)
-    return cache_forever(resp)
+    attachment = {"Content-Disposition": f'attachment; filename="{archive_name(kernel)}.zip"'}
+    return cache_forever(Response(data, mimetype="application/zip", headers=FILE_HEADERS | attachment))
 
 
 @bp.get("/pygments.css")

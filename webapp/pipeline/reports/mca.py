@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from webapp.catalog import code_file
-from webapp.codeviews import filter_asm, hot_loop
+from webapp.codeviews import hot_loop
 
 ITERATIONS = 100
 TIMEOUT_S = 20  # a loop
@@ -62,17 +62,17 @@ def tool() -> str | None:
     return shutil.which("llvm-mca-19") or shutil.which("llvm-mca")
 
 
-def loop_body(asm: str, arch: str) -> tuple[str, tuple[int, int]] | None:
+def loop_body(text: str, arch: str) -> tuple[str, tuple[int, int]] | None:
     """The hot loop's instructions (labels, directives and comments left out), and its lines (1-based)
-    in the kernel's assembly as the page shows it (filtered); None when the kernel has no loop with
-    vector instructions, or the span found holds a call or a return (error paths, not a loop)."""
+    in the kernel's assembly as the page shows it (`text`, filtered by codeviews.filter_asm); None when
+    the kernel has no loop with vector instructions, or the span found holds a call or a return (error
+    paths, not a loop)."""
     comment = "//" if arch == "aarch64" else "#"
 
     def instructions(lines: list[str]) -> list[str]:
         body = [line.split(comment)[0].rstrip() for line in lines]
         return [line for line in body if line[:1] in (" ", "\t") and line.strip()[:1] not in ("", ".")]
 
-    text = filter_asm(asm)
     # the loop with the most multiply-adds (a conv's, not its padding copy's), then the most lines
     span = hot_loop(text, lambda lines: (loop_ops("\n".join(instructions(lines)), arch), len(lines)))
     if span is None:
@@ -149,8 +149,8 @@ def bottleneck(report: str, figures: dict) -> tuple[str, str]:
 
 
 def analyse(asm: str, triple: str, cpu: str) -> tuple[dict | None, str]:
-    """(figures, llvm-mca's report with its timeline) of a kernel's hot loop; (None, why) when it has
-    none or llvm-mca cannot read it."""
+    """(figures, llvm-mca's report with its timeline) of the hot loop of a kernel's assembly as the page
+    shows it (filtered); (None, why) when it has none or llvm-mca cannot read it."""
     mca = tool()
     if mca is None:
         return None, "llvm-mca is not installed on this server (Debian: apt-get install llvm-19)"
@@ -159,7 +159,7 @@ def analyse(asm: str, triple: str, cpu: str) -> tuple[dict | None, str]:
     if found is None:
         return None, "no loop with vector instructions in this kernel's assembly: nothing to analyse"
     body, span = found
-    if not loop_ops(body, arch) and loop_ops(filter_asm(asm), arch):
+    if not loop_ops(body, arch) and loop_ops(asm, arch):
         return None, "its multiply-adds are in no loop (unrolled whole): no loop holds its arithmetic"
     command = [mca, f"-mtriple={triple}", f"-mcpu={cpu}", f"-iterations={ITERATIONS}", "-bottleneck-analysis"]
     command += ["-timeline", "-timeline-max-iterations=2", "-timeline-max-cycles=120"]
@@ -205,12 +205,14 @@ def host_clock_ghz() -> float | None:
     return float(m.group(1)) / 1000 if m else None
 
 
-def analyse_kernels(kernels: list[dict], job_dir: Path, target, flop: dict, threads: int) -> dict | None:
-    """Each CPU kernel's hot loop analysed: `kernels` (the kernel table's rows, their assembly written
-    in the job folder) gain "mca", and each one's report is its "mca" code view. `flop`: each kernel's
-    operations as it executes them (a Winograd kernel's own, not the direct convolution's that the
-    table counts); `threads`: the threads its runs use. Returns what the page says above the table
-    (tool, cpu, clock, threads), None for a target llvm-mca does not model."""
+def analyse_kernels(
+    kernels: list[dict], texts: dict, job_dir: Path, target, flop: dict, threads: int
+) -> dict | None:
+    """Each CPU kernel's hot loop analysed: `kernels` (the kernel table's rows) gain "mca", and each
+    one's report is its "mca" code view. `texts`: each kernel's (TIR, assembly as the page shows it);
+    `flop`: the operations each executes (a Winograd kernel's own, not the direct convolution's that
+    the table counts); `threads`: the threads its runs use. Returns what the page says above the
+    table (tool, cpu, clock, threads), None for a target llvm-mca does not model."""
     if getattr(target, "arch", None) not in ("x86_64", "aarch64"):
         return None
     triple = "aarch64-linux-gnu" if target.arch == "aarch64" else "x86_64-linux-gnu"
@@ -223,7 +225,7 @@ def analyse_kernels(kernels: list[dict], job_dir: Path, target, flop: dict, thre
             figures, text = None, f"not analysed: llvm-mca's {BUDGET_S} s for this job's kernels were spent"
         else:
             try:
-                figures, text = analyse((job_dir / code_file("asm", k["name"])).read_text(), triple, cpu)
+                figures, text = analyse(texts[k["name"]][1], triple, cpu)
             except Exception as exc:  # an analysis that fails leaves the kernel unanalysed, never the job
                 figures, text = None, f"llvm-mca's analysis failed: {type(exc).__name__}: {exc}"
         if figures is not None:

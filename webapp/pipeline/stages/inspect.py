@@ -15,6 +15,7 @@ import tvm
 
 from webapp.catalog import CODE_VIEWS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
 from webapp.codeviews import filter_asm
+from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
@@ -116,14 +117,20 @@ def inspect_build(
     names = {gv.name_hint for gv in fused.get_global_vars()}
     lowered_names = {gv.name_hint for gv in lowered.get_global_vars()}
     prepacks = dict((lowered.attrs or {}).get(PREPACKS_ATTR, {}))  # the repackings folded at build
+    texts: dict[str, tuple[str, str]] = {}  # kernel -> (its TIR, its assembly as the page shows it)
+    executed: dict[str, float] = {}  # kernel -> the operations it executes (Winograd: its own)
     for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         name = gv.name_hint
         kernel_ll, kernel_asm = code.kernel_code(name)
-        (job_dir / code_file("tir", name)).write_text(func.script())
+        texts[name] = (func.script(), filter_asm(kernel_asm))
+        (job_dir / code_file("tir", name)).write_text(texts[name][0])
         unscheduled = fused[name] if name in names else func  # a weight repacking has no other form
         (job_dir / UNSCHEDULED_TIR.format(kernel=file_stem(name))).write_text(unscheduled.script())
+        # counted on the kernel before scheduling: the counter cannot read tensorized code
+        executed[name] = executed_flop(unscheduled)
+        direct = direct_flop(unscheduled)
         prepack = prepacks.get(name + PREPACK)  # printed here, for the shown build only
         if prepack is None and name + PREPACK in lowered_names:
             prepack = lowered[name + PREPACK]
@@ -137,8 +144,7 @@ def inspect_build(
                 "schedule": labels.get(name, "naive"),
                 "asm_lines": kernel_asm.count("\n"),
                 "calls": graphs["fused"]["ops"].get(name, 0),
-                # counted on the kernel before scheduling: the counter cannot read tensorized code
-                "flop": kernel_flop(fused[name] if name in names else func),
+                "flop": direct if direct is not None else executed[name],
                 "dtypes": kernel_dtypes(func),
                 "layers": layers.get(name.removesuffix(PREPACK), []),
                 "blocks": blocks.get(name.removesuffix(PREPACK), []),
@@ -146,18 +152,14 @@ def inspect_build(
             }
         )
     report(0.8)
-    executed = {
-        gv.name_hint: kernel_flop(fused[gv.name_hint] if gv.name_hint in names else func, direct=False)
-        for gv, func in lowered.functions_items()
-        if isinstance(func, tvm.tirx.PrimFunc)
-    }
     # a board's kernels are predicted for the board's own cores, a server's at the threads its runs use
     threads = int(target.tvm.attrs.get("num-cores", 1)) if target.board else bench_threads()
+    static = None
     try:
-        static = None if target.gpu else mca.analyse_kernels(kernels, job_dir, target, executed, threads)
+        if not target.gpu:
+            static = mca.analyse_kernels(kernels, texts, job_dir, target, executed, threads)
     except Exception as exc:  # llvm-mca's view is an extra: a job never fails of it
         print(f"llvm-mca's analysis left out: {type(exc).__name__}: {exc}")
-        static = None
     device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
@@ -165,9 +167,8 @@ def inspect_build(
         k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
         k.update({"gpu": resources} if resources else {})
     for k in kernels:  # the linter's findings on the build (reports/lint.py)
-        tir, kernel_asm = ((job_dir / code_file(view, k["name"])).read_text() for view in ("tir", "asm"))
         try:
-            k["lint"] = lint.static_findings(k, tir, filter_asm(kernel_asm), target)
+            k["lint"] = lint.static_findings(k, *texts[k["name"]], target)
         except Exception as exc:  # the linter never fails the job: the kernel is listed as unchecked
             k["lint"] = [lint.finding("unchecked", f"the linter failed on it: {type(exc).__name__}: {exc}")]
     report(0.9)
@@ -249,16 +250,17 @@ def dtype_census(lowered: tvm.IRModule) -> dict:
     return {"tensors": tensors, "kernels": kernels}
 
 
-def kernel_flop(func: tvm.tirx.PrimFunc, direct: bool = True) -> float:
+def kernel_flop(func: tvm.tirx.PrimFunc) -> float:
     """Floating-point operations of one call (TVM's estimate: multiply-add counts as two). A Winograd
     kernel counts the direct convolution it computes (webapp.pipeline.passes.winograd.direct_flop): its
     GFLOP/s is then the effective rate, comparable with a direct kernel's, and a model's count does
-    not depend on which algorithm ran; with `direct` False, the operations it executes."""
-    from webapp.pipeline.passes.winograd import direct_flop
+    not depend on which algorithm ran."""
+    direct = direct_flop(func)
+    return direct if direct is not None else executed_flop(func)
 
-    count = direct_flop(func) if direct else None
-    if count is not None:
-        return count
+
+def executed_flop(func: tvm.tirx.PrimFunc) -> float:
+    """The operations a call executes, by TVM's estimate (0 where it cannot count them)."""
     try:
         return float(tvm.s_tir.analysis.estimate_tir_flops(tvm.IRModule({"main": func})))
     except Exception:  # the estimator rejects some scheduled loops; the count is informative only

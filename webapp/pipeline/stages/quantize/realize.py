@@ -169,15 +169,13 @@ class Realizer:
                     if b.var in self.layers:
                         self.current = [b.var.name]
                         self.layer(self.layers[b.var])
-                    elif b.var not in self.absorbed and self.relu_in_the_clip(b):
-                        self.current = [b.var.name]
-                        self.floats[b.var] = self.float_value(b.value.args[0])
-                        self.quant_value(b.var)
-                        del self.floats[b.var]
                     elif b.var not in self.absorbed:
                         self.current = [b.var.name]
-                        value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
-                        self.floats[b.var] = self.emit(value, b.var.name)
+                        if self.relu_in_the_clip(b):  # its input is quantized in its place
+                            self.floats[b.var] = self.float_value(b.value.args[0])
+                        else:
+                            value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
+                            self.floats[b.var] = self.emit(value, b.var.name)
                         if self.stored_in_8_bits(b.var):  # e.g. a residual add feeding the next layer
                             self.quant_value(b.var)
                             del self.floats[b.var]  # its float readers dequantize the 8 bits
