@@ -192,8 +192,11 @@ async function setupGraphView(root) {
     svg = cleanSvg(svgText); graph = graphJson;
   } catch (e) { return; } // without the SVG or its JSON: no viewer (the page says how to open the SVG)
   if (!svg) return;
-  const kernels = {};
-  JSON.parse(document.getElementById("kernel-data")?.textContent || "[]").forEach((k) => { kernels[k.name] = k; });
+  const kernels = {}; // this view's own kernels (the compare page's two jobs), else the page's
+  const kernelData = root.querySelector("script.kernel-data") || document.getElementById("kernel-data");
+  JSON.parse(kernelData?.textContent || "[]").forEach((k) => { kernels[k.name] = k; });
+  const diff = JSON.parse(root.querySelector("script.diff-data")?.textContent || "null"); // node -> {state, why, match}
+  const here = location.pathname === root.dataset.page; // on the job's own page (not the compare page)
   const nodes = {};
   graph.nodes.forEach((n) => { nodes[n.id] = n; });
 
@@ -303,6 +306,8 @@ async function setupGraphView(root) {
     share: (n) => (n.share != null ? n.share / Math.max(...graph.nodes.map((x) => x.share || 0), 1e-9) : null),
     sqnr: (n) => (n.sqnr_db != null ? (sqnrHi - n.sqnr_db) / (sqnrHi - sqnrLo || 1) : null),
   };
+  const css = getComputedStyle(document.documentElement);
+  const diffFill = (n) => css.getPropertyValue(`--diff-${diff[n.id]?.state || "none"}`).trim();
   const paint = () => {
     const mode = colour.value, of = heatOf[mode];
     svg.querySelectorAll("g.node").forEach((g) => {
@@ -310,7 +315,9 @@ async function setupGraphView(root) {
       if (!n || !shape) return;
       if (!shape.dataset.fill) shape.dataset.fill = shape.getAttribute("fill") || "none";
       const t = of ? of(n) : undefined;
-      shape.setAttribute("fill", !of ? shape.dataset.fill : t == null ? "#f4f4f4" : heat(t));
+      if (mode === "diff") shape.setAttribute("fill", diffFill(n));
+      else shape.setAttribute("fill", !of ? shape.dataset.fill : t == null ? "#f4f4f4" : heat(t));
+      if (mode === "diff") g.dataset.diff = diff[n.id]?.state || "";
     });
     legend.hidden = !of;
     if (!of) return;
@@ -327,6 +334,7 @@ async function setupGraphView(root) {
     }
   };
   colour.addEventListener("change", paint);
+  if (colour.value === "diff") paint();
   root.showWorst = () => {
     const worst = graph.nodes.find((n) => n.worst) ||
       graph.nodes.filter((n) => n.sqnr_db != null).sort((a, b) => a.sqnr_db - b.sqnr_db)[0];
@@ -355,7 +363,9 @@ async function setupGraphView(root) {
       ["GFLOP per call", k && k.flop ? (k.flop / 1e9).toPrecision(3) : null],
       [block ? "time, this block" : "time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
       ["dtypes", k && k.dtypes],
-      ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null]];
+      ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null],
+      ["B against A", diff?.[id] ? [diff[id].state, ...diff[id].why].join("; ") : null],
+      ["matched with", diff?.[id] ? diff[id].match.join(", ") : null]];
     details.hidden = false;
     details.innerHTML = "";
     const h = document.createElement("h3"); h.textContent = n.label; details.appendChild(h);
@@ -380,8 +390,15 @@ async function setupGraphView(root) {
       a.className = "to-node"; a.dataset.graph = graphKey; a.dataset.node = to;
       const p = document.createElement("p"); p.append("See ", a, "."); details.appendChild(p);
     });
-    history.replaceState(null, "", `${page}?${new URLSearchParams({ graph: key, node: id })}#graph`);
+    if (here) history.replaceState(null, "", `${page}?${new URLSearchParams({ graph: key, node: id })}#graph`);
+    if (diff) document.dispatchEvent(new CustomEvent("diff-select", { detail: { from: root, match: diff[id]?.match || [] } }));
   }
+  // the compare page: a node selected in one graph outlines its matches in the other
+  if (diff) document.addEventListener("diff-select", ({ detail }) => {
+    if (detail.from === root) return;
+    svg.querySelectorAll("g.node.match").forEach((g) => g.classList.remove("match"));
+    graph.nodes.filter((n) => detail.match.includes(n.label)).forEach((n) => svg.getElementById(n.id)?.classList.add("match"));
+  });
   root.select = (id) => select(id, true);
   root.selectKernel = (kernel) => {
     const n = graph.nodes.find((x) => (x.kind === "kernel" ? x.label : x.kernel) === kernel);
@@ -389,7 +406,7 @@ async function setupGraphView(root) {
   };
   details.addEventListener("click", (e) => {
     const a = e.target.closest("a.to-code, a.to-node");
-    if (!a || !window.htmx) return;
+    if (!a || !window.htmx || !here) return; // from another page, the links open the job's page
     e.preventDefault();
     if (a.classList.contains("to-code")) showCode(root.dataset.code, a.dataset, key, a.getAttribute("href"));
     else goToNode(a.dataset.graph, a.dataset.node);

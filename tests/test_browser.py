@@ -391,6 +391,20 @@ def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page,
         r for r in comparison["kernels"] if comparison["diff"]["kernel_a"] in [k["name"] for k in r["a"]]
     )
     assert comparison["diff"]["kernel_b"] in [k["name"] for k in row["b"]]
+    # the two fused graphs coloured by their difference: every convolution changed, in both
+    for tag in ("a", "b"):
+        page.wait_for_selector(f"#compare-graph-{tag} g.node[data-diff]")
+        convs = page.locator(f"#compare-graph-{tag} g.node", has_text="conv2d")
+        assert convs.count() == 3
+        for i in range(3):
+            expect(convs.nth(i)).to_have_attribute("data-diff", "changed")
+        changed = comparison["graph_diff"]["counts"][tag]["changed"]
+        expect(page.locator(f"#compare-graph-{tag} .diff-counts")).to_contain_text(f"{changed} changed")
+    page.locator("#compare-graph-b g.node", has_text="conv2d").first.click()
+    expect(page.locator("#compare-graph-b .node-details")).to_contain_text(
+        "changed; rule: default rule: conv2d"
+    )
+    expect(page.locator("#compare-graph-a g.node.match")).to_have_count(1)  # its match in A, outlined
     # by default the assembly of each one's slowest kernel, filtered as the code panel shows it
     assert comparison["diff"]["view"] == "asm" and comparison["diff"]["text"].startswith("---")
     assert ".cfi_startproc" not in comparison["diff"]["text"]

@@ -1173,6 +1173,65 @@ def test_compare_lines_up_kernels_by_the_source_layers_they_compute():
     assert rows[3]["a_ms"] is None and rows[3]["ratio"] is None
 
 
+def test_the_graph_diff_marks_each_kernel_call_changed_removed_added_or_the_same(app, web):
+    from webapp.web.compare import graph_diff
+
+    def graph(*calls):
+        nodes = [{"id": "n0", "kind": "input", "label": "x"}]
+        for i, (label, layers, ms) in enumerate(calls, 1):
+            nodes.append({"id": f"n{i}", "kind": "kernel", "label": label, "layers": layers, "ms": ms})
+        return {"nodes": nodes, "edges": []}
+
+    a = graph(
+        ("transpose", [], 0.1),
+        ("fused_conv2d_add_relu", ["conv1", "relu1"], 2.0),
+        ("fused_conv2d1_add1", ["conv2"], 1.0),
+        ("fused_matmul_add", ["fc"], 1.0),
+        ("mean", ["pool"], 0.2),
+    )
+    b = graph(  # int8 conv1, conv2 on the same rule but slower, fc the same, a new input quantization
+        ("fused_quantize", ["quantize_input"], 0.3),
+        ("fused_conv2d_add_cast", ["conv1", "relu1"], 0.5),
+        ("fused_conv2d2_add2", ["conv2"], 1.3),  # 1.3x: its time changed; the numbering is not a change
+        ("fused_matmul_add", ["fc"], 1.1),  # 1.1x: the same
+        ("mean", ["pool"], 0.2),
+    )
+    rules = {"fused_conv2d_add_relu": "conv2d", "fused_conv2d_add_cast": "int8 conv2d"}
+    kernels = [
+        [{"name": n["label"], "schedule": rules.get(n["label"], "x")} for n in g["nodes"][1:]] for g in (a, b)
+    ]
+    diff = graph_diff(a, b, *kernels)
+    states = [[diff[tag][f"n{i}"]["state"] for i in range(1, 6)] for tag in ("a", "b")]
+    assert states == [
+        ["removed", "changed", "changed", "same", "same"],
+        ["added", "changed", "changed", "same", "same"],
+    ]
+    assert "n0" not in diff["a"]  # inputs and outputs are no kernel calls
+    assert diff["a"]["n2"]["why"][0] == "rule: conv2d → int8 conv2d"
+    assert diff["a"]["n2"]["why"][1] == "kernels: fused_conv2d_add_relu → fused_conv2d_add_cast"
+    assert diff["a"]["n2"]["why"][2].endswith("(B 4.00× faster)") and diff["b"]["n2"]["match"] == [
+        "fused_conv2d_add_relu"
+    ]
+    assert diff["b"]["n3"]["why"] == ["time: 1.0000 → 1.3000 ms a call (B 1.30× slower)"]
+    assert diff["counts"]["a"] == {"same": 2, "changed": 2, "removed": 1, "added": 0}
+    # on the page: a graph per side (one written malformed by its sandbox: no diff, the page answers)
+    results = with_facts(crafted_results())
+    results["graphs"] = {
+        "fused": {"nodes": 6, "edges": 0, "svg": "graph-fused.svg", "json": "graph-fused.json"}
+    }
+    results["files"] = [*results.get("files", []), "graph-fused.svg"]
+    ids = [write_job(app, results) for _ in range(2)]
+    store = app.extensions["playground"]["store"]
+    for job_id, g in zip(ids, (a, b), strict=True):
+        (store.job_dir(job_id) / "views" / "graph-fused.json").write_text(json.dumps(g))
+    html = web.get(f"/compare/{ids[0]}/{ids[1]}").get_data(as_text=True)
+    assert html.count('class="graph-view"') == 2 and html.count('class="diff-data"') == 2
+    assert web.get(f"/compare/{ids[0]}/{ids[1]}.json").get_json()["graph_diff"]["counts"]["b"]["added"] == 1
+    (store.job_dir(ids[1]) / "views" / "graph-fused.json").write_text('{"nodes": [{"id": 1}]')
+    resp = web.get(f"/compare/{ids[0]}/{ids[1]}")
+    assert resp.status_code == 200 and "compare-graphs" not in resp.get_data(as_text=True)
+
+
 def test_the_compare_picker_lists_this_browsers_results_first_then_recent_examples(app, web):
     store = app.extensions["playground"]["store"]
     upload = write_job(

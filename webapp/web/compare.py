@@ -4,6 +4,8 @@ result JSONs (and, for the code diff, the two jobs' code views): nothing is meas
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -53,6 +55,7 @@ def side(job: dict) -> dict:
         "target": (r.get("target") or {}).get("preset") or job["options"].get("target"),
         "device": ((r.get("benchmarks") or [{}])[0]).get("device"),
         "headline": headline(r),
+        "graph": (r.get("graphs") or {}).get("fused", {}).get("svg"),  # its fused graph's picture
     }
 
 
@@ -66,6 +69,30 @@ def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
 KERNEL_FIELDS = ("name", "schedule", "calls", "ms", "share", "flop")
 
 
+def joined(items: list[tuple[str, dict]], keys) -> list[list[int]]:
+    """Items of A and of B ((side, item) pairs) in groups joined by shared keys (keys(item) -> a list),
+    each group's members in order; groups in A's order, then B's groups that meet nothing of A."""
+    parent = list(range(len(items)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict = {}  # a key -> the first item seen with it
+    for i, (_, item) in enumerate(items):
+        for key in keys(item):
+            if key in owner:
+                parent[root(i)] = root(owner[key])
+            else:
+                owner[key] = i
+    groups: dict[int, list[int]] = {}
+    for i in range(len(items)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda m: (items[m[0]][0] != "a", m[0]))
+
+
 def matched_kernels(a: list[dict], b: list[dict]) -> list[dict]:
     """The two builds' kernels lined up by the source layers they compute, so that an fp32 and an int8
     build of one model (whose kernels are named differently: fused_conv2d_add_relu against
@@ -74,26 +101,8 @@ def matched_kernels(a: list[dict], b: list[dict]) -> list[dict]:
     with their ms added up; a kernel that computes no layer of the model (a layout change the
     compiler added) is matched by name. Rows in A's order, then B's rows that meet nothing of A."""
     kernels = [("a", k) for k in a] + [("b", k) for k in b]
-    parent = list(range(len(kernels)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    owner: dict[tuple, int] = {}  # a layer (or a layerless kernel's name) -> the first kernel seen with it
-    for i, (_, k) in enumerate(kernels):
-        for key in [("layer", layer) for layer in k.get("layers") or []] or [("name", k["name"])]:
-            if key in owner:
-                parent[root(i)] = root(owner[key])
-            else:
-                owner[key] = i
-    groups: dict[int, list[int]] = {}
-    for i in range(len(kernels)):
-        groups.setdefault(root(i), []).append(i)
     rows = []
-    for members in sorted(groups.values(), key=lambda m: (kernels[m[0]][0] != "a", m[0])):
+    for members in joined(kernels, source_keys):
         row: dict = {"layers": []}
         for i in members:
             for layer in kernels[i][1].get("layers") or []:
@@ -109,7 +118,77 @@ def matched_kernels(a: list[dict], b: list[dict]) -> list[dict]:
     return rows
 
 
-def compare(job_a: dict, job_b: dict) -> dict:
+def source_keys(item: dict) -> list[tuple]:
+    """What matches a kernel (or a kernel call) across two builds: its source layers, else its name."""
+    return [("layer", layer) for layer in item.get("layers") or []] or [
+        ("name", item.get("name") or item["label"])
+    ]
+
+
+# A matched kernel call "changed" in time when one build's takes this many times the other's (timings
+# of one kernel call repeat within a few per cent on a quiet machine; this is well above that).
+TIME_CHANGE = 1.25
+DIFF_STATES = ("same", "changed", "removed", "added")
+
+
+def graph_diff(
+    graph_a: dict | None, graph_b: dict | None, kernels_a: list[dict], kernels_b: list[dict]
+) -> dict:
+    """The two fused graphs' kernel calls matched by the source layers they compute (a call of no
+    layer by its kernel's name), each marked: "removed" (A's, nothing of B computes its layers),
+    "added" (B's, likewise), "changed" (its rule, the ops fused into its kernels, or its time by
+    TIME_CHANGE or more, differs from its match's), or "same". Per side {node id: {state, why,
+    match}} and the count of each state."""
+    if not graph_a or not graph_b:
+        return {}
+    rules = [{k["name"]: k.get("schedule") for k in ks} for ks in (kernels_a, kernels_b)]
+    calls = [("a", n) for n in graph_a["nodes"] if n["kind"] in ("kernel", "op")]
+    calls += [("b", n) for n in graph_b["nodes"] if n["kind"] in ("kernel", "op")]
+    out: dict = {"a": {}, "b": {}, "time_change": TIME_CHANGE}
+    out["counts"] = {"a": dict.fromkeys(DIFF_STATES, 0), "b": dict.fromkeys(DIFF_STATES, 0)}
+    for members in joined(calls, source_keys):
+        sides = [[calls[i][1] for i in members if calls[i][0] == tag] for tag in ("a", "b")]
+        why, state = [], "same"
+        if not sides[1]:
+            state = "removed"
+            why = ["B computes none of its layers" if sides[0][0].get("layers") else "no call of it in B"]
+        elif not sides[0]:
+            state = "added"
+            why = ["A computes none of its layers" if sides[1][0].get("layers") else "no call of it in A"]
+        else:
+            used = [
+                sorted({rule.get(n["label"]) or n["kind"] for n in side})
+                for rule, side in zip(rules, sides, strict=True)
+            ]
+            if used[0] != used[1]:
+                why.append(f"rule: {', '.join(used[0])} → {', '.join(used[1])}")
+            fused = [sorted(re.sub(r"\d+(?=_|$)", "", n["label"]) for n in side) for side in sides]
+            if fused[0] != fused[1]:  # the ops fused into its kernels (their names, numbering left out)
+                why.append(f"kernels: {', '.join(fused[0])} → {', '.join(fused[1])}")
+            ms = [sum(n["ms"] for n in side) if all(n.get("ms") for n in side) else None for side in sides]
+            if ms[0] and ms[1] and max(ms) / min(ms) >= TIME_CHANGE:
+                faster = f"{ms[0] / ms[1]:.2f}× faster" if ms[1] < ms[0] else f"{ms[1] / ms[0]:.2f}× slower"
+                why.append(f"time: {ms[0]:.4f} → {ms[1]:.4f} ms a call (B {faster})")
+            state = "changed" if why else "same"
+        for tag, side, other in (("a", sides[0], sides[1]), ("b", sides[1], sides[0])):
+            for n in side:
+                out[tag][n["id"]] = {"state": state, "why": why, "match": [m["label"] for m in other]}
+                out["counts"][tag][state] += 1
+    return out
+
+
+def drawn_diff(dir_a: Path, dir_b: Path, kernels_a: list[dict], kernels_b: list[dict]) -> dict:
+    """graph_diff of the two jobs' fused graphs (views/graph-fused.json, as their sandboxes wrote
+    them: one missing or malformed gives no diff, never a failed page)."""
+    paths = [safe_job_file(d, "views/graph-fused.json") for d in (dir_a, dir_b)]
+    try:
+        graphs = [json.loads(p.read_text()) if p else None for p in paths]
+        return graph_diff(*graphs, kernels_a, kernels_b)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def compare(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> dict:
     """The comparison of two results, as /compare/<a>/<b>.json gives it."""
     ra, rb = job_a["results"], job_b["results"]
     a, b = side(job_a), side(job_b)
@@ -150,6 +229,7 @@ def compare(job_a: dict, job_b: dict) -> dict:
         "fidelity": fidelity,
         "kernels": kernels,
         "instructions": instructions,
+        "graph_diff": drawn_diff(dir_a, dir_b, ra.get("kernels", []), rb.get("kernels", [])),
     }
 
 

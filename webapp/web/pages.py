@@ -113,7 +113,9 @@ def matches(value: str, pattern: str) -> bool:
 @bp.app_context_processor
 def common():
     config, _, _ = ctx()
-    return {"unsandboxed": config.unsandboxed}
+    # the code views a graph node's kernel links to (the graph viewer's script reads them)
+    links = [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link]
+    return {"unsandboxed": config.unsandboxed, "kernel_links": links}
 
 
 # ---------------------------------------------------------------- errors
@@ -314,8 +316,6 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "code": requested_code_view(job),
         "chart": bench_chart(job["results"]),
         "files": downloadable(job),
-        # the code views a graph node's kernel links to (the graph viewer's script reads them)
-        "kernel_links": [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link],
         "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
         "graph_shown": shown_graph(job["results"].get("graphs") or {}),
     }
@@ -433,7 +433,7 @@ def requested_comparison(a: str, b: str) -> tuple[dict, dict]:
     args = request.args
     # by default A's slowest kernel (the kernels are listed slowest first) and B's kernel of the same
     # source layers (else of the same name, else B's slowest)
-    comparison = compare(job_a, job_b)
+    comparison = compare(job_a, job_b, store.job_dir(a), store.job_dir(b))
     names = [[k["name"] for k in job["results"].get("kernels", [])] for job in (job_a, job_b)]
     kernel_a = args.get("kernel_a") or args.get("kernel") or next(iter(names[0]), "")
     row = next((r for r in comparison["kernels"] if kernel_a in [k["name"] for k in r["a"]]), None)
