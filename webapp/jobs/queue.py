@@ -22,10 +22,20 @@ class JobQueue:
 
             run_job(config, job_id)
 
-        self.run_job_task = run_job_task
+        @self.huey.task(name="run_input")
+        def run_input_task(job_id: str, run_id: str) -> None:
+            from webapp.jobs.own_input import run_input
+
+            run_input(config, job_id, run_id)
+
+        self.run_job_task, self.run_input_task = run_job_task, run_input_task
 
     def enqueue(self, job_id: str) -> None:
         self.run_job_task(job_id)
+
+    def enqueue_input(self, job_id: str, run_id: str) -> None:
+        """A result's model on a user's input (webapp/jobs/own_input.py)."""
+        self.run_input_task(job_id, run_id)
 
     def consumer(self, workers: int = 1):
         """A huey consumer; `.start()` runs it in threads, `.run()` in the foreground."""
