@@ -326,10 +326,10 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
     other.close()
 
 
-def run_example(page, live_server, options: dict) -> str:
-    """A cnn-small job by the API, waited for; its page's address (an identical job answers at once)."""
+def run_example(page, live_server, options: dict, example: str = "cnn-small") -> str:
+    """An example's job by the API, waited for; its page's address (an identical job answers at once)."""
     job = page.request.post(
-        live_server + "/api/jobs", multipart={"example": "cnn-small", "target": "x86-host", **options}
+        live_server + "/api/jobs", multipart={"example": example, "target": "x86-host", **options}
     ).json()
     deadline = time.monotonic() + 300
     while page.request.get(job["api_url"]).json()["status"] not in ("done", "failed"):
@@ -413,6 +413,76 @@ def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page,
     page.click("#compare-code button")
     expect(page.locator("#compare-diff")).to_contain_text(f"{a}: relax-optimized")
     expect(page.locator("#compare-diff")).to_contain_text("R.vm.alloc_tensor")
+
+
+def wait_for_run(page, api_url: str) -> dict:
+    deadline = time.monotonic() + 300
+    while (run := page.request.get(api_url).json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.5)
+    return run
+
+
+def test_own_inputs_on_a_result_an_npz_of_the_digits_and_a_picture_of_one(page, live_server, tmp_path):
+    """The digits example's 540 held-out images as an .npz, uploaded on the result page, run on each
+    build: their top-1 accuracy is the job's own accuracy figure, build by build. A picture of one
+    of them (dark ink on white, 64x64) is inverted and resized as the digits data says and gets that
+    image's class; a file that is no picture fails with its reason."""
+    from PIL import Image
+
+    from webapp.pipeline.datasets import load
+
+    job_url = run_example(page, live_server, {"quantize": "int8"}, example="digits-cnn")
+    job = page.request.get(job_url + ".json").json()
+    _, _, images, labels = load("digits")
+    np.savez(tmp_path / "held-out.npz", images=images)  # not the input's name: taken in order
+    page.goto(job_url + "#own-input")
+    page.set_input_files("#own-input input[type=file]", str(tmp_path / "held-out.npz"))
+    page.click("#own-input button")
+    expect(page.locator("#input-status")).to_contain_text("done", timeout=300_000)
+    run = wait_for_run(page, page.url + ".json")
+    assert run["runs"] == 540 and run["prepared"].startswith("taken in order")
+    rows = {r["runtime"]: r for r in run["runtimes"]}
+    assert set(rows) == {"TVM fp32", "TVM int8", "ONNX Runtime", "PyTorch"}, rows
+    accuracy = {a["variant"]: a["top1"] for a in job["results"]["accuracy"] if not a["tuned"]}
+    for variant in ("fp32", "int8"):
+        top1 = np.array(rows[f"TVM {variant}"]["top1"])
+        assert len(top1) == 540 and np.mean(top1 == labels) == accuracy[variant]
+    assert rows["TVM fp32"]["against"]["top1_agree"] == 1.0  # fp32 against ONNX Runtime
+    expect(page.locator("#input-outputs")).to_contain_text("TVM int8")
+    expect(page.locator("#input-outputs tr", has_text="ONNX Runtime")).to_contain_text("the reference")
+
+    ink = (255 - images[7, 0] * 255).round().astype(np.uint8)  # dark strokes on a light ground
+    Image.fromarray(ink).resize((64, 64), Image.Resampling.NEAREST).save(tmp_path / "digit.png")
+    api = job["api_url"] if "api_url" in job else f"{live_server}/api/jobs/{job['id']}"
+    posted = page.request.post(
+        api + "/inputs",
+        multipart={
+            "file": {
+                "name": "digit.png",
+                "mimeType": "image/png",
+                "buffer": (tmp_path / "digit.png").read_bytes(),
+            }
+        },
+    )
+    picture = wait_for_run(page, posted.json()["api_url"])
+    assert picture["status"] == "done" and "inverted" in picture["prepared"], picture
+    best = {r["runtime"]: r["top5"][0][0] for r in picture["runtimes"]}
+    assert best["TVM int8"] == str(rows["TVM int8"]["top1"][7]), best
+
+    posted = page.request.post(
+        api + "/inputs",
+        multipart={"file": {"name": "not.png", "mimeType": "image/png", "buffer": b"no picture here"}},
+    )
+    failed = wait_for_run(page, posted.json()["api_url"])
+    assert failed["status"] == "failed" and failed["error"].startswith("The image could not be read")
+    page.goto(posted.json()["url"])
+    expect(page.locator("#input-error")).to_contain_text("The image could not be read")
+    refused = page.request.post(
+        api + "/inputs",
+        multipart={"file": {"name": "model.onnx", "mimeType": "application/octet-stream", "buffer": b"x"}},
+    )
+    assert refused.status == 400 and "Send an .npz" in refused.json()["error"]
 
 
 def test_a_model_with_repeated_blocks_shows_its_graph_folded_by_block(page, live_server, tmp_path):

@@ -16,6 +16,7 @@ from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
 from webapp.codeviews import RENDERED, clear_rendered, prerender
 from webapp.config import Config
+from webapp.jobs.own_input import model_references
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
@@ -67,11 +68,10 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
         shutil.copyfile(onnx, job_dir / "input" / "model.onnx")
         shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
         spec["model"] = "input/model.onnx"
-        spec["references"] = {"pytorch": "input/reference.pt2", "onnxruntime": "input/model.onnx"}
     else:
         model = stored["model_file"]
         spec["model"] = f"input/{model}"
-        spec["references"] = {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
+    spec["references"] = model_references(stored)
     write_json_atomic(job_dir / "job.json", spec)
 
 
