@@ -80,7 +80,7 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
         os.close(os.open(folder.with_name(run_id + ".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError:  # run by another worker already, or gone
         return
-    status = json.loads((status_file(folder)).read_text())
+    status = json.loads(status_file(folder).read_text())
     write_json_atomic(status_file(folder), status | {"status": "running", "started": time.time()})
     error = None
     try:
@@ -92,5 +92,8 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
             error = outcome.limit or (result or {}).get("error") or "The run ended without a result."
     except Exception as exc:  # our bug: said on the run's page
         error = f"Could not run the input: {exc}"
+    for path in (folder / "input").iterdir():  # the copies of the job's files go; the upload stays
+        if path.name != "run.json" and not path.name.startswith("upload"):
+            path.unlink()
     status |= {"status": "failed" if error else "done", "ended": time.time()}
     write_json_atomic(status_file(folder), status | ({"error": str(error)[:4000]} if error else {}))
