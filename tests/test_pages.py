@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import io
 import json
 import re
 from html import unescape
@@ -1403,3 +1404,23 @@ def test_the_benchmark_names_the_cpu_and_says_how_busy_the_machine_was(app, web)
         "(other processes used 0.97 cores on average). Other processes kept 1 of the 2 cores busy when it "
         "began: every runtime ran on 1 thread instead of 2, leaving them."
     )
+
+
+def test_an_own_input_run_whose_worker_stopped_says_so_and_a_board_result_refuses_one(app, web):
+    import time as clock
+
+    from webapp.jobs.own_input import run_dir, status_file
+
+    config = app.extensions["playground"]["config"]
+    job_id = write_job(app, with_facts(crafted_results()))
+    folder = run_dir(config, job_id, "a" * 12)
+    folder.mkdir(parents=True)
+    started = clock.time() - 3 * config.wall_limit_s
+    status = {"status": "running", "filename": "in.npz", "created": started, "started": started}
+    status_file(folder).write_text(json.dumps(status))
+    run = web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()
+    assert run["status"] == "failed" and "interrupted" in run["error"]
+    assert web.get(f"/r/{job_id}/inputs/{'b' * 12}.json").status_code == 404
+    board = write_job(app, with_facts(crafted_results()), options={"example": "cnn-small", "target": "rpi5"})
+    resp = web.post(f"/api/jobs/{board}/inputs", data={"file": (io.BytesIO(b"x"), "in.npz")})
+    assert resp.status_code == 400 and "this server's CPU" in resp.get_json()["error"]

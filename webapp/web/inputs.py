@@ -81,6 +81,17 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
         "job": job_id,
         **{k: status.get(k) for k in ("status", "filename", "created", "error")},
     }
+    started = status.get("started")
+    if (
+        view["status"] == "running"
+        and isinstance(started, float)
+        and time.time() - started > 2 * config.wall_limit_s
+    ):
+        # its worker stopped mid-run (the sandbox's wall-clock limit would have ended it long ago)
+        view |= {
+            "status": "failed",
+            "error": "The run was interrupted (its worker stopped): send the input again.",
+        }
     result = read_untrusted_json(folder / "result.json") if status.get("status") == "done" else None
     if isinstance(result, dict):
         view |= clean_result(result)
