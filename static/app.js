@@ -396,8 +396,8 @@ async function setupGraphView(root) {
   // the compare page: a node selected in one graph outlines its matches in the other
   if (diff) document.addEventListener("diff-select", ({ detail }) => {
     if (detail.from === root) return;
-    svg.querySelectorAll("g.node.match").forEach((g) => g.classList.remove("match"));
-    graph.nodes.filter((n) => detail.match.includes(n.label)).forEach((n) => svg.getElementById(n.id)?.classList.add("match"));
+    svg.querySelectorAll("g.node.diff-match").forEach((g) => g.classList.remove("diff-match"));
+    graph.nodes.filter((n) => detail.match.includes(n.label)).forEach((n) => svg.getElementById(n.id)?.classList.add("diff-match"));
   });
   root.select = (id) => select(id, true);
   root.selectKernel = (kernel) => {

@@ -404,7 +404,7 @@ def test_compare_an_fp32_and_an_int8_job_of_one_model_from_the_result_page(page,
     expect(page.locator("#compare-graph-b .node-details")).to_contain_text(
         "changed; rule: default rule: conv2d"
     )
-    expect(page.locator("#compare-graph-a g.node.match")).to_have_count(1)  # its match in A, outlined
+    expect(page.locator("#compare-graph-a g.node.diff-match")).to_have_count(1)  # its match in A, outlined
     # by default the assembly of each one's slowest kernel, filtered as the code panel shows it
     assert comparison["diff"]["view"] == "asm" and comparison["diff"]["text"].startswith("---")
     assert ".cfi_startproc" not in comparison["diff"]["text"]

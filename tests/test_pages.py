@@ -1421,6 +1421,17 @@ def test_an_own_input_run_whose_worker_stopped_says_so_and_a_board_result_refuse
     run = web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()
     assert run["status"] == "failed" and "interrupted" in run["error"]
     assert web.get(f"/r/{job_id}/inputs/{'b' * 12}.json").status_code == 404
+    # what a sandbox wrote, of any shape: the page and the JSON answer with what is of the right type
+    odd = {"runtimes": [{"runtime": "TVM", "top5": [["x", "y"], ["3", 0.5]], "outputs": {"shape": 5}}]}
+    for result in (odd, {"runtimes": {}, "inputs": 5, "runs": "many"}, [1, 2]):
+        (folder / "result.json").write_text(json.dumps(result))
+        status_file(folder).write_text(json.dumps(status | {"status": "done"}))
+        assert web.get(f"/r/{job_id}/inputs/{'a' * 12}").status_code == 200
+        run = web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()
+        assert run["status"] == "done"
+    assert "runtimes" not in run  # the last, a list: nothing of it shown
+    (folder / "result.json").write_text(json.dumps(odd))
+    assert web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()["runtimes"][0]["top5"] == [["3", 0.5]]
     board = write_job(app, with_facts(crafted_results()), options={"example": "cnn-small", "target": "rpi5"})
     resp = web.post(f"/api/jobs/{board}/inputs", data={"file": (io.BytesIO(b"x"), "in.npz")})
     assert resp.status_code == 400 and "this server's CPU" in resp.get_json()["error"]

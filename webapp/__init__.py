@@ -69,12 +69,12 @@ def cache_and_compress(app: Flask) -> None:
 
 
 def limit_submissions(app: Flask, config: Config) -> None:
-    """flask-limiter on the two ways to submit, per client address; counted in Redis when there is
-    one (shared by every web process), else in each web process's memory."""
+    """flask-limiter on the ways to submit (a job, or an input to run on a result), per client address;
+    counted in Redis when there is one (shared by every web process), else in each web process's memory."""
     from flask_limiter import Limiter
     from flask_limiter.util import get_remote_address
 
     storage = config.redis_url or "memory://"
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, headers_enabled=True)
-    for endpoint in ("api.create_job", "pages.submit"):
+    for endpoint in ("api.create_job", "pages.submit", "inputs.submit", "inputs.api_submit"):
         app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])

@@ -1,5 +1,5 @@
 """A finished result's model run on the user's own input: a run of its own (/r/<job>/inputs/<run>),
-kept in the job's folder under runs/<run>/, queued like a job and run in the sandbox like one
+kept under data/runs/<job>/<run>/, queued like a job and run in the sandbox like one
 (webapp/pipeline/own_input.py reads the upload and runs the builds). The web process only saves
 the upload; the worker copies in what the sandbox may read (the job's libraries and model files,
 read-only) and records the run's status, which the sandbox cannot write."""
@@ -21,14 +21,16 @@ from webapp.jobs.store import job_store, job_view, read_untrusted_json
 from webapp.jsonfile import write_json_atomic
 from webapp.sandbox import run_sandboxed
 
+BEAT_S = 10  # the worker rewrites a running run's status this often
 # how an image is prepared for an example (the others: [0, 1] alone); the digits' class names
 PREPARE = {"digits-cnn": "digits", "cnn-small": "imagenet", "resnet18": "imagenet", "resnet50": "imagenet"}
 PREPARE |= {"mobilenet-v2": "imagenet"}
 
 
 def run_dir(config: Config, job_id: str, run_id: str) -> Path:
-    """The run's folder, the sandbox's to write; its status (the worker's) lies beside it."""
-    return job_store(config).job_dir(job_id) / "runs" / run_id
+    """The run's folder, the sandbox's to write; its status (the worker's) lies beside it. Not in the
+    job's folder, which the job's own sandbox could write (a link planted there)."""
+    return config.data_dir / "runs" / job_id / run_id
 
 
 def status_file(folder: Path) -> Path:
@@ -86,7 +88,14 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
     try:
         prepare(config, job_view(store, job_id), folder)
         command = [sys.executable, "-m", "webapp.pipeline.own_input", str(folder)]
-        outcome = run_sandboxed(folder, config, command)
+        last = [time.monotonic()]
+
+        def beat() -> None:  # the worker's heartbeat, so that the page tells a stopped worker from a long run
+            if time.monotonic() - last[0] > BEAT_S:
+                last[0] = time.monotonic()
+                write_json_atomic(status_file(folder), status | {"status": "running", "beat": time.time()})
+
+        outcome = run_sandboxed(folder, config, command, stop=beat)
         result = read_untrusted_json(folder / "result.json")
         if outcome.limit or not isinstance(result, dict) or result.get("status") != "done":
             error = outcome.limit or (result or {}).get("error") or "The run ended without a result."

@@ -59,7 +59,7 @@ def read_untrusted_json(path: Path, max_bytes: int = 64 << 20):
         if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
             return None
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return None
 
 

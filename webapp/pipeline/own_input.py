@@ -35,7 +35,9 @@ def image_input(path: Path, spec: dict, prepare: dict) -> tuple[np.ndarray, str]
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
     _, channels, height, width = spec["shape"]
     try:
-        image = Image.open(path)
+        image = Image.open(path)  # reads the header only
+        if image.width * image.height > MAX_PIXELS:
+            raise InputError(f"The image is {image.width}×{image.height}: more than {MAX_PIXELS:,} pixels.")
         image.load()
     except (OSError, Image.DecompressionBombError, ValueError) as e:
         raise InputError(f"The image could not be read ({e}).") from None
@@ -55,6 +57,9 @@ def image_input(path: Path, spec: dict, prepare: dict) -> tuple[np.ndarray, str]
         said.append("RGB scaled to [0, 1], then normalized by ImageNet's mean and std")
     else:
         said.append(f"{'RGB' if channels == 3 else 'grey'} values scaled to [0, 1]")
+    if not spec["dtype"].startswith("float"):  # an integer input takes the pixel values themselves
+        x = np.round(x * 255)
+        said = said[:1] + [f"pixel values 0–255 as {spec['dtype']}"]
     return x[None].astype(spec["dtype"]), "; ".join(said)
 
 
@@ -95,17 +100,32 @@ def npz_inputs(path: Path, specs: list[dict]) -> tuple[list[np.ndarray], str]:
 
 
 def split_runs(arrays: list[np.ndarray], specs: list[dict]) -> list[list[np.ndarray]]:
-    """The inputs of each run: the arrays cut along their first axis into the model's batch size."""
-    batch = specs[0]["shape"][0] if isinstance(specs[0]["shape"][0], int) else arrays[0].shape[0]
-    total = arrays[0].shape[0]
-    if batch <= 0 or total % batch or any(a.shape[0] != total for a in arrays):
+    """The inputs of each run: an array that holds its input (of a fixed first dimension) N times
+    along its first axis is cut into N (every such input the same N); a scalar, an input whose first
+    dimension is free, or one given once beside stacked ones goes whole into each run."""
+    counts = []
+    for a, spec in zip(arrays, specs, strict=True):
+        first = spec["shape"][0] if spec["shape"] else None
+        if a.ndim == 0 or not isinstance(first, int):
+            counts.append(None)
+        elif first <= 0 or a.shape[0] == 0 or a.shape[0] % first:
+            raise InputError(
+                f"{spec['name']!r}: the array's first axis ({a.shape[0]}) is no multiple of {first}."
+            )
+        else:
+            counts.append(a.shape[0] // first)
+    found = {c for c in counts if c is not None}
+    if len(found) > 1 and 1 in found:  # an input given once, beside stacked ones: whole into each run
+        counts, found = [None if c == 1 else c for c in counts], found - {1}
+    if len(found) > 1:
         raise InputError(
-            f"The arrays' first axis ({total}) is not a whole number of the model's batch ({batch})."
+            f"The arrays hold different numbers of inputs along their first axis ({sorted(found)})."
         )
-    runs = total // batch
+    runs = found.pop() if found else 1
     if runs > MAX_RUNS:
         raise InputError(f"{runs} inputs: at most {MAX_RUNS} are run.")
-    return [[a[i * batch : (i + 1) * batch] for a in arrays] for i in range(runs)]
+    cut = lambda a, c, i: a if c is None else a[i * (a.shape[0] // c) : (i + 1) * (a.shape[0] // c)]  # noqa: E731
+    return [[cut(a, c, i) for a, c in zip(arrays, counts, strict=True)] for i in range(runs)]
 
 
 def callers(spec: dict, run_dir: Path) -> dict:
@@ -149,7 +169,10 @@ def callers(spec: dict, run_dir: Path) -> dict:
 def run_all(call, runs: list[list[np.ndarray]]) -> list[np.ndarray]:
     """Each output of the model over every run, concatenated along the first axis."""
     outs = [[np.asarray(o) for o in call(inputs)] for inputs in runs]
-    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+    if len(outs) == 1:
+        return outs[0]
+    join = lambda parts: np.concatenate(parts) if parts[0].ndim else np.stack(parts)  # noqa: E731
+    return [join([o[i] for o in outs]) for i in range(len(outs[0]))]
 
 
 def top5(scores: np.ndarray, classes: list[str] | None) -> list[list]:

@@ -4,13 +4,13 @@ result JSONs (and, for the code diff, the two jobs' code views): nothing is meas
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from dataclasses import fields
 from pathlib import Path
 
 from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
 from webapp.codeviews import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
+from webapp.jobs.store import read_untrusted_json
 from webapp.options import JobOptions
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(JobOptions)}
@@ -121,7 +121,7 @@ def matched_kernels(a: list[dict], b: list[dict]) -> list[dict]:
 def source_keys(item: dict) -> list[tuple]:
     """What matches a kernel (or a kernel call) across two builds: its source layers, else its name."""
     return [("layer", layer) for layer in item.get("layers") or []] or [
-        ("name", item.get("name") or item["label"])
+        ("name", item.get("name") or item.get("label") or "")
     ]
 
 
@@ -172,7 +172,11 @@ def graph_diff(
             state = "changed" if why else "same"
         for tag, side, other in (("a", sides[0], sides[1]), ("b", sides[1], sides[0])):
             for n in side:
-                out[tag][n["id"]] = {"state": state, "why": why, "match": [m["label"] for m in other]}
+                out[tag][n["id"]] = {
+                    "state": state,
+                    "why": why,
+                    "match": list(dict.fromkeys(m["label"] for m in other)),
+                }
                 out["counts"][tag][state] += 1
     return out
 
@@ -181,10 +185,10 @@ def drawn_diff(dir_a: Path, dir_b: Path, kernels_a: list[dict], kernels_b: list[
     """graph_diff of the two jobs' fused graphs (views/graph-fused.json, as their sandboxes wrote
     them: one missing or malformed gives no diff, never a failed page)."""
     paths = [safe_job_file(d, "views/graph-fused.json") for d in (dir_a, dir_b)]
+    graphs = [read_untrusted_json(p) if p else None for p in paths]
     try:
-        graphs = [json.loads(p.read_text()) if p else None for p in paths]
         return graph_diff(*graphs, kernels_a, kernels_b)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except Exception:  # any shape a sandbox could give it
         return {}
 
 

@@ -14,8 +14,8 @@ from flask import Blueprint, abort, jsonify, redirect, render_template, request,
 from webapp import targets
 from webapp.codeviews import safe_job_file
 from webapp.config import Config
-from webapp.jobs.own_input import run_dir, status_file
-from webapp.jobs.store import job_store, read_untrusted_json
+from webapp.jobs.own_input import BEAT_S, run_dir, status_file
+from webapp.jobs.store import read_untrusted_json
 from webapp.jobs.submit import check_zip, save_upload
 from webapp.jsonfile import write_json_atomic
 from webapp.options import SubmitError
@@ -29,12 +29,12 @@ RUN_ID = re.compile(r"^[A-Za-z0-9_-]{12}$")
 
 
 def why_not(job: dict) -> str | None:
-    """Why this result cannot run an input here, or None: it must be done, and its code for this
-    server's CPU (a board's or a GPU's library does not run here)."""
+    """Why this result cannot run an input here, or None: it must be done, its files kept, and its
+    code for this server's CPU (a board's or a GPU's library does not run here)."""
     r, target = job.get("results") or {}, targets.TARGETS.get(job["options"].get("target", ""))
-    if job["status"] != "done" or "model.so" not in (r.get("files") or []):
-        return "The result has no finished library to run."
-    if target is None or target.board or (r.get("target") or {}).get("tvm", {}).get("kind") != "llvm":
+    if job["status"] != "done" or job.get("expired") or "model.so" not in (r.get("files") or []):
+        return "The result has no library kept to run."
+    if target is None or target.board or ((r.get("target") or {}).get("tvm") or {}).get("kind") != "llvm":
         where = target.name if target else "?"
         return f"Own inputs run on this server's CPU; this result's code is for {where}."
     if r.get("not_timed"):
@@ -50,7 +50,7 @@ def create_run(config: Config, job: dict, upload, filename: str) -> str:
     suffix = Path(filename or "").suffix.lower()
     if suffix != ".npz" and suffix not in IMAGES:
         raise SubmitError("Send an .npz of the model's inputs, or an image (" + ", ".join(IMAGES) + ").")
-    runs = job_store(config).job_dir(job["id"]) / "runs"
+    runs = run_dir(config, job["id"], "x").parent
     if runs.is_dir() and len(list(runs.glob("*.status.json"))) >= MAX_RUNS_PER_JOB:
         raise SubmitError(f"This result has run {MAX_RUNS_PER_JOB} inputs already, this server's limit.")
     run_id = secrets.token_urlsafe(9)
@@ -61,7 +61,7 @@ def create_run(config: Config, job: dict, upload, filename: str) -> str:
         save_upload(upload, b"", path, MAX_INPUT_MB)
         if suffix == ".npz":
             check_zip(path, "The .npz", config.max_unzipped_mb)
-    except SubmitError:
+    except BaseException:  # refused, or the upload broke off: nothing of it stays
         shutil.rmtree(folder)
         raise
     status = {"status": "queued", "created": time.time(), "filename": Path(filename).name[:200]}
@@ -81,13 +81,9 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
         "job": job_id,
         **{k: status.get(k) for k in ("status", "filename", "created", "error")},
     }
-    started = status.get("started")
-    if (
-        view["status"] == "running"
-        and isinstance(started, float)
-        and time.time() - started > 2 * config.wall_limit_s
-    ):
-        # its worker stopped mid-run (the sandbox's wall-clock limit would have ended it long ago)
+    alive = status.get("beat") or status.get("started")
+    if view["status"] == "running" and isinstance(alive, float) and time.time() - alive > 6 * BEAT_S:
+        # its worker stopped mid-run: it rewrites a running run's status every BEAT_S
         view |= {
             "status": "failed",
             "error": "The run was interrupted (its worker stopped): send the input again.",
@@ -108,37 +104,35 @@ def number(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+def items(x, n: int) -> list:
+    return x[:n] if isinstance(x, list) else []
+
+
 def clean_result(result: dict) -> dict:
     """The sandbox's result.json reduced to what the page shows, each value of its type."""
 
     def shapes(xs) -> list[dict]:
-        keep = [i for i in (xs or [])[:64] if isinstance(i, dict)]
         return [
-            {
-                "name": text(i.get("name")),
-                "shape": [d if isinstance(d, int) else text(d) for d in i.get("shape", [])][:8],
-            }
-            | {"dtype": text(i.get("dtype"))}
-            for i in keep
+            {"name": text(i.get("name")), "dtype": text(i.get("dtype"))}
+            | {"shape": [d if isinstance(d, int) else text(d) for d in items(i.get("shape"), 8)]}
+            for i in items(xs, 64)
+            if isinstance(i, dict)
         ]
 
     rows = []
-    for row in (result.get("runtimes") or [])[:8]:
+    for row in items(result.get("runtimes"), 8):
         if not isinstance(row, dict):
             continue
         against = row.get("against") if isinstance(row.get("against"), dict) else {}
+        top5 = [c for c in items(row.get("top5"), 5) if isinstance(c, list) and len(c) == 2]
         rows.append(
             {
                 "runtime": text(row.get("runtime")),
                 "error": text(row.get("error")),
                 "outputs": shapes(row.get("outputs")),
-                "first_values": [number(v) for v in (row.get("first_values") or [])[:8]],
-                "top5": [
-                    [text(c[0]), number(c[1])]
-                    for c in (row.get("top5") or [])[:5]
-                    if isinstance(c, list) and len(c) == 2
-                ],
-                "top1": [int(v) for v in (row.get("top1") or [])[:5000] if isinstance(v, int)],
+                "first_values": [number(v) for v in items(row.get("first_values"), 8)],
+                "top5": [[text(c), p] for c, p in ((c[0], number(c[1])) for c in top5) if p is not None],
+                "top1": [v for v in items(row.get("top1"), 5000) if isinstance(v, int)],
                 "against": {
                     k: number(against.get(k)) for k in ("max_abs_err", "cosine", "sqnr_db", "top1_agree")
                 }
