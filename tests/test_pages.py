@@ -1418,6 +1418,7 @@ def test_an_own_input_run_whose_worker_stopped_says_so_and_a_board_result_refuse
     started = clock.time() - 3 * config.wall_limit_s
     status = {"status": "running", "filename": "in.npz", "created": started, "started": started}
     status_file(folder).write_text(json.dumps(status))
+    folder.with_name("a" * 12 + ".claimed").touch()
     run = web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()
     assert run["status"] == "failed" and "interrupted" in run["error"]
     assert web.get(f"/r/{job_id}/inputs/{'b' * 12}.json").status_code == 404
@@ -1432,6 +1433,12 @@ def test_an_own_input_run_whose_worker_stopped_says_so_and_a_board_result_refuse
     assert "runtimes" not in run  # the last, a list: nothing of it shown
     (folder / "result.json").write_text(json.dumps(odd))
     assert web.get(f"/r/{job_id}/inputs/{'a' * 12}.json").get_json()["runtimes"][0]["top5"] == [["3", 0.5]]
+    # a worker's start queues again every run no worker has claimed (this one was claimed: running)
+    from webapp.jobs.own_input import waiting_runs
+
+    assert waiting_runs(config) == []
+    folder.with_name("a" * 12 + ".claimed").unlink(missing_ok=True)
+    assert waiting_runs(config) == [(job_id, "a" * 12)]
     board = write_job(app, with_facts(crafted_results()), options={"example": "cnn-small", "target": "rpi5"})
     resp = web.post(f"/api/jobs/{board}/inputs", data={"file": (io.BytesIO(b"x"), "in.npz")})
     assert resp.status_code == 400 and "this server's CPU" in resp.get_json()["error"]

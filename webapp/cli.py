@@ -123,11 +123,14 @@ def cmd_worker(args) -> int:
         from webapp.sandbox import check_bubblewrap
 
         check_bubblewrap()
+    from webapp.jobs.own_input import waiting_runs
     from webapp.jobs.queue import JobQueue
     from webapp.jobs.worker import look_after, requeue_waiting
 
     queue = JobQueue(config)
     requeue_waiting(config, queue.enqueue)
+    for job_id, run_id in waiting_runs(config):  # own-input runs, likewise
+        queue.enqueue_input(job_id, run_id)
     look_after(config, queue.enqueue)  # dead workers here, lost machines, the retention policy
     queue.consumer(workers=args.jobs).run()
     return 0

@@ -37,6 +37,17 @@ def status_file(folder: Path) -> Path:
     return folder.with_name(folder.name + ".status.json")
 
 
+def waiting_runs(config: Config) -> list[tuple[str, str]]:
+    """(job, run) of every run not yet claimed by a worker: queued again at a worker's start, as
+    jobs are (a queue that lost its messages loses no run; a repeated message is a no-op)."""
+    runs = []
+    for status in sorted((config.data_dir / "runs").glob("*/*.status.json")):
+        run_id = status.name.removesuffix(".status.json")
+        if not status.with_name(run_id + ".claimed").exists():
+            runs.append((status.parent.name, run_id))
+    return runs
+
+
 def model_references(options: dict) -> dict[str, str]:
     """The reference runtimes' model files in a job's input/ (as the worker prepared the job)."""
     if options.get("example") in EXAMPLES:
