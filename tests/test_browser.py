@@ -231,6 +231,12 @@ def test_bits_sweep_of_the_digits_example_from_the_form(page, live_server):
     assert_every_link_answers(page, page.url)
 
 
+def file_part(name: str, data: bytes) -> dict:
+    """A file field of a multipart request, as Playwright sends one (its type by its name)."""
+    mime = "image/png" if name.endswith(".png") else "application/octet-stream"
+    return {"name": name, "mimeType": mime, "buffer": data}
+
+
 def deep_onnx_model(path, blocks: int) -> None:
     """A chain of `blocks` MatMul + Add + Relu layers on a 1x8 vector: a graph of DenseNet-121's size
     (3 imported nodes, one fused kernel call a block) that builds in seconds (one kernel shape)."""
@@ -263,11 +269,7 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
     job = page.request.post(
         live_server + "/api/jobs",
         multipart={
-            "model": {
-                "name": "deep.onnx",
-                "mimeType": "application/octet-stream",
-                "buffer": (tmp_path / "deep.onnx").read_bytes(),
-            },
+            "model": file_part("deep.onnx", (tmp_path / "deep.onnx").read_bytes()),
             "target": "x86-host",
         },
     ).json()
@@ -454,34 +456,21 @@ def test_own_inputs_on_a_result_an_npz_of_the_digits_and_a_picture_of_one(page, 
 
     ink = (255 - images[7, 0] * 255).round().astype(np.uint8)  # dark strokes on a light ground
     Image.fromarray(ink).resize((64, 64), Image.Resampling.NEAREST).save(tmp_path / "digit.png")
-    api = job["api_url"] if "api_url" in job else f"{live_server}/api/jobs/{job['id']}"
+    api = f"{live_server}/api/jobs/{job['id']}/inputs"
     posted = page.request.post(
-        api + "/inputs",
-        multipart={
-            "file": {
-                "name": "digit.png",
-                "mimeType": "image/png",
-                "buffer": (tmp_path / "digit.png").read_bytes(),
-            }
-        },
+        api, multipart={"file": file_part("digit.png", (tmp_path / "digit.png").read_bytes())}
     )
     picture = wait_for_run(page, posted.json()["api_url"])
     assert picture["status"] == "done" and "inverted" in picture["prepared"], picture
     best = {r["runtime"]: r["top5"][0][0] for r in picture["runtimes"]}
     assert best["TVM int8"] == str(rows["TVM int8"]["top1"][7]), best
 
-    posted = page.request.post(
-        api + "/inputs",
-        multipart={"file": {"name": "not.png", "mimeType": "image/png", "buffer": b"no picture here"}},
-    )
+    posted = page.request.post(api, multipart={"file": file_part("not.png", b"no picture here")})
     failed = wait_for_run(page, posted.json()["api_url"])
     assert failed["status"] == "failed" and failed["error"].startswith("The image could not be read")
     page.goto(posted.json()["url"])
     expect(page.locator("#input-error")).to_contain_text("The image could not be read")
-    refused = page.request.post(
-        api + "/inputs",
-        multipart={"file": {"name": "model.onnx", "mimeType": "application/octet-stream", "buffer": b"x"}},
-    )
+    refused = page.request.post(api, multipart={"file": file_part("model.onnx", b"x")})
     assert refused.status == 400 and "Send an .npz" in refused.json()["error"]
 
 

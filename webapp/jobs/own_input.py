@@ -27,24 +27,37 @@ PREPARE = {"digits-cnn": "digits", "cnn-small": "imagenet", "resnet18": "imagene
 PREPARE |= {"mobilenet-v2": "imagenet"}
 
 
+def runs_dir(config: Config, job_id: str) -> Path:
+    """A job's own-input runs: not in the job's folder, which the job's own sandbox could write (a
+    link planted there)."""
+    return runs_root(config) / job_id
+
+
+def runs_root(config: Config) -> Path:
+    return config.data_dir / "runs"
+
+
 def run_dir(config: Config, job_id: str, run_id: str) -> Path:
-    """The run's folder, the sandbox's to write; its status (the worker's) lies beside it. Not in the
-    job's folder, which the job's own sandbox could write (a link planted there)."""
-    return config.data_dir / "runs" / job_id / run_id
+    """The run's folder, the sandbox's to write; its status and claim (the worker's) lie beside it."""
+    return runs_dir(config, job_id) / run_id
 
 
 def status_file(folder: Path) -> Path:
     return folder.with_name(folder.name + ".status.json")
 
 
+def claim_file(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".claimed")
+
+
 def waiting_runs(config: Config) -> list[tuple[str, str]]:
     """(job, run) of every run not yet claimed by a worker: queued again at a worker's start, as
     jobs are (a queue that lost its messages loses no run; a repeated message is a no-op)."""
     runs = []
-    for status in sorted((config.data_dir / "runs").glob("*/*.status.json")):
-        run_id = status.name.removesuffix(".status.json")
-        if not status.with_name(run_id + ".claimed").exists():
-            runs.append((status.parent.name, run_id))
+    for status in sorted(runs_root(config).glob("*/*.status.json")):
+        folder = status.with_name(status.name.removesuffix(".status.json"))
+        if not claim_file(folder).exists():
+            runs.append((folder.parent.name, folder.name))
     return runs
 
 
@@ -90,11 +103,11 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
     store = job_store(config)
     folder = run_dir(config, job_id, run_id)
     try:
-        os.close(os.open(folder.with_name(run_id + ".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(claim_file(folder), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError:  # run by another worker already, or gone
         return
-    status = json.loads(status_file(folder).read_text())
-    write_json_atomic(status_file(folder), status | {"status": "running", "started": time.time()})
+    status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
+    write_json_atomic(status_file(folder), status)
     error = None
     try:
         prepare(config, job_view(store, job_id), folder)
@@ -104,7 +117,7 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
         def beat() -> None:  # the worker's heartbeat, so that the page tells a stopped worker from a long run
             if time.monotonic() - last[0] > BEAT_S:
                 last[0] = time.monotonic()
-                write_json_atomic(status_file(folder), status | {"status": "running", "beat": time.time()})
+                write_json_atomic(status_file(folder), status | {"beat": time.time()})
 
         outcome = run_sandboxed(folder, config, command, stop=beat)
         result = read_untrusted_json(folder / "result.json")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from webapp.config import Config
+from webapp.jobs.own_input import runs_dir
 from webapp.jobs.store import job_store
 
 
@@ -112,7 +113,7 @@ def collect_garbage(config: Config, now: float | None = None) -> dict:
             continue
         reason = age_policy(config.keep_days) if too_old else f"the data passed {config.keep_gb:g} GB"
         bytes_freed, files = expire_job(store.job_dir(job["id"]))
-        bytes_freed += remove(config.data_dir / "runs" / job["id"])  # its own-input runs
+        bytes_freed += remove(runs_dir(config, job["id"]))  # its own-input runs
         # under a size cap, the uploads this expiry left unused count at once; else once at the end
         freed += bytes_freed + (remove_unused_uploads(config) if config.keep_gb else 0)
         store.mark_expired(job["id"], {"at": now, "reason": reason, "files": files})
@@ -140,6 +141,6 @@ def delete_job(config: Config, job_id: str) -> None:
     """A result removed by its submitter: its folder, and the record kept only as 'deleted'."""
     store = job_store(config)
     shutil.rmtree(store.job_dir(job_id), ignore_errors=True)
-    shutil.rmtree(config.data_dir / "runs" / job_id, ignore_errors=True)  # its own-input runs
+    shutil.rmtree(runs_dir(config, job_id), ignore_errors=True)  # its own-input runs
     store.mark_deleted(job_id)
     remove_unused_uploads(config)

@@ -18,7 +18,9 @@ from webapp.jsonfile import write_json_atomic
 
 MAX_RUNS = 2000  # inputs (batch items) run one by one, at most
 MAX_PIXELS = 40_000_000  # a larger picture is refused before it is decoded (a decompression bomb)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# ImageNet's per-channel mean and standard deviation, as C×1×1 for an image's C×H×W
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
 
 
 class InputError(Exception):
@@ -51,9 +53,7 @@ def image_input(path: Path, spec: dict, prepare: dict) -> tuple[np.ndarray, str]
             said.append("inverted (a light background: the digits data has bright strokes on dark)")
         said.append("grey values in [0, 1], as the digits data")
     elif prepare.get("kind") == "imagenet" and channels == 3:
-        x = (x - np.array(IMAGENET_MEAN, np.float32)[:, None, None]) / np.array(IMAGENET_STD, np.float32)[
-            :, None, None
-        ]
+        x = (x - IMAGENET_MEAN) / IMAGENET_STD
         said.append("RGB scaled to [0, 1], then normalized by ImageNet's mean and std")
     else:
         said.append(f"{'RGB' if channels == 3 else 'grey'} values scaled to [0, 1]")
@@ -134,7 +134,12 @@ def callers(spec: dict, run_dir: Path) -> dict:
     import tvm
     from tvm import relax
 
-    from webapp.pipeline.stages.bench import flatten_outputs, torch_outputs
+    from webapp.pipeline.stages.bench import (
+        flatten_outputs,
+        onnxruntime_session,
+        pytorch_module,
+        torch_outputs,
+    )
 
     threads = int(spec.get("threads", 1))
     out = {}
@@ -143,20 +148,13 @@ def callers(spec: dict, run_dir: Path) -> dict:
         out[label] = lambda xs, f=main: flatten_outputs(f(*[tvm.runtime.tensor(x) for x in xs]))
     refs = spec.get("references", {})
     if "onnxruntime" in refs:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        session = ort.InferenceSession(str(run_dir / refs["onnxruntime"]), options)
+        session = onnxruntime_session(run_dir / refs["onnxruntime"], threads)
         names = [i.name for i in session.get_inputs()]
         out["ONNX Runtime"] = lambda xs: session.run(None, dict(zip(names, xs, strict=False)))
     if "pytorch" in refs:
         import torch
 
-        from webapp.pipeline.stages.importers import load_pt2
-
-        torch.set_num_threads(threads)
-        module = load_pt2(run_dir / refs["pytorch"]).module()
+        module = pytorch_module(run_dir / refs["pytorch"], threads)
 
         def torch_call(xs):
             with torch.no_grad():

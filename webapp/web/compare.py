@@ -171,13 +171,10 @@ def graph_diff(
                 why.append(f"time: {ms[0]:.4f} → {ms[1]:.4f} ms a call (B {faster})")
             state = "changed" if why else "same"
         for tag, side, other in (("a", sides[0], sides[1]), ("b", sides[1], sides[0])):
+            match = list(dict.fromkeys(m["label"] for m in other))
             for n in side:
-                out[tag][n["id"]] = {
-                    "state": state,
-                    "why": why,
-                    "match": list(dict.fromkeys(m["label"] for m in other)),
-                }
-                out["counts"][tag][state] += 1
+                out[tag][n["id"]] = {"state": state, "why": why, "match": match}
+            out["counts"][tag][state] += len(side)
     return out
 
 

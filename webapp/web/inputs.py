@@ -14,7 +14,7 @@ from flask import Blueprint, abort, jsonify, redirect, render_template, request,
 from webapp import targets
 from webapp.codeviews import safe_job_file
 from webapp.config import Config
-from webapp.jobs.own_input import BEAT_S, run_dir, status_file
+from webapp.jobs.own_input import BEAT_S, run_dir, runs_dir, status_file
 from webapp.jobs.store import read_untrusted_json
 from webapp.jobs.submit import check_zip, save_upload
 from webapp.jsonfile import write_json_atomic
@@ -50,8 +50,7 @@ def create_run(config: Config, job: dict, upload, filename: str) -> str:
     suffix = Path(filename or "").suffix.lower()
     if suffix != ".npz" and suffix not in IMAGES:
         raise SubmitError("Send an .npz of the model's inputs, or an image (" + ", ".join(IMAGES) + ").")
-    runs = run_dir(config, job["id"], "x").parent
-    if runs.is_dir() and len(list(runs.glob("*.status.json"))) >= MAX_RUNS_PER_JOB:
+    if len(list(runs_dir(config, job["id"]).glob("*.status.json"))) >= MAX_RUNS_PER_JOB:
         raise SubmitError(f"This result has run {MAX_RUNS_PER_JOB} inputs already, this server's limit.")
     run_id = secrets.token_urlsafe(9)
     folder = run_dir(config, job["id"], run_id)
@@ -88,10 +87,10 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
             "status": "failed",
             "error": "The run was interrupted (its worker stopped): send the input again.",
         }
-    result = read_untrusted_json(folder / "result.json") if status.get("status") == "done" else None
+    done = status.get("status") == "done"
+    result = read_untrusted_json(folder / "result.json") if done else None
     if isinstance(result, dict):
         view |= clean_result(result)
-    done = status.get("status") == "done"
     view["outputs_file"] = done and safe_job_file(folder, "files/outputs.npz") is not None
     return view
 
@@ -152,9 +151,7 @@ def clean_result(result: dict) -> dict:
 bp = Blueprint("inputs", __name__)
 
 
-@bp.app_template_global()
-def own_input_why_not(job: dict) -> str | None:
-    return why_not(job)
+bp.add_app_template_global(why_not, "own_input_why_not")
 
 
 def submitted(job_id: str) -> str:

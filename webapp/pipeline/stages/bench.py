@@ -183,13 +183,20 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     return run
 
 
-def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+def pytorch_module(pt2: Path, threads: int):
+    """The .pt2's module, PyTorch on `threads` threads."""
     import torch
 
     from webapp.pipeline.stages.importers import load_pt2
 
     torch.set_num_threads(threads)
-    module = load_pt2(pt2).module()
+    return load_pt2(pt2).module()
+
+
+def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+    import torch
+
+    module = pytorch_module(pt2, threads)
     args = [torch.from_numpy(a) for a in inputs.values()]
     if cuda:
         module, args = module.to("cuda"), [a.to("cuda") for a in args]
@@ -204,14 +211,19 @@ def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda:
     return run
 
 
-def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+def onnxruntime_session(onnx_path: Path, threads: int, cuda: bool = False):
+    """An ONNX Runtime session on `threads` threads (one operator at a time)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     provider = "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"
-    session = ort.InferenceSession(str(onnx_path), options, providers=[provider])
+    return ort.InferenceSession(str(onnx_path), options, providers=[provider])
+
+
+def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+    session = onnxruntime_session(onnx_path, threads, cuda)
     feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
     return lambda: session.run(None, feed)
 
