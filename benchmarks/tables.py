@@ -502,7 +502,15 @@ def render_repeat(runs: list[dict]) -> str:
     shown = {}
     for group in groups(runs):
         shown.setdefault(group[0].get("threads"), group)
-    header = ["model", "quantize", "runtime", "each job's median ms", "spread across jobs", "in-job spread"]
+    header = [
+        "model",
+        "quantize",
+        "runtime",
+        "each job's median ms",
+        "spread across jobs",
+        "the same, all rounds' median",
+        "in-job spread",
+    ]
     parts = []
     for group in shown.values():
         rows = [
@@ -512,6 +520,7 @@ def render_repeat(runs: list[dict]) -> str:
                 r["runtime"],
                 " / ".join(ms(m) for m in r["medians_ms"]),
                 f"{100 * r['spread']:.1f}%",
+                f"{100 * r['spread_all_rounds']:.1f}%" if "spread_all_rounds" in r else "–",
                 f"{100 * r['round_spread']:.1f}%",
             ]
             for run in group

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,25 @@ def test_fidelity_metrics():
     other = bench.fidelity([a], [np.array([[3.0, 2.0, 1.0]], np.float32)], classifier=True)
     assert other["top1_agree"] == 0.0 and other["max_abs_err"] == 2.0
     assert other["sqnr_db"] == pytest.approx(10 * np.log10(14 / 8))
+
+
+def test_a_row_is_the_median_of_its_fastest_round_and_keeps_every_round():
+    """A slow spell (here: the first 0.3 s, calls 3x as long) slows a round and never speeds one: the
+    row's median is its fastest round's, its rounds and spread show the spell, min/p90/runs are of all
+    its calls."""
+    start = time.perf_counter()
+
+    def spell():
+        time.sleep(0.006 if time.perf_counter() - start < 0.3 else 0.002)
+
+    spell()
+    row = bench.measure_interleaved({"a": spell}, budget_s=1.2, rounds=4)["a"]
+    rounds = row["rounds_ms"]
+    assert len(rounds) == 4 and rounds[0] > 2.5 * min(rounds[1:])
+    assert row["median_ms"] == min(rounds) < 3.0
+    assert row["spread"] == round((max(rounds) - min(rounds)) / min(rounds), 4) > 1.0
+    assert row["min_ms"] <= row["median_ms"] <= row["p90_ms"]
+    assert row["runs"] > 4
 
 
 def test_pt2_with_a_dynamic_batch_is_bound_to_the_given_shape(tmp_path):

@@ -2,8 +2,8 @@
 and the fidelity of TVM's outputs against the framework's fp32 reference.
 
 Every runtime is timed by the same harness (`measure_interleaved`): the runtimes in turn, each slice
-after a pause and a warm-up call, then calls timed one by one with perf_counter, reported as min /
-median / p90.
+after a pause and a warm-up call, then calls timed one by one with perf_counter, in four rounds. A row's
+median is that of its fastest round; its min, p90 and count are of all its calls.
 """
 
 from __future__ import annotations
@@ -98,8 +98,12 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
     after a pause in which the other runtimes' thread pools stop spinning, and lasts a fraction of a
     second, not a count of calls (measured here on cnn-small, TVM / ONNX Runtime in one process:
     slices of 40 calls 88 / 38 us; 0.5 s slices without the pause 77 / 53; with it 45 / 38, the
-    figures each gives alone). Returns {key: summarize(...)}, with each fn's `spread`: how far apart
-    its rounds' medians lie, (largest - smallest) / the median of all its runs."""
+    figures each gives alone). Returns {key: summarize(...)} of all of each fn's calls, except that its
+    `median_ms` is the median of its fastest round: a spell of the machine that slows every call (on a
+    2-vCPU VM here, both threads of a runtime slow 15-20% for seconds at a time, all runtimes alike:
+    docs/benchmarks.md "The same job three times") slows a round and never speeds one, so the fastest
+    round is what repeats from job to job. `rounds_ms` holds each round's median, and `spread` how far
+    apart they lie, (largest - smallest) / `median_ms`."""
     times: dict = {key: [] for key in runs}
     medians: dict = {key: [] for key in runs}  # of each round
     for done in range(rounds):
@@ -117,9 +121,14 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
                     break
             medians[key].append(float(np.median(times[key][first:])))
         report((done + 1) / rounds)
-    out = {key: summarize(ts) for key, ts in times.items()}
-    for key, summary in out.items():
-        summary["spread"] = round((max(medians[key]) - min(medians[key])) / summary["median_ms"], 4)
+    out = {}
+    for key, ts in times.items():
+        fastest = min(medians[key])
+        out[key] = summarize(ts) | {
+            "median_ms": fastest,
+            "rounds_ms": medians[key],
+            "spread": round((max(medians[key]) - fastest) / fastest, 4),
+        }
     return out
 
 
@@ -540,7 +549,7 @@ def model_inputs(fused) -> dict | None:
 
 def time_models(executables: dict, inputs: dict, dev, budget_s: float = MODEL_CHECK_S) -> dict[str, float]:
     """Builds of one model ({name: executable}) timed in turn, as the benchmark times runtimes: the
-    median ms of each."""
+    median ms of each (of its fastest round)."""
     runs = {name: tvm_runner(exe, inputs, dev) for name, exe in executables.items()}
     for run in runs.values():
         run()
