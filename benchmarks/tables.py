@@ -262,11 +262,14 @@ def ratio_history(earlier: list[list[dict]], num: str, den: str, what: str) -> s
 
 
 def render_quantized(runs: list[dict]) -> str:
-    """A table per target measured at the newest commit (x86-host, x86-avx2...), then a line per
-    earlier commit and target."""
+    """Per CPU, a table per target measured at the newest commit measured on it (x86-host,
+    x86-avx2...), then a line per earlier commit and target."""
     every = groups(runs, ("target",))
-    newest = [g for g in every if g[0].get("commit") == every[0][0].get("commit")]
-    newest.sort(key=lambda g: g[0].get("target") or "x86-host")
+    newest_commit: dict = {}
+    for g in every:
+        newest_commit.setdefault(g[0].get("cpu"), g[0].get("commit"))
+    newest = [g for g in every if g[0].get("commit") == newest_commit[g[0].get("cpu")]]
+    newest.sort(key=lambda g: (g[0].get("cpu") or "", g[0].get("target") or "x86-host"))
     earlier = [g for g in every if g not in newest]
     tables = "\n\n".join(quantized_table(latest) for latest in newest)
     return tables + ratio_history(earlier, "tvm_int8_ms", "ort_int8_ms", "TVM/ORT int8")
@@ -498,10 +501,10 @@ def render_contention(runs: list[dict]) -> str:
 
 
 def render_repeat(runs: list[dict]) -> str:
-    """The newest group of runs at each thread count."""
+    """The newest group of runs on each CPU at each thread count."""
     shown = {}
     for group in groups(runs):
-        shown.setdefault(group[0].get("threads"), group)
+        shown.setdefault((group[0].get("cpu"), group[0].get("threads")), group)
     header = [
         "model",
         "quantize",
@@ -510,22 +513,32 @@ def render_repeat(runs: list[dict]) -> str:
         "spread across jobs",
         "the same, all rounds' median",
         "in-job spread",
+        "÷ ONNX Runtime fp32, per job (spread)",
     ]
     parts = []
     for group in shown.values():
-        rows = [
-            [
-                r["model"],
-                r["quantize"],
-                r["runtime"],
-                " / ".join(ms(m) for m in r["medians_ms"]),
-                f"{100 * r['spread']:.1f}%",
-                f"{100 * r['spread_all_rounds']:.1f}%" if "spread_all_rounds" in r else "–",
-                f"{100 * r['round_spread']:.1f}%",
-            ]
-            for run in group
-            for r in run.get("rows", [])
-        ]
+        rows = []
+        for run in group:
+            ort = {
+                r["model"]: r["medians_ms"] for r in run.get("rows", []) if r["runtime"] == "onnxruntime fp32"
+            }
+            for r in run.get("rows", []):
+                ratios = [m / o for m, o in zip(r["medians_ms"], ort.get(r["model"], []), strict=False)]
+                rows.append(
+                    [
+                        r["model"],
+                        r["quantize"],
+                        r["runtime"],
+                        " / ".join(ms(m) for m in r["medians_ms"]),
+                        f"{100 * r['spread']:.1f}%",
+                        f"{100 * r['spread_all_rounds']:.1f}%" if "spread_all_rounds" in r else "–",
+                        f"{100 * r['round_spread']:.1f}%",
+                        "–"
+                        if r["runtime"] == "onnxruntime fp32" or not ratios
+                        else " / ".join(f"{x:.2f}" for x in ratios)
+                        + f" ({100 * (max(ratios) - min(ratios)) / median(ratios):.1f}%)",
+                    ]
+                )
         parts.append(f"{where(group)}.\n\n" + table(header, rows))
     return "\n\n".join(parts)
 
