@@ -24,6 +24,7 @@ from pathlib import Path
 from statistics import median
 
 from record import record_run
+from tables import spread
 
 from webapp.cli import compile_locally
 from webapp.config import Config
@@ -77,10 +78,6 @@ def main() -> int:
         data = {"runs": args.runs, "rows": rows}
         print(f"recorded in {record_run('repeat', config.bench_threads, data)}")
     return 0
-
-
-def spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / median(values)
 
 
 if __name__ == "__main__":

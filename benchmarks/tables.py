@@ -42,6 +42,11 @@ COMMANDS = {
 # ---------------------------------------------------------------- numbers and cells
 
 
+def spread(values) -> float:
+    """How far apart values lie: (largest - smallest) / their median."""
+    return (max(values) - min(values)) / median(values)
+
+
 def med(values) -> float | None:
     """The median of the values that are there (None where none is)."""
     present = [v for v in values if v is not None]
@@ -535,8 +540,7 @@ def render_repeat(runs: list[dict]) -> str:
                         f"{100 * r['round_spread']:.1f}%",
                         "–"
                         if r["runtime"] == "onnxruntime fp32" or not ratios
-                        else " / ".join(f"{x:.2f}" for x in ratios)
-                        + f" ({100 * (max(ratios) - min(ratios)) / median(ratios):.1f}%)",
+                        else " / ".join(f"{x:.2f}" for x in ratios) + f" ({100 * spread(ratios):.1f}%)",
                     ]
                 )
         parts.append(f"{where(group)}.\n\n" + table(header, rows))

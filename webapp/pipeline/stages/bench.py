@@ -102,7 +102,8 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
     `median_ms` is the median of its fastest round: a spell of the machine that slows every call (on a
     2-vCPU VM here, both threads of a runtime slow 15-20% for seconds at a time, all runtimes alike:
     docs/benchmarks.md "The same job three times") slows a round and never speeds one, so the fastest
-    round is what repeats from job to job. `rounds_ms` holds each round's median, and `spread` how far
+    round is the nearest to the machine's unhindered speed (a drift longer than the whole timing moves
+    it all the same, as measured there). `rounds_ms` holds each round's median, and `spread` how far
     apart they lie, (largest - smallest) / `median_ms`."""
     times: dict = {key: [] for key in runs}
     medians: dict = {key: [] for key in runs}  # of each round
