@@ -267,13 +267,13 @@ def ratio_history(earlier: list[list[dict]], num: str, den: str, what: str) -> s
 
 
 def render_quantized(runs: list[dict]) -> str:
-    """Per CPU, a table per target measured at the newest commit measured on it (x86-host,
-    x86-avx2...), then a line per earlier commit and target."""
+    """Per CPU, a table of each target's newest runs (x86-host, x86-avx2...), then a line per earlier
+    commit and target."""
     every = groups(runs, ("target",))
-    newest_commit: dict = {}
+    newest_of: dict = {}
     for g in every:
-        newest_commit.setdefault(g[0].get("cpu"), g[0].get("commit"))
-    newest = [g for g in every if g[0].get("commit") == newest_commit[g[0].get("cpu")]]
+        newest_of.setdefault((g[0].get("cpu"), g[0].get("target") or "x86-host"), g)
+    newest = list(newest_of.values())
     newest.sort(key=lambda g: (g[0].get("cpu") or "", g[0].get("target") or "x86-host"))
     earlier = [g for g in every if g not in newest]
     tables = "\n\n".join(quantized_table(latest) for latest in newest)
