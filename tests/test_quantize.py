@@ -25,6 +25,7 @@ from webapp.pipeline.stages.quantize.calibrate import gather, kl_threshold, thre
 from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
     fit_pairs,
+    fixed_point_reference,
     fma32,
     is_power_of_two,
     pack_bits,
@@ -91,6 +92,24 @@ def integer_layer(kind: str, q: np.ndarray, r) -> np.ndarray:
 ARM = get("rpi5")  # quantized for its Cortex-A76 (int8 activations)
 
 
+def fixed_point_terms_of(acc: np.ndarray, r) -> tuple:
+    """Layer r's int32 accumulator `acc` (bias included) as the affine value the Realizer makes of it:
+    (the accumulator without its bias, its multiplier, the bias's share), in the same float64 steps."""
+    shape = (1, -1, 1, 1) if acc.ndim == 4 else (-1,)
+    acc_scale = r.input.scale * r.weight_scale
+    return acc - r.bias_q.reshape(shape), acc_scale.reshape(shape), (r.bias_q * acc_scale).reshape(shape)
+
+
+def fixed_point_requantized(acc: np.ndarray, r, lo: int, hi: int) -> np.ndarray:
+    """numpy: layer r's accumulator requantized to its 8-bit output as Realizer.fixed_point_multiply
+    does it on Arm."""
+    raw, m, offset = fixed_point_terms_of(acc, r)
+    factor = 1 / r.output.scale
+    return fixed_point_reference(
+        [raw], [m * factor], offset * factor + r.output.zero_point + 0.5, lo, hi, "int8"
+    )
+
+
 def int8_rule(kind: str, layout: str | None, target) -> str:
     """The rule label an int8 layer gets on a target: the int8 rule of its dot-product instruction,
     or, on a target without one, the float rule of the layer's kind (products widened to 16 bits)."""
@@ -124,7 +143,10 @@ def test_integer_layers_are_bit_exact_against_numpy(
     first, second = q.layers
     assert first.input.dtype == activations
     assert first.output is not None and second.output is None  # 8 bits between them, float after
-    assert first.requantize == ("shift" if weight_scale == "power2" else "float32 multiply")
+    fixed = activations == "int8" and weight_scale == "max"  # Arm requantizes in fixed point
+    assert first.requantize == (
+        "shift" if weight_scale == "power2" else "fixed point" if fixed else "float32 multiply"
+    )
 
     executable, labels = compile_relax(q.mod, target)
     if activations == "uint8":  # the target's own int8 rule (with VNNI: vpdpbusd)
@@ -137,7 +159,10 @@ def test_integer_layers_are_bit_exact_against_numpy(
     shape = (1, -1, 1, 1) if kind == "conv2d" else (-1,)
     out = first.output
     acc = integer_layer(kind, xq, first)
-    h = requantize_reference(acc, first.multiplier.reshape(shape), out, out.zero_point, out.qmax)
+    if fixed:
+        h = fixed_point_requantized(acc, first, out.zero_point, out.qmax)
+    else:
+        h = requantize_reference(acc, first.multiplier.reshape(shape), out, out.zero_point, out.qmax)
     acc = integer_layer(kind, h, second)
     expected = acc.astype(np.float32) * second.multiplier.reshape(shape).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
@@ -221,6 +246,45 @@ def test_residual_blocks_keep_8_bit_tensors_between_kernels_bit_exact_against_nu
     s = np.maximum(fma32(acc, second.multiplier.reshape(shape), h), np.float32(0))
     acc = integer_layer("conv2d", third.input.quantize(s), third)
     expected = acc.astype(np.float32) * third.multiplier.reshape(shape).astype(np.float32)
+    np.testing.assert_array_equal(ours, expected)
+
+
+def test_residual_blocks_on_arm_requantize_in_fixed_point_bit_exact_against_numpy():
+    """Quantized for Arm, a layer's requantization and the residual sum's quantization are integer: the
+    sum s = ReLU(h + y) is quantized from y's accumulator and h's 8 bits, each times its fixed-point
+    multiplier (smull / smlal on the board), no float between them; y's float value and the float add
+    are gone from the model. Each int64 multiply's constant is read as int32 (passes/legalize.py), in
+    the kernel of the convolution whose accumulator it scales. Run here (int8 activations), bit for bit
+    against numpy."""
+    mod, shapes = residual_model()
+    samples = [{"x": RNG.standard_normal(shapes["x"]).astype("float32")} for _ in range(4)]
+    q = quantize(mod, ARM, JobOptions(quantize="int8"), samples)
+    first, second, third = q.layers
+    assert first.requantize == "fixed point" and second.requantize == third.requantize == "float"
+    kernels = [gv.name_hint for gv in fuse(q.mod, ARM).functions]
+    assert any("conv2d" in k and "widening_multiply" in k for k in kernels), kernels
+    # h, y and s have 16 channels, the input 3 and the output 8: no float32 tensor of 16 channels
+    floats = [b.var for b in bindings(q.mod["main"]) if str(b.var.ty.dtype) == "float32"]
+    assert floats and not any(16 in [int(d) for d in v.ty.shape.values] for v in floats), floats
+
+    x = RNG.standard_normal(shapes["x"]).astype("float32")
+    executable, _ = compile_relax(q.mod, get("x86-host"))
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, {"x": x})())[0]
+    h_out, s_in = first.output, third.input
+    hq = fixed_point_requantized(integer_layer("conv2d", first.input.quantize(x), first), first, 0, 127)
+    raw, m, offset = fixed_point_terms_of(integer_layer("conv2d", hq, second), second)
+    factor = 1 / s_in.scale
+    h_m, h_offset = np.float64(h_out.scale), -h_out.zero_point * np.float64(h_out.scale)
+    sq = fixed_point_reference(
+        [hq.astype(np.int32), raw],
+        [h_m * factor, m * factor],
+        (h_offset + offset) * factor + s_in.zero_point + 0.5,
+        s_in.qmin,
+        s_in.qmax,
+        "int8",
+    )
+    acc = integer_layer("conv2d", sq, third)
+    expected = acc.astype(np.float32) * third.multiplier.reshape(1, -1, 1, 1).astype(np.float32)
     np.testing.assert_array_equal(ours, expected)
 
 

@@ -12,6 +12,7 @@ class Arm(LLVMCPU):
     cross_compiler = "aarch64-linux-gnu-g++"
     activation_dtype = "int8"  # sdot multiplies int8 by int8
     converts_saturating = True  # fcvtzs and fcvtms saturate
+    requantizes_fixed_point = True  # smull / smlal into int64, a shift: no float vector instruction
     dot_instructions = (
         # i8mm's matrix multiply-accumulate: 2 x 8 by 8 x 2 int8 into a 2 x 2 int32 tile (rules/int8_mmla.py)
         ("i8mm", 2, "int8", ("smmla", "llvm.aarch64.neon.smmla.v4i32.v16i8"), "i8mm"),

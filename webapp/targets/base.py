@@ -38,6 +38,9 @@ class Target:
     # whether a float beyond an int's range converts to that int's bound (AArch64's fcvt*), not to an
     # arbitrary value (x86's cvttps2dq gives INT_MIN): a quantized layer then clips in integers
     converts_saturating: ClassVar[bool] = False
+    # whether a quantized layer requantizes its int32 values to 8 bits by a fixed-point multiply in
+    # int64 (integer vector instructions) rather than in float32 (Realizer.fixed_point_multiply)
+    requantizes_fixed_point: ClassVar[bool] = False
 
     # --- what the web process may ask (no TVM) ---
     @property

@@ -3,7 +3,9 @@ names (Target.rewrites), then TVM's legalization for the kind."""
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
+from tvm import relax, te
 
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy
 from webapp.pipeline.passes.winograd import winograd
@@ -18,7 +20,63 @@ REWRITES = {
 
 
 def legalize_passes(target: Target) -> list:
-    return [REWRITES[name] for name in target.rewrites] + target.legalize_passes()
+    tvm_passes = target.legalize_passes()
+    at = next((i for i, p in enumerate(tvm_passes) if p.info.name == "FuseOps"), len(tvm_passes))
+    narrow = [multiply_by_int32_constants, tvm.relax.transform.AnnotateTIROpPattern()]
+    return [REWRITES[name] for name in target.rewrites] + tvm_passes[:at] + narrow + tvm_passes[at:]
+
+
+@relax.expr_functor.mutator
+class _Narrow(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not (call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and len(call.args[1].fields) == 2):
+            return call
+        x, c = call.args[1].fields
+        func = self.builder_.get()[call.args[0]] if isinstance(call.args[0], relax.GlobalVar) else None
+        if not (
+            isinstance(c, tvm.ir.Constant)
+            and str(c.value.dtype) == "int64"
+            and func is not None
+            and call.args[0].name_hint.startswith("multiply")
+        ):
+            return call
+        values, shape = c.value.numpy(), [int(d) for d in x.ty.shape.values]
+        within = values.ndim <= len(shape) and all(
+            n in (1, shape[len(shape) - values.ndim + k]) for k, n in enumerate(values.shape)
+        )
+        if not within or values.size == 0 or values.min() < -(2**31) or values.max() >= 2**31:
+            return call
+        return self.builder_.call_te(widening_multiply, x, relax.const(values.astype(np.int32)))
+
+
+def widening_multiply(x: te.Tensor, c: te.Tensor) -> te.Tensor:
+    """x (int64) x c (int32, broadcast as numpy does), c widened as it is read."""
+    offset = len(x.shape) - len(c.shape)
+
+    def value(*i):
+        j = [0 if int(c.shape[k]) == 1 else i[offset + k] for k in range(len(c.shape))]
+        return x(*i) * c(*j).astype("int64")
+
+    return te.compute(x.shape, value, name="T_multiply")
+
+
+@tvm.transform.module_pass(opt_level=0, name="MultiplyByInt32Constants")
+def multiply_by_int32_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """An int64 multiply by a constant whose values fit in 32 bits (a fixed-point requantization's
+    multipliers, webapp.pipeline.stages.quantize) reads the constant as int32 and widens it: in its
+    fused kernel both operands are then 32-bit values widened, which LLVM multiplies with one
+    widening instruction (AArch64 smull / smull2) where a 64-bit multiply has no vector instruction
+    on NEON (each lane a scalar mul). Runs on the legalized module, after FoldConstant (which would
+    fold the widening of a constant back), before FuseOps."""
+    try:
+        mutator = _Narrow(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                mutator.builder_.update_func(gv, mutator.visit_expr(func))
+        return mutator.builder_.get()
+    except Exception:  # a module it cannot take stays as it was (a dynamic shape, say)
+        return mod
 
 
 def fuse(mod: tvm.IRModule, target: Target, trace=None) -> tvm.IRModule:

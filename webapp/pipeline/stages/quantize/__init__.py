@@ -252,6 +252,7 @@ def quantize(
         pair_limit=target.int8_pair_limit(),
         means=means,
         saturating=target.converts_saturating,
+        fixed_point=target.requantizes_fixed_point,
     )
     qfunc = realizer.run()
     report(0.6)

@@ -32,6 +32,7 @@ from webapp.pipeline.stages.quantize.annotate import Layer, bindings, op_name, u
 from webapp.pipeline.stages.quantize.scales import (
     ActQuant,
     fit_pairs,
+    fixed_point_terms,
     is_power_of_two,
     pair_sums,
     power2_up,
@@ -52,6 +53,18 @@ class LayerQuant:
     multiplier: np.ndarray  # input scale x weight scale / output scale (requantize) or x 1 (float)
     output: ActQuant | None  # the uint8 result's quantization; None when the result is float32
     requantize: str  # "shift" | "float32 multiply" | "float" (the result stays float32)
+
+
+@dataclass
+class Affine:
+    """A float tensor as sum(int32 tensor x multiplier) + offset: the multipliers and the offset
+    (float64) per output channel or one value."""
+
+    terms: list  # (int32 relax value, multiplier)
+    offset: np.ndarray | float = 0.0
+
+    def __add__(self, other: Affine) -> Affine:
+        return Affine([*self.terms, *other.terms], self.offset + other.offset)
 
 
 def const(values, dtype: str) -> relax.Expr:
@@ -89,6 +102,7 @@ class Realizer:
         pair_limit=None,
         means=None,
         saturating=False,
+        fixed_point=False,
     ):
         self.func, self.bits = func, options.bits
         self.means = means or {}  # a layer's float input Var -> its mean per input channel (calibration)
@@ -98,6 +112,12 @@ class Realizer:
         # whether the target's float -> int conversion saturates (Target.converts_saturating): then a
         # rounded value converts first and is clipped in int32 (to_bits)
         self.saturating = saturating
+        # whether an 8-bit result is requantized by an integer (fixed-point) multiply of the int32
+        # values it is an affine function of (Target.requantizes_fixed_point), instead of in float
+        self.fixed_point = fixed_point
+        # original Var -> its float value as an affine function of int32 tensors (Affine), where it is
+        # one: a layer's float result, a dequantized 8-bit tensor, their sums (a residual add)
+        self.affine: dict = {}
         self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
         self.expose = expose  # also return every quantized layer's result, in float32
         self.layers = {layer.head: layer for layer in layers if layer.quantized}
@@ -133,6 +153,7 @@ class Realizer:
             self.floats[var] = self.emit(
                 R.multiply(R.astype(shifted, "float32"), scalar(p.scale, "float32", q))
             )
+            self.affine[var] = Affine([(q, np.float64(p.scale))], -p.zero_point * np.float64(p.scale))
         return self.floats[var]
 
     def quant_value(self, var):
@@ -148,6 +169,11 @@ class Realizer:
             self.current = reader
 
     def quantize(self, var):
+        if var not in self.quants and self.fixed_point and var in self.affine:
+            p = self.acts[var]
+            y = self.fixed_point_multiply(self.affine[var], 1.0 / p.scale, p.zero_point, p.qmin, p.qmax)
+            if y is not None:
+                self.quants[var] = self.emit(R.astype(y, p.dtype), "quantized")
         if var not in self.quants:
             p, x = self.acts[var], self.float_value(var)
             # floor(x * (1 / scale) + zero point + 1/2): round half up, which vectorizes (for
@@ -173,9 +199,12 @@ class Realizer:
                         self.current = [b.var.name]
                         if self.relu_in_the_clip(b):  # its input is quantized in its place
                             self.floats[b.var] = self.float_value(b.value.args[0])
+                            if b.value.args[0] in self.affine:
+                                self.affine[b.var] = self.affine[b.value.args[0]]
                         else:
                             value = substitute(b.value, {v: self.float_value(v) for v in free_vars(b.value)})
                             self.floats[b.var] = self.emit(value, b.var.name)
+                            self.note_affine(b)
                         if self.stored_in_8_bits(b.var):  # e.g. a residual add feeding the next layer
                             self.quant_value(b.var)
                             del self.floats[b.var]  # its float readers dequantize the 8 bits
@@ -185,7 +214,14 @@ class Realizer:
                     body = relax.Tuple([body, *[r.layer.out for r in self.report]])
                 out = bb.emit_output(substitute(body, {v: self.float_value(v) for v in free_vars(body)}))
             bb.emit_func_output(out)
-        return bb.get()["main"]
+        # the float values that a fixed-point requantization made unread
+        return relax.analysis.remove_all_unused(bb.get()["main"])
+
+    def note_affine(self, binding) -> None:
+        """A float add of two affine values (a residual block's sum) is affine too."""
+        args = binding.value.args if isinstance(binding.value, relax.Call) else []
+        if op_name(binding.value) == "relax.add" and all(a in self.affine for a in args):
+            self.affine[binding.var] = self.affine[args[0]] + self.affine[args[1]]
 
     def stored_in_8_bits(self, var) -> bool:
         """At 8 bits, a tensor with a calibrated quantization that is not the model's output is stored
@@ -276,6 +312,10 @@ class Realizer:
             )
         else:
             acc = self.emit(R.matmul(xq, const(wq, "int8"), out_dtype="int32"), "acc")
+        # the accumulator and bias as an affine value, the bias in its offset: a fixed-point
+        # requantization widens the accumulator itself (see passes/legalize.py) and adds the bias's
+        # share to its rounding constant, one add less
+        products = Affine([(acc, acc_scale.reshape(shape))], (bias_q * acc_scale).reshape(shape))
         if np.any(bias_q):
             acc = self.emit(R.add(acc, const(bias_q.reshape(shape), "int32")), "acc")
 
@@ -296,8 +336,15 @@ class Realizer:
                 lo = max(lo, p_out.zero_point)
                 if layer.activation[0] == "clip":
                     hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
-            y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
-            self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
+            y = None
+            if self.fixed_point and not is_power_of_two(multiplier):
+                y = self.fixed_point_multiply(products, 1 / p_out.scale, p_out.zero_point, lo, hi)
+            if y is not None:
+                self.quants[layer.out] = self.emit(R.astype(y, p_out.dtype), "requantized")
+                how = "fixed point"
+            else:
+                y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
+                self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
         else:
             p_out, multiplier, how = None, acc_scale, "float"
             y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
@@ -306,6 +353,8 @@ class Realizer:
             elif layer.activation is not None:
                 y = self.clip(y, layer.activation[1], layer.activation[2], "float32")
             self.floats[layer.out] = y
+            if layer.activation is None:
+                self.affine[layer.out] = products
         self.report.append(
             LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
         )
@@ -357,6 +406,30 @@ class Realizer:
         reduce = tuple(i for i in range(sums.ndim) if i != axis or scale.size == 1)
         coarser = scale * np.maximum(sums.max(axis=reduce, keepdims=True) / self.pair_limit, 1.0)
         return power2_up(coarser) if self.weight_mode == "power2" else coarser
+
+    def fixed_point_multiply(self, value: Affine, factor: float, zero_point: int, lo: int, hi: int):
+        """floor(value x factor + zero point + 1/2) clipped to [lo, hi] (int64; None where the form does
+        not hold the multipliers: scales.fixed_point_terms), in integers: each term's int32
+        tensor widened to int64 times its multiplier in fixed point (scales.fixed_point_terms), summed,
+        shifted right. Integer vector instructions only, where the float form is a conversion, a
+        multiply-add and a rounding conversion per term; under QEMU (the emulated boards) each float
+        vector instruction is a call into its soft-float code, integer ones run inline."""
+        form = fixed_point_terms(
+            [m * factor for _, m in value.terms], value.offset * factor + zero_point + 0.5
+        )
+        if form is None:
+            return None
+        multipliers, rounding, shift = form
+        total = None
+        for (t, _), m in zip(value.terms, multipliers, strict=True):
+            factor = const(m, "int64") if np.ndim(m) else scalar(m, "int64", t)  # (ConvertLayout: see scalar)
+            product = R.multiply(R.astype(t, "int64"), factor)
+            total = product if total is None else R.add(total, product)
+        rounding = const(rounding, "int64") if np.ndim(rounding) else scalar(rounding, "int64", t)
+        y = self.emit(R.right_shift(R.add(total, rounding), scalar(shift, "int64", t)))
+        if shift >= 32:  # |the sum| < 2**63: shifted it fits in int32, clipped there (fewer lanes)
+            return self.clip(self.emit(R.astype(y, "int32")), lo, hi, "int32")
+        return self.clip(y, lo, hi, "int64")
 
     def requantize(self, acc, multiplier: np.ndarray, zero_point: int):
         """int32 accumulator x multiplier + zero point, rounded half up (before the clip to 8 bits):

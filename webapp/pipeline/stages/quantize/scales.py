@@ -145,6 +145,32 @@ def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant,
     return np.clip(y + out.zero_point, lo, hi).astype(out.dtype)
 
 
+def fixed_point_terms(multipliers: list, offset) -> tuple[list, np.ndarray, int] | None:
+    """sum(t x m) + offset, t int32 (at most two terms), as (sum(t x M) + C) >> shift in int64 (an
+    arithmetic shift: the floor): M = round(m x 2**shift), C = round(offset x 2**shift), one shift for
+    all, so that the largest M lies in [2**29, 2**30] (the shift at most 52) and each product is
+    below 2**61; C (per channel or one value: the rounding's 1/2, the zero point, a bias) below 2**61
+    too: the sum stays in int64 at any int32 t. A multiplier 2**-k below the largest keeps 30 - k bits.
+    None where a multiplier is 2**28 or more or C passes its bound (no layer's: the multipliers are
+    input scale x weight scale / output scale, the offsets a few hundred)."""
+    largest = max(float(np.max(np.abs(m))) for m in multipliers)
+    if len(multipliers) > 2 or not 0 < largest < 2**28:
+        return None
+    shift = int(min(29 - np.floor(np.log2(largest)), 52))
+    fixed = [np.round(np.asarray(m, np.float64) * 2.0**shift).astype(np.int64) for m in multipliers]
+    rounding = np.round(np.asarray(offset, np.float64) * 2.0**shift)
+    if np.max(np.abs(rounding)) >= 2**61:
+        return None
+    return fixed, rounding.astype(np.int64), shift
+
+
+def fixed_point_reference(terms: list, multipliers: list, offset: float, lo: int, hi: int, dtype: str):
+    """The arithmetic of a fixed-point requantization (Realizer.fixed_point_multiply) in numpy."""
+    fixed, rounding, shift = fixed_point_terms(multipliers, offset)  # (or None: not this form)
+    total = sum(np.asarray(t).astype(np.int64) * m for t, m in zip(terms, fixed, strict=True))
+    return np.clip((total + rounding) >> shift, lo, hi).astype(dtype)  # (as int32 when shift >= 32: equal)
+
+
 def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
     """b-bit integers stored 8/b to a byte (two's complement fields, first value in the low bits);
     at 1 bit the values are signs: -1 -> 0, +1 -> 1."""
