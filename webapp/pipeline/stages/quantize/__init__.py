@@ -256,7 +256,9 @@ def quantize(
     )
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(observed, acts, options, samples[0], target.int8_pair_limit(), means)
+    errors = layer_errors(
+        observed, acts, options, samples[0], target.int8_pair_limit(), means, target.requantizes_fixed_point
+    )
     report(1.0)
     return Quantized(
         integer_layout(with_main(observed.module, qfunc)),
@@ -285,14 +287,19 @@ def channel_means(observed: Observed) -> dict:
     return means
 
 
-def layer_errors(observed: Observed, acts, options, sample, pair_limit=None, means=None) -> list[dict]:
+def layer_errors(
+    observed: Observed, acts, options, sample, pair_limit=None, means=None, fixed_point=False
+) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
-    model's, on one input: the error as it accumulates layer after layer."""
+    model's, on one input: the error as it accumulates layer after layer (the target's arithmetic,
+    run here)."""
     from webapp.pipeline.stages.bench import fidelity
     from webapp.pipeline.stages.build import compile_relax
 
     func, layers, float_of = observed.func, observed.layers, observed.float_of
-    exposed = Realizer(func, layers, acts, options, expose=True, pair_limit=pair_limit, means=means)
+    exposed = Realizer(
+        func, layers, acts, options, expose=True, pair_limit=pair_limit, means=means, fixed_point=fixed_point
+    )
     executable, _ = compile_relax(with_main(observed.module, exposed.run()), host())
     outs = run_all(executable, [sample])[0]
     ours = outs[len(outs) - len(exposed.report) :]
