@@ -263,6 +263,9 @@ def test_residual_blocks_on_arm_requantize_in_fixed_point_bit_exact_against_nump
     assert first.requantize == "fixed point" and second.requantize == third.requantize == "float"
     kernels = [gv.name_hint for gv in fuse(q.mod, ARM).functions]
     assert any("conv2d" in k and "widening_multiply" in k for k in kernels), kernels
+    # for the board: widening multiplies, no 64-bit scalar ones
+    asm = compile_relax(q.mod, ARM)[0].mod.imports[0].inspect_source("s")
+    assert re.search(r"\bsml(al|ull)2?\s+v\d+\.2d", asm) and not re.search(r"\bmul\s+x\d+", asm)
     # h, y and s have 16 channels, the input 3 and the output 8: no float32 tensor of 16 channels
     floats = [b.var for b in bindings(q.mod["main"]) if str(b.var.ty.dtype) == "float32"]
     assert floats and not any(16 in [int(d) for d in v.ty.shape.values] for v in floats), floats

@@ -1,5 +1,6 @@
 """A target's way from Relax to fused kernels (before scheduling): the project's own rewrites its kind
-names (Target.rewrites), then TVM's legalization for the kind."""
+names (Target.rewrites), then TVM's legalization for the kind, with MultiplyByInt32Constants before its
+FuseOps."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ REWRITES = {
 
 def legalize_passes(target: Target) -> list:
     tvm_passes = target.legalize_passes()
-    at = next((i for i, p in enumerate(tvm_passes) if p.info.name == "FuseOps"), len(tvm_passes))
-    narrow = [multiply_by_int32_constants, tvm.relax.transform.AnnotateTIROpPattern()]
-    return [REWRITES[name] for name in target.rewrites] + tvm_passes[:at] + narrow + tvm_passes[at:]
+    fuse_ops = [i for i, p in enumerate(tvm_passes) if p.info.name == "FuseOps"]
+    if fuse_ops:  # just before it, the new kernels annotated as LegalizeOps' are
+        at = fuse_ops[0]
+        narrow = [multiply_by_int32_constants, tvm.relax.transform.AnnotateTIROpPattern()]
+        tvm_passes = tvm_passes[:at] + narrow + tvm_passes[at:]
+    return [REWRITES[name] for name in target.rewrites] + tvm_passes
 
 
 @relax.expr_functor.mutator

@@ -5,7 +5,8 @@ Each quantized layer becomes
     uint8 input (padded with its zero point) -> conv2d / matmul with int8 weights, int32 accumulation
     -> + int32 bias (which also cancels the input's zero point)
     -> requantize to the next layer's uint8 (a rounding shift when every scale is a power of two, a
-       float32 multiply rounded half up otherwise), the ReLU / ReLU6 being the clip of that step
+       float32 multiply rounded half up otherwise, or on Arm a fixed-point multiply in int64), the
+       ReLU / ReLU6 being the clip of that step
 
 when every reader of its result is another quantized layer, so consecutive layers stay in 8 bits.
 At 8 bits, a float op's result that a quantized layer reads (a residual add's sum) is stored in 8
@@ -17,6 +18,12 @@ a quantized reader of a float tensor quantizes it on entry (in the kernel that c
 fusion allows). Measured (in-process A/B against float32 residual streams, 30 rounds): ResNet-50 int8
 11.50 against 12.42 ms, MobileNetV2 1.689 against 1.723; a ResNet-50 layer-1 expand convolution, which
 reads the block's input as its residual, 0.228 against 0.298 ms a call.
+
+On Arm (Target.requantizes_fixed_point) an 8-bit result that is an affine function of int32 values
+(Affine: a layer's accumulator, a dequantized 8-bit tensor, a residual add of the two) is requantized
+from those integers in fixed point (fixed_point_multiply), the float values between them left unused:
+no float vector instruction in a residual block's epilogue, where under QEMU each one is a call into
+soft-float code (docs/quantization.md, On other targets).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ class LayerQuant:
     bias_q: np.ndarray  # int32, zero-point correction included
     multiplier: np.ndarray  # input scale x weight scale / output scale (requantize) or x 1 (float)
     output: ActQuant | None  # the uint8 result's quantization; None when the result is float32
-    requantize: str  # "shift" | "float32 multiply" | "float" (the result stays float32)
+    requantize: str  # "shift" | "float32 multiply" | "fixed point" | "float" (the result stays float32)
 
 
 @dataclass
@@ -408,9 +415,9 @@ class Realizer:
         return power2_up(coarser) if self.weight_mode == "power2" else coarser
 
     def fixed_point_multiply(self, value: Affine, factor: float, zero_point: int, lo: int, hi: int):
-        """floor(value x factor + zero point + 1/2) clipped to [lo, hi] (int64; None where the form does
-        not hold the multipliers: scales.fixed_point_terms), in integers: each term's int32
-        tensor widened to int64 times its multiplier in fixed point (scales.fixed_point_terms), summed,
+        """floor(value x factor + zero point + 1/2) clipped to [lo, hi], in integers (None where the
+        form cannot hold the multipliers): each term's int32 tensor widened to int64 times its
+        multiplier in fixed point (scales.fixed_point_terms), summed with the rounding constant,
         shifted right. Integer vector instructions only, where the float form is a conversion, a
         multiply-add and a rounding conversion per term; under QEMU (the emulated boards) each float
         vector instruction is a call into its soft-float code, integer ones run inline."""
@@ -422,8 +429,8 @@ class Realizer:
         multipliers, rounding, shift = form
         total = None
         for (t, _), m in zip(value.terms, multipliers, strict=True):
-            factor = const(m, "int64") if np.ndim(m) else scalar(m, "int64", t)  # (ConvertLayout: see scalar)
-            product = R.multiply(R.astype(t, "int64"), factor)
+            fixed = const(m, "int64") if np.ndim(m) else scalar(m, "int64", t)  # (ConvertLayout: see scalar)
+            product = R.multiply(R.astype(t, "int64"), fixed)
             total = product if total is None else R.add(total, product)
         rounding = const(rounding, "int64") if np.ndim(rounding) else scalar(rounding, "int64", t)
         y = self.emit(R.right_shift(R.add(total, rounding), scalar(shift, "int64", t)))
