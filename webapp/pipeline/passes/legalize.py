@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy
+from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
 from webapp.pipeline.passes.winograd import winograd
 from webapp.targets import Target
 
@@ -37,11 +37,10 @@ class _Narrow(relax.PyExprMutator):
         if not (call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and len(call.args[1].fields) == 2):
             return call
         x, c = call.args[1].fields
-        func = self.builder_.get()[call.args[0]] if isinstance(call.args[0], relax.GlobalVar) else None
         if not (
             isinstance(c, tvm.ir.Constant)
             and str(c.value.dtype) == "int64"
-            and func is not None
+            and isinstance(call.args[0], relax.GlobalVar)
             and call.args[0].name_hint.startswith("multiply")
         ):
             return call
@@ -72,15 +71,9 @@ def multiply_by_int32_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     fused kernel both operands are then 32-bit values widened, which LLVM multiplies with one
     widening instruction (AArch64 smull / smull2) where a 64-bit multiply has no vector instruction
     on NEON (each lane a scalar mul). Runs on the legalized module, after FoldConstant (which would
-    fold the widening of a constant back), before FuseOps."""
-    try:
-        mutator = _Narrow(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
-    except Exception:  # a module it cannot take stays as it was (a dynamic shape, say)
-        return mod
+    fold the widening of a constant back), before FuseOps. A module it cannot take (a dynamic shape,
+    say) stays as it was."""
+    return mutate_functions(_Narrow, mod)
 
 
 def fuse(mod: tvm.IRModule, target: Target, trace=None) -> tvm.IRModule:

@@ -178,9 +178,9 @@ class Realizer:
     def quantize(self, var):
         if var not in self.quants and self.fixed_point and var in self.affine:
             p = self.acts[var]
-            y = self.fixed_point_multiply(self.affine[var], 1.0 / p.scale, p.zero_point, p.qmin, p.qmax)
-            if y is not None:
-                self.quants[var] = self.emit(R.astype(y, p.dtype), "quantized")
+            q = self.fixed_point_multiply(self.affine[var], p, p.qmin, p.qmax, "quantized")
+            if q is not None:
+                self.quants[var] = q
         if var not in self.quants:
             p, x = self.acts[var], self.float_value(var)
             # floor(x * (1 / scale) + zero point + 1/2): round half up, which vectorizes (for
@@ -343,12 +343,11 @@ class Realizer:
                 lo = max(lo, p_out.zero_point)
                 if layer.activation[0] == "clip":
                     hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
-            y = None
+            q = None
             if self.fixed_point and not is_power_of_two(multiplier):
-                y = self.fixed_point_multiply(products, 1 / p_out.scale, p_out.zero_point, lo, hi)
-            if y is not None:
-                self.quants[layer.out] = self.emit(R.astype(y, p_out.dtype), "requantized")
-                how = "fixed point"
+                q = self.fixed_point_multiply(products, p_out, lo, hi, "requantized")
+            if q is not None:
+                self.quants[layer.out], how = q, "fixed point"
             else:
                 y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
                 self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
@@ -414,15 +413,17 @@ class Realizer:
         coarser = scale * np.maximum(sums.max(axis=reduce, keepdims=True) / self.pair_limit, 1.0)
         return power2_up(coarser) if self.weight_mode == "power2" else coarser
 
-    def fixed_point_multiply(self, value: Affine, factor: float, zero_point: int, lo: int, hi: int):
-        """floor(value x factor + zero point + 1/2) clipped to [lo, hi], in integers (None where the
-        form cannot hold the multipliers): each term's int32 tensor widened to int64 times its
-        multiplier in fixed point (scales.fixed_point_terms), summed with the rounding constant,
-        shifted right. Integer vector instructions only, where the float form is a conversion, a
-        multiply-add and a rounding conversion per term; under QEMU (the emulated boards) each float
-        vector instruction is a call into its soft-float code, integer ones run inline."""
+    def fixed_point_multiply(self, value: Affine, out: ActQuant, lo: int, hi: int, name: str):
+        """`value` in `out`'s 8 bits, floor(value / scale + zero point + 1/2) clipped to [lo, hi], in
+        integers (None where the form cannot hold the multipliers): each term's int32 tensor widened
+        to int64 times its multiplier in fixed point (scales.fixed_point_terms), summed with the
+        rounding constant, shifted right. Integer vector instructions only, where the float form is a
+        conversion, a multiply-add and a rounding conversion per term; under QEMU (the emulated
+        boards) each float vector instruction is a call into its soft-float code, integer ones run
+        inline."""
+        factor = 1.0 / out.scale
         form = fixed_point_terms(
-            [m * factor for _, m in value.terms], value.offset * factor + zero_point + 0.5
+            [m * factor for _, m in value.terms], value.offset * factor + out.zero_point + 0.5
         )
         if form is None:
             return None
@@ -435,8 +436,10 @@ class Realizer:
         rounding = const(rounding, "int64") if np.ndim(rounding) else scalar(rounding, "int64", t)
         y = self.emit(R.right_shift(R.add(total, rounding), scalar(shift, "int64", t)))
         if shift >= 32:  # |the sum| < 2**63: shifted it fits in int32, clipped there (fewer lanes)
-            return self.clip(self.emit(R.astype(y, "int32")), lo, hi, "int32")
-        return self.clip(y, lo, hi, "int64")
+            y = self.clip(self.emit(R.astype(y, "int32")), lo, hi, "int32")
+        else:
+            y = self.clip(y, lo, hi, "int64")
+        return self.emit(R.astype(y, out.dtype), name)
 
     def requantize(self, acc, multiplier: np.ndarray, zero_point: int):
         """int32 accumulator x multiplier + zero point, rounded half up (before the clip to 8 bits):
