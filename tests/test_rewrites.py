@@ -101,6 +101,38 @@ def test_convolutions_go_channels_last_with_transposes_only_at_the_edges(tmp_pat
     assert "default rule: depthwise conv2d" in labels.values()
 
 
+def test_a_transposed_convolution_between_nhwc_convolutions_stays_nchw_and_runs(tmp_path):
+    """A text detector's head (PP-OCR's DB: conv, then two stride-2 ConvTranspose up to the input's
+    size): TVM legalizes conv2d_transpose only in NCHW, so channels last leaves it there (it was
+    carried into NHWC and the build failed: "CodeGenVM cannot emit ... R.nn.conv2d_transpose")."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("ConvTranspose", ["r", "t1"], ["u"], strides=[2, 2]),
+        helper.make_node("Relu", ["u"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w2"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("ConvTranspose", ["c", "t2"], ["v"], strides=[2, 2], group=1),
+        helper.make_node("Sigmoid", ["v"], ["y"]),
+    ]
+    weights = {
+        "w1": RNG.normal(0, 0.3, (8, 3, 3, 3)),
+        "t1": RNG.normal(0, 0.3, (8, 4, 2, 2)),
+        "w2": RNG.normal(0, 0.3, (8, 4, 3, 3)),
+        "t2": RNG.normal(0, 0.3, (8, 1, 2, 2)),
+    }
+    save(nodes, {"x": (1, 3, 16, 16)}, weights, tmp_path / "m.onnx", (1, 1, 16, 16))
+    mod = import_model(tmp_path / "m.onnx").mod
+    with tvm.transform.PassContext(opt_level=3):
+        converted = channels_last(mod)
+    calls = [b.value for b in main_bindings(converted) if isinstance(b.value, relax.Call)]
+    assert [c.attrs.data_layout for c in calls if c.op.name == "relax.nn.conv2d"] == ["NHWC", "NHWC"]
+    transposed = [c for c in calls if c.op.name == "relax.nn.conv2d_transpose"]
+    assert [c.attrs.data_layout for c in transposed] == ["NCHW", "NCHW"]
+    inputs = {"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)}
+    ours, reference, _ = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
+
+
 def test_numpy_folding_computes_what_fold_constant_does(tmp_path):
     """A batch norm that follows no convolution (decomposed into arithmetic on its constants) and
     transposed weights: folded with numpy, then FoldConstant, the module is the one FoldConstant

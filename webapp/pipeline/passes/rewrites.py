@@ -28,7 +28,9 @@ import tvm
 from tvm import relax
 
 LAYOUT_PASS = "PlaygroundChannelsLast"
-DESIRED = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+# conv2d_transpose stays in NCHW: TVM 0.27 legalizes it in no other layout (left as a Relax op, the
+# VM cannot run it), so ConvertLayout must not carry the NHWC of its neighbours into it.
+DESIRED = {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]}
 LOOKAHEAD = 8  # bindings ConvertLayout may insert before the one it rewrites (transposes of its args)
 
 
