@@ -39,6 +39,8 @@ def make_inputs(meta: dict, given: dict) -> dict[str, np.ndarray]:
                 shape = list(value.shape)
                 raise SystemExit(f"error: input {spec['name']!r} is {shape}; the model takes {spec['shape']}")
             out[spec["name"]] = value.astype(spec["dtype"])
+        elif (spec.get("values") or {}).get("given") is not None:  # built with this value (input_values)
+            out[spec["name"]] = np.asarray(spec["values"]["given"], spec["dtype"]).reshape(spec["shape"])
         elif spec["dtype"].startswith("float"):
             out[spec["name"]] = rng.standard_normal(spec["shape"]).astype(spec["dtype"])
         elif (spec.get("values") or {}).get("fill") is not None:  # e.g. a Slice's starts or ends

@@ -75,7 +75,9 @@ def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]
     inputs = {}
     for spec in specs:
         dtype, values = np.dtype(spec.dtype), spec.values
-        if dtype.kind == "f":
+        if values is not None and values.given is not None:
+            inputs[spec.name] = np.asarray(values.given, dtype).reshape(spec.shape)
+        elif dtype.kind == "f":
             inputs[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
         elif dtype.kind == "b":
             inputs[spec.name] = rng.integers(0, 2, spec.shape).astype(dtype)

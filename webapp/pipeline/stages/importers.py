@@ -18,6 +18,8 @@ from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch_input_values
+from webapp.pipeline.stages.onnx_fold import FOLD_OPS, fold_onnx
+from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 from webapp.targets import target_json
 
@@ -47,12 +49,16 @@ class ImportedModel:
     # a model quantized by another tool: its form, its scales by Relax var name, what runs in float
     prequantized: dict | None = None
     warnings: list[str] = field(default_factory=list)  # what a checker found that did not stop it
+    folded: dict | None = None  # the ONNX graph's shape arithmetic folded before import (fold_onnx)
+    given: dict = field(default_factory=dict)  # inputs the user gave a value: name -> the value
 
     def to_json(self) -> dict:
         pre = self.prequantized
         return {
             "framework": self.framework,
             "warnings": self.warnings,
+            "folded": self.folded,
+            "given": self.given,
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [s.to_json() for s in self.outputs],
             "param_count": self.param_count,
@@ -60,13 +66,19 @@ class ImportedModel:
         } | ({"prequantized": {k: pre[k] for k in ("form", "layers", "in_float")}} if pre else {})
 
 
-def import_model(path: Path, input_shapes: dict[str, list[int]] | None = None) -> ImportedModel:
+def import_model(
+    path: Path, input_shapes: dict[str, list[int]] | None = None, input_values: dict | None = None
+) -> ImportedModel:
     data = path.read_bytes()
     if not data:
         raise StageError("The model file is empty.")
     if path.suffix == ".pt2":
+        if input_values:
+            raise StageError(
+                "Input values are taken for ONNX models; a .pt2 file's inputs are all tensors it is run on."
+            )
         return import_pt2(path, input_shapes or {})
-    return import_onnx(path, input_shapes or {})
+    return import_onnx(path, input_shapes or {}, input_values or {})
 
 
 def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[int]:
@@ -128,7 +140,7 @@ def onnx_value_spec(value) -> TensorSpec:
     return TensorSpec(value.name, shape, onnx_dtype(tensor_type.elem_type))
 
 
-def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
+def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedModel:
     import onnx
     from google.protobuf.message import DecodeError
     from onnx import external_data_helper
@@ -164,12 +176,15 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
             kind = (v.type.WhichOneof("value") or "value").removesuffix("_type")
             raise StageError(f"Input {v.name!r} is a {kind}, not a tensor: only tensor inputs are supported.")
     outputs = [onnx_value_spec(v) for v in model.graph.output]
-    check_input_names(inputs, input_shapes)
+    check_input_names(inputs, input_shapes | input_values)
+    given = given_values(inputs, input_values)
     for spec in inputs:
-        spec.shape = fixed_shape(spec, input_shapes)
+        spec.shape = fixed_shape(spec, input_shapes | {n: list(v.shape) for n, v in given.items()})
     integer = [s.name for s in inputs if s.dtype.startswith(("int", "uint"))]
     for spec in inputs:
         spec.values = onnx_input_values(model, integer).get(spec.name) if integer else None
+        if spec.name in given:
+            spec.values = Values(given=given[spec.name].tolist(), why="given")
 
     ops: dict[str, int] = {}
     for node in model.graph.node:
@@ -179,32 +194,77 @@ def import_onnx(path: Path, input_shapes: dict) -> ImportedModel:
         model, pre = dequantized(model)
     for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
         node.name = node.name or node.output[0]
-    check_onnx_ops_supported(sorted({node.op_type for node in model.graph.node}))
-
-    from tvm.relax.frontend.onnx import from_onnx
-
-    # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
-    layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & set(ops), clip_op=pre is not None)
+    shapes = {s.name: s.shape for s in inputs}
+    folded = None
+    if given or (FOLD_OPS & set(ops) and pre is None):
+        model, folded = fold_onnx(model, shapes, given)
     try:
-        with layers.onnx():
-            mod = from_onnx(
-                model,
-                shape_dict={s.name: s.shape for s in inputs},
-                dtype_dict={s.name: s.dtype for s in inputs},
-                keep_params_in_input=False,
-            )
+        mod, layers = onnx_to_relax(model, inputs, pre)
     except Exception as e:
-        if not warnings:
-            raise
-        raise StageError(f"TVM could not import the model ({error_message(e)}); {warnings[0]}") from e
+        if folded is None and pre is None:  # shape arithmetic the importer cannot take, folded
+            model, folded = fold_onnx(model, shapes, given)
+            if "error" not in folded:
+                try:
+                    mod, layers = onnx_to_relax(model, inputs, pre)
+                except Exception:  # noqa: BLE001 - the first failure says more
+                    folded = None
+        if folded is None or "error" in folded:
+            detail = f"; {warnings[0]}" if warnings else ""
+            if isinstance(e, StageError):
+                raise
+            raise StageError(f"TVM could not import the model ({error_message(e)}){detail}") from e
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
     imported.warnings = warnings
+    imported.folded = folded
+    imported.given = {n: v.tolist() for n, v in given.items()}
     imported.modules = onnx_modules(model)
     if pre is not None:
         imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
     return imported
+
+
+def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
+    """(the Relax module, its SourceLayers) of an ONNX model whose inputs have the given specs."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    check_onnx_ops_supported(sorted({node.op_type for node in model.graph.node}))
+    ops = {node.op_type for node in model.graph.node}
+    # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
+    layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & ops, clip_op=pre is not None)
+    with layers.onnx(), more_operators():
+        mod = from_onnx(
+            model,
+            shape_dict={s.name: s.shape for s in inputs},
+            dtype_dict={s.name: s.dtype for s in inputs},
+            keep_params_in_input=False,
+        )
+    return mod, layers
+
+
+def given_values(inputs: list[TensorSpec], input_values: dict) -> dict[str, np.ndarray]:
+    """The inputs the user gave a value (a sample rate, a sequence length), as arrays of the input's
+    dtype, checked against the shape the model declares."""
+    specs = {s.name: s for s in inputs}
+    out = {}
+    for name, value in input_values.items():
+        spec = specs[name]
+        try:
+            array = np.asarray(value, dtype=spec.dtype)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise StageError(
+                f"input_values gives {name!r} a value that is not a {spec.dtype} array: {e}"
+            ) from e
+        if array.ndim != len(spec.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=False)
+        ):
+            raise StageError(
+                f"input_values gives {name!r} the shape {list(array.shape)}, but the model declares "
+                f"{spec.shape}."
+            )
+        out[name] = array
+    return out
 
 
 def onnx_modules(model) -> dict[str, str]:
@@ -349,9 +409,7 @@ class SourceLayers:
 
 
 def check_onnx_ops_supported(op_types: list[str]) -> None:
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
-
-    missing = [op for op in op_types if op not in _get_convert_map()]
+    missing = [op for op in op_types if op not in supported_operators()]
     if missing:
         raise StageError(
             f"TVM's ONNX importer does not support the operator{'s' if len(missing) > 1 else ''} "

@@ -30,9 +30,10 @@ class Values:
     high: int | None = None
     fill: list[int] | None = None
     why: str = ""
+    given: list | float | int | None = None  # the whole value, as the user gave it (input_values)
 
     def narrower(self, other: Values) -> Values:
-        if self.fill is not None:
+        if self.fill is not None or self.given is not None:
             return self
         if other.fill is not None or (
             other.high is not None and (self.high is None or other.high < self.high)

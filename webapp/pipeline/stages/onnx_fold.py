@@ -1,0 +1,108 @@
+"""An ONNX graph's shape arithmetic folded before TVM imports it, once its input shapes (and any input
+values the user gave) are fixed. Exporters such as Paddle2ONNX, TF2ONNX and the TorchScript exporter
+compute a Reshape's target from Shape, Gather, Concat... at run time; TVM 0.27's importer refuses many
+such graphs ("Reshape requires the input new shape to be Shape") or imports shape values that fail
+later. With the shapes known, onnxslim (a maintained ONNX simplifier) computes all of it into
+constants, and folds an If whose condition became a constant (Silero VAD's branch on its sample
+rate) into the branch taken. Only its constant folding and dead-node removal run: the layers keep
+their nodes and names."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import numpy as np
+
+from webapp.pipeline.errors import StageError
+
+# What makes a graph worth folding: shape arithmetic and branches
+FOLD_OPS = {"Shape", "Size", "If", "ConstantOfShape"}
+# onnxslim's other optimizations fuse and merge nodes (MatMul + Add into Gemm...): not ours to do
+SKIPPED = ["graph_fusion", "subexpression_elimination", "weight_tying"]
+GIVEN_SUFFIX = ".given"
+
+
+def with_values(model, given: dict[str, np.ndarray]):
+    """The model with each given input read from a constant by every node; the input stays in the
+    graph's inputs, unread, so every runtime is called with the same inputs."""
+    from onnx import numpy_helper
+
+    for name, value in given.items():
+        constant = name + GIVEN_SUFFIX
+        model.graph.initializer.append(numpy_helper.from_array(value, constant))
+        for node in all_nodes(model.graph):  # a branch's nodes read the graph's inputs too
+            for i, read in enumerate(node.input):
+                if read == name:
+                    node.input[i] = constant
+        for out in model.graph.output:
+            if out.name == name:  # an input passed straight out: an Identity of its constant
+                raise StageError(
+                    f"Input {name!r} is also an output of the model: it cannot be given a value."
+                )
+    return model
+
+
+def all_nodes(graph):
+    """The graph's nodes and those of its branches and loop bodies, at any depth."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from all_nodes(sub)
+
+
+def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray]) -> tuple:
+    """(the folded model, what folding did, for the page), or the model as it was and why not."""
+    import onnxslim
+
+    started = time.perf_counter()
+    before = Counter(n.op_type for n in model.graph.node)
+    inputs = list(model.graph.input)
+    model = with_values(model, given)
+    try:
+        folded = onnxslim.slim(
+            model,
+            input_shapes=[  # a scalar has nothing to fix, a given input is no longer read
+                f"{name}:{','.join(map(str, shape))}"
+                for name, shape in shapes.items()
+                if shape and name not in given
+            ],
+            skip_optimizations=SKIPPED,
+        )
+    except Exception as e:  # noqa: BLE001 - the model is imported as it was
+        message = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+        return model, {"tool": "onnxslim", "error": message, "seconds": time.perf_counter() - started}
+    kept = {i.name for i in folded.graph.input}
+    for spec in inputs:  # an input onnxslim dropped as unread (a given one) stays an input
+        if spec.name not in kept:
+            folded.graph.input.append(spec)
+    after = Counter(n.op_type for n in folded.graph.node)
+    return folded, {
+        "tool": f"onnxslim {onnxslim.__version__}",
+        "nodes_before": sum(before.values()),
+        "nodes_after": sum(after.values()),
+        "removed": {op: n - after.get(op, 0) for op, n in sorted(before.items()) if n > after.get(op, 0)},
+        "added": {op: n - before.get(op, 0) for op, n in sorted(after.items()) if n > before.get(op, 0)},
+        "given": sorted(given),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def fold_text(folded: dict) -> str:
+    """The passes view's page of the fold: what it removed and added, op by op."""
+    if "error" in folded:
+        return f"# {folded['tool']} could not fold this model: {folded['error']}\n"
+    given = f" and the given inputs {', '.join(folded['given'])}" if folded["given"] else ""
+    lines = [
+        f"# The ONNX graph before TVM's import: its shape arithmetic folded by {folded['tool']}",
+        f"# with the input shapes fixed{given}",
+        f"# {folded['nodes_before']} nodes -> {folded['nodes_after']} nodes in {folded['seconds']:.2f} s",
+        "",
+        "removed:",
+        *[f"  {op}: {n}" for op, n in folded["removed"].items()],
+    ]
+    if folded["added"]:
+        lines += ["added (a branch's nodes, taken in place of its If):"]
+        lines += [f"  {op}: {n}" for op, n in folded["added"].items()]
+    return "\n".join(lines) + "\n"
