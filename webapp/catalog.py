@@ -205,6 +205,7 @@ OPTION_LABELS = {
     "filename": "uploaded file",
     "target": "target",
     "input_shapes": "input shapes",
+    "input_values": "input values",
     "tune_trials": "auto-tuning trials",
     "quantize": "precision",
     "calibration": "activation calibration",

@@ -447,6 +447,9 @@ def job_arguments(p, sandbox: bool = True) -> None:
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
     p.add_argument("--target", default=d.target, choices=list(TARGETS))
     p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
+    p.add_argument(
+        "--input-values", help="JSON: inputs built with a fixed value, e.g. a sample rate '{\"sr\": 16000}'"
+    )
     p.add_argument("--quantize", default=d.quantize, choices=QUANTIZE_MODES)
     p.add_argument("--calibration", default=d.calibration, choices=CALIBRATION_MODES)
     p.add_argument("--weight-scale", default=d.weight_scale, choices=WEIGHT_SCALE_MODES)

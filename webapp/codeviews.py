@@ -287,8 +287,8 @@ def code_view(
         rel = template
     limit = MAX_MODULE_SHOWN_BYTES if kernel == MODULE else MAX_SHOWN_BYTES
     text, truncated = read_text(safe_job_file(job_dir, rel) if rel else None, limit)
-    if view == "passes" and diff and pass_index is not None:
-        before = [p for p in passes if p["index"] < pass_index]
+    if view == "passes" and diff and pass_index is not None and not (chosen or {}).get("onnx"):
+        before = [p for p in passes if p["index"] < pass_index and not p.get("onnx")]
         old, _ = (
             read_text(safe_job_file(job_dir, before[-1]["file"]))
             if before

@@ -43,6 +43,9 @@ class JobOptions:
     skip_last: bool = False
     tune_trials: int = 0  # MetaSchedule trials, 0: none
     input_shapes: dict | None = None  # input name -> shape, for dynamic dimensions
+    # input name -> its value (a number, or nested lists): built with it as a constant (Silero's
+    # sample rate, a fixed sequence length), and fed to every runtime
+    input_values: dict | None = None
 
     @property
     def bits(self) -> int:
@@ -123,6 +126,7 @@ class JobOptions:
             skip_last=flag(form.get("skip_last")),
             tune_trials=trials,
             input_shapes=parse_input_shapes(form.get("input_shapes") or ""),
+            input_values=parse_input_values(form.get("input_values") or ""),
         )
 
 
@@ -161,3 +165,38 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
                 "elements an input."
             )
     return shapes
+
+
+MAX_GIVEN_ELEMENTS = 4096  # a given value is part of the job's options, not a tensor upload
+
+
+def parse_input_values(text: str) -> dict | None:
+    """{input name: a number or nested lists of numbers}; its shape and type are checked against the
+    model at import (the web process never reads the model)."""
+    if not text.strip():
+        return None
+    example = 'for example {"sr": 16000}'
+    shape_error = f"input_values must map each input name to a number or a list of numbers, {example}."
+    try:
+        values = json.loads(text)
+    except (ValueError, RecursionError):
+        raise SubmitError(f"input_values must be JSON, {example}.") from None
+    if not isinstance(values, dict):
+        raise SubmitError(shape_error)
+
+    def count(v, depth: int = 0) -> int:
+        if isinstance(v, bool) or depth > MAX_RANK:
+            raise SubmitError("input_values takes numbers (not true or false), at most 8 levels of lists.")
+        if isinstance(v, int | float):
+            return 1
+        if not isinstance(v, list):
+            raise SubmitError(shape_error)
+        return sum(count(x, depth + 1) for x in v)
+
+    for name, value in values.items():
+        if count(value) > MAX_GIVEN_ELEMENTS:
+            raise SubmitError(
+                f"input_values gives {str(name)[:100]!r} more than {MAX_GIVEN_ELEMENTS} numbers: give a "
+                "larger input as a shape, or run the result on your own input."
+            )
+    return values

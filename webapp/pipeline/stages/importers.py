@@ -18,7 +18,7 @@ from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch_input_values
-from webapp.pipeline.stages.onnx_fold import FOLD_OPS, fold_onnx
+from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 from webapp.targets import target_json
@@ -184,7 +184,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     for spec in inputs:
         spec.values = onnx_input_values(model, integer).get(spec.name) if integer else None
         if spec.name in given:
-            spec.values = Values(given=given[spec.name].tolist(), why="given")
+            spec.values = Values(given=given[spec.name].tolist(), why="the model is built with this value")
 
     ops: dict[str, int] = {}
     for node in model.graph.node:
@@ -201,18 +201,27 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     try:
         mod, layers = onnx_to_relax(model, inputs, pre)
     except Exception as e:
+        retried = None
         if folded is None and pre is None:  # shape arithmetic the importer cannot take, folded
             model, folded = fold_onnx(model, shapes, given)
-            if "error" not in folded:
-                try:
-                    mod, layers = onnx_to_relax(model, inputs, pre)
-                except Exception:  # noqa: BLE001 - the first failure says more
-                    folded = None
-        if folded is None or "error" in folded:
-            detail = f"; {warnings[0]}" if warnings else ""
+            try:
+                retried = onnx_to_relax(model, inputs, pre) if "error" not in folded else None
+            except Exception:  # noqa: BLE001 - the first failure says more
+                pass
+        if retried is None:
             if isinstance(e, StageError):
                 raise
+            detail = f"; {warnings[0]}" if warnings else ""
+            branching = [n for n in branch_inputs(model) if n not in given]
+            if branching:
+                example = "{" + ", ".join(f'"{n}": <its value>' for n in branching) + "}"
+                detail += (
+                    f". The model branches (ONNX If) on the input{'s' if len(branching) > 1 else ''} "
+                    f"{', '.join(map(repr, branching))}: give its value with input_values, e.g. {example}, "
+                    "and the branch taken is folded before import"
+                )
             raise StageError(f"TVM could not import the model ({error_message(e)}){detail}") from e
+        mod, layers = retried
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
@@ -254,7 +263,7 @@ def given_values(inputs: list[TensorSpec], input_values: dict) -> dict[str, np.n
             array = np.asarray(value, dtype=spec.dtype)
         except (ValueError, TypeError, OverflowError) as e:
             raise StageError(
-                f"input_values gives {name!r} a value that is not a {spec.dtype} array: {e}"
+                f"input_values gives {name!r} a value not of its type {spec.dtype}: {e}"
             ) from e
         if array.ndim != len(spec.shape) or any(
             isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=False)
@@ -546,7 +555,7 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 def import_stage(ctx, report) -> ImportedModel:
     """The model as Relax, its imported IR kept for the code view."""
-    model = import_model(ctx.job.model, ctx.options.input_shapes)
+    model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     ctx.results.save(

@@ -106,3 +106,24 @@ def fold_text(folded: dict) -> str:
         lines += ["added (a branch's nodes, taken in place of its If):"]
         lines += [f"  {op}: {n}" for op, n in folded["added"].items()]
     return "\n".join(lines) + "\n"
+
+
+def branch_inputs(model) -> list[str]:
+    """The graph inputs the condition of an If still depends on (after folding): the values a user
+    can give so that the branch folds."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    inputs = {i.name for i in model.graph.input}
+    found: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "If":
+            continue
+        todo, seen = [node.input[0]], set()
+        while todo:  # iteratively: a condition may sit behind a long chain
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in inputs and name not in found:
+                found.append(name)
+            todo += [i for i in producer[name].input if i] if name in producer else []
+    return found

@@ -15,6 +15,7 @@ from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.pipeline.passes.tvm_gaps import around_tvm_gaps
 from webapp.pipeline.reports.graphs import draw_graphs
+from webapp.pipeline.stages.onnx_fold import fold_text
 from webapp.targets import Target
 
 # Passes whose module we keep for the graph views.
@@ -31,6 +32,7 @@ class PassRecord:
     seconds: float
     changed: bool
     file: str | None  # relative to the job folder; None when the IR did not change
+    onnx: bool = False  # a step on the ONNX graph before TVM's import (its file a text, not Relax)
 
 
 @dataclass
@@ -113,6 +115,7 @@ def optimize(
     job_dir: Path,
     report=lambda f: None,
     layer_of: dict[str, str] | None = None,
+    first: int = 0,
 ) -> Optimized:
     pass_dir = job_dir / "views" / "passes"
     pass_dir.mkdir(parents=True, exist_ok=True)
@@ -128,8 +131,8 @@ def optimize(
             raise StageError(f"TVM's pass {capture.running} failed{done}: {error_message(exc)}") from exc
 
     passes, previous, fused = [], relax_script(mod), None
-    for i, (name, seconds, snapshot) in enumerate(capture.snapshots):
-        report((i + 1) / len(capture.snapshots))
+    for i, (name, seconds, snapshot) in enumerate(capture.snapshots, start=first):
+        report((i + 1 - first) / len(capture.snapshots))
         text = relax_script(snapshot)
         changed = text != previous
         file = None
@@ -389,7 +392,14 @@ class GroupMatch:
 def optimize_stage(ctx, report, model) -> Optimized:
     """The optimized model, its passes kept, and its graphs drawn at once: the page shows them while
     the job goes on."""
-    optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers)
+    folded = []  # the ONNX graph's shape arithmetic folded before import: the first step shown
+    if model.folded:
+        file = "views/passes/onnx_folded.txt"
+        (ctx.dir / file).parent.mkdir(parents=True, exist_ok=True)
+        (ctx.dir / file).write_text(fold_text(model.folded))
+        name = f"{model.folded['tool']}: shape arithmetic folded (ONNX, before import)"
+        folded = [PassRecord(0, name, model.folded["seconds"], "error" not in model.folded, file, onnx=True)]
+    optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers, first=len(folded))
     graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion, model.modules)
-    ctx.results.save(passes=[vars(p) for p in optimized.passes], graphs=graphs)
+    ctx.results.save(passes=[vars(p) for p in folded + optimized.passes], graphs=graphs)
     return optimized
