@@ -38,6 +38,30 @@ def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
     return any(p.same_as(buffer) for p in func.params)
 
 
+# The most an inlined expression may grow a consumer's body to (its printed TIR, in characters).
+# A block read several times by its consumer (fast_exp reads its input five times) copies itself
+# into each read: a chain of 300 sigmoids inlined into one another grew without bound (the build
+# ran out of memory after minutes). Past this the block stays a loop nest of its own.
+MAX_INLINED_CHARS = 20_000
+
+
+def inline(sch: s_tir.Schedule, block) -> None:
+    """sch.compute_inline, unless inlining would grow a consumer's expression past
+    MAX_INLINED_CHARS; then it raises RuntimeError, as compute_inline does for a block it cannot
+    inline."""
+    stmt = sch.get(block)
+    if not isinstance(stmt.body, tirx.BufferStore):
+        sch.compute_inline(block)  # TVM says why not
+        return
+    produced, size = stmt.writes[0].source, len(str(stmt.body.value))
+    for consumer in sch.get_consumers(block):
+        body = str(sch.get(consumer).body)
+        reads = body.count(f"{produced.name}[")
+        if len(body) + reads * size > MAX_INLINED_CHARS:
+            raise RuntimeError(f"inlining {stmt.name_hint} would grow {sch.get(consumer).name_hint} too far")
+    sch.compute_inline(block)
+
+
 def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
     """Inlines the elementwise blocks after `main` into the block that writes the output, and returns
     that block (None when `main` writes the output itself). Raises when that is not possible."""
@@ -48,7 +72,7 @@ def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
     at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
     for block in blocks[at + 1 :]:
         if not is_output(func, sch.get(block).writes[0].source):
-            sch.compute_inline(block)
+            inline(sch, block)
     consumers = sch.get_consumers(main)
     if len(consumers) != 1:
         raise ValueError("the result feeds more than one output")

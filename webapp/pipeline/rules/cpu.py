@@ -34,6 +34,7 @@ from webapp.pipeline.rules.common import (
     extent,
     finish_register_tile,
     fuse,
+    inline,
     inline_epilogue,
     is_output,
     iter_kinds,
@@ -419,7 +420,7 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
     for block in sch.get_child_blocks(root)[:-1]:
         if not is_output(func, sch.get(block).writes[0].source):
             try:
-                sch.compute_inline(block)
+                inline(sch, block)
             except RuntimeError:
                 pass  # stays its own loop nest
     lanes, _ = simd(target)

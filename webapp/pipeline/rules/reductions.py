@@ -10,6 +10,7 @@ from tvm import s_tir
 from webapp.pipeline.rules.common import (
     extent,
     fuse,
+    inline,
     inline_epilogue,
     is_output,
     iter_kinds,
@@ -108,7 +109,7 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
         stmt = sch.get(block)
         if "R" not in iter_kinds(stmt) and not is_output(func, stmt.writes[0].source):
             try:
-                sch.compute_inline(block)
+                inline(sch, block)
             except RuntimeError:
                 pass  # stays its own block, computed per row below
     *inner, out = sch.get_child_blocks(root)

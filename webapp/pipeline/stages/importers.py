@@ -262,9 +262,7 @@ def given_values(inputs: list[TensorSpec], input_values: dict) -> dict[str, np.n
         try:
             array = np.asarray(value, dtype=spec.dtype)
         except (ValueError, TypeError, OverflowError) as e:
-            raise StageError(
-                f"input_values gives {name!r} a value not of its type {spec.dtype}: {e}"
-            ) from e
+            raise StageError(f"input_values gives {name!r} a value not of its type {spec.dtype}: {e}") from e
         if array.ndim != len(spec.shape) or any(
             isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=False)
         ):

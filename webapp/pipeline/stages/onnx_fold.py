@@ -17,7 +17,7 @@ import numpy as np
 from webapp.pipeline.errors import StageError
 
 # What makes a graph worth folding: shape arithmetic and branches
-FOLD_OPS = {"Shape", "Size", "If", "ConstantOfShape"}
+FOLD_OPS = {"Shape", "Size", "If"}
 # onnxslim's other optimizations fuse and merge nodes (MatMul + Add into Gemm...): not ours to do
 SKIPPED = ["graph_fusion", "subexpression_elimination", "weight_tying"]
 GIVEN_SUFFIX = ".given"

@@ -336,7 +336,8 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
 class GroupMatch:
     """Whether a fused function's body computes what bindings of the unfused main do, given what the
     function's parameters stand for (a var of main, or a constant); `group` collects the function's
-    vars -> main's vars of the match being tried."""
+    vars -> main's vars of the match being tried. It walks the two bodies with a stack of pairs to
+    compare, not by recursion: a chain of thousands of ops is one fused group."""
 
     def __init__(self, inner: dict, defs: dict, params: dict, taken: dict):
         self.inner, self.defs, self.params, self.taken = inner, defs, params, taken
@@ -344,49 +345,67 @@ class GroupMatch:
 
     def var(self, a: relax.Var, b: relax.Var) -> bool:
         """Whether the function's var `a` (not a parameter) computes main's var `b`."""
-        if a not in self.inner or b not in self.defs or b in self.taken:
-            return False
-        if not self.group.setdefault(a, b).same_as(b):
-            return False
-        return self.same(self.inner[a], self.defs[b])
+        return self.match([(a, b)], first_is_var=True)
 
     def resolve(self, v):
         """A var of main through tuples made and taken apart again (x = (y, ...); z = x[0]: y)."""
-        value = self.defs.get(v) if isinstance(v, relax.Var) else None
-        if isinstance(value, relax.Var):
-            return self.resolve(value)
-        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
-            made = self.defs.get(value.tuple_value)
-            if isinstance(made, relax.Tuple):
-                return self.resolve(made.fields[value.index])
+        for _ in range(len(self.defs) + 1):
+            value = self.defs.get(v) if isinstance(v, relax.Var) else None
+            if isinstance(value, relax.Var):
+                v = value
+            elif isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+                made = self.defs.get(value.tuple_value)
+                if not isinstance(made, relax.Tuple):
+                    return v
+                v = made.fields[value.index]
+            else:
+                return v
         return v
 
-    def same(self, a, b) -> bool:
-        if isinstance(a, relax.Var) and a in self.params:  # a var of main's, or a constant
-            bound = self.params[a]
-            if isinstance(bound, relax.Var):
-                return isinstance(b, relax.Var) and self.resolve(b).same_as(self.resolve(bound))
-            return not isinstance(b, relax.Var)
-        if isinstance(a, relax.Var):
-            return isinstance(b, relax.Var) and self.var(a, b)
-        if type(a) is not type(b):
-            return False
-        if isinstance(a, relax.Call):
-            if isinstance(a.op, tvm.ir.Op):
-                same_op = a.op.same_as(b.op)
-            else:
-                same_op = a.op.name_hint == getattr(b.op, "name_hint", None)
-            return same_op and self.all_same(a.args, b.args)
-        if isinstance(a, relax.Tuple):
-            return self.all_same(a.fields, b.fields)
-        if isinstance(a, relax.TupleGetItem):
-            return a.index == b.index and self.same(a.tuple_value, b.tuple_value)
-        if isinstance(a, tvm.ir.GlobalVar):
-            return a.name_hint == b.name_hint
-        return True  # constants, shapes, prim values: the ops and the dataflow tell groups apart
-
-    def all_same(self, xs, ys) -> bool:
-        return len(xs) == len(ys) and all(self.same(x, y) for x, y in zip(xs, ys, strict=True))
+    def match(self, todo: list, first_is_var: bool = False) -> bool:
+        while todo:
+            a, b = todo.pop()
+            if first_is_var or (isinstance(a, relax.Var) and a not in self.params):
+                first_is_var = False
+                if not isinstance(b, relax.Var) or a not in self.inner:
+                    return False
+                if b not in self.defs or b in self.taken:
+                    return False
+                if a in self.group:  # matched already (its body is compared once)
+                    if not self.group[a].same_as(b):
+                        return False
+                    continue
+                self.group[a] = b
+                todo.append((self.inner[a], self.defs[b]))
+            elif isinstance(a, relax.Var):  # a parameter: a var of main's, or a constant
+                bound = self.params[a]
+                if isinstance(bound, relax.Var):
+                    if not (isinstance(b, relax.Var) and self.resolve(b).same_as(self.resolve(bound))):
+                        return False
+                elif isinstance(b, relax.Var):
+                    return False
+            elif type(a) is not type(b):
+                return False
+            elif isinstance(a, relax.Call):
+                if isinstance(a.op, tvm.ir.Op):
+                    same_op = a.op.same_as(b.op)
+                else:
+                    same_op = a.op.name_hint == getattr(b.op, "name_hint", None)
+                if not same_op or len(a.args) != len(b.args):
+                    return False
+                todo += reversed(list(zip(a.args, b.args, strict=True)))
+            elif isinstance(a, relax.Tuple):
+                if len(a.fields) != len(b.fields):
+                    return False
+                todo += reversed(list(zip(a.fields, b.fields, strict=True)))
+            elif isinstance(a, relax.TupleGetItem):
+                if a.index != b.index:
+                    return False
+                todo.append((a.tuple_value, b.tuple_value))
+            elif isinstance(a, tvm.ir.GlobalVar) and a.name_hint != b.name_hint:
+                return False
+            # else constants, shapes, prim values: the ops and the dataflow tell groups apart
+        return True
 
 
 def optimize_stage(ctx, report, model) -> Optimized:
