@@ -197,3 +197,47 @@ def test_a_pass_that_fails_is_named(example_files, tmp_path, monkeypatch):
     monkeypatch.setitem(legalize.REWRITES, "fast_math", broken)
     with pytest.raises(StageError, match=r"^TVM's pass BrokenRewrite failed \(after \d+ passes that ran\): "):
         optimize(import_model(example_files / "mlp.onnx").mod, get("x86-host"), tmp_path)
+
+
+def unary_chain(length: int):
+    """Sigmoid and Relu alternating: each sigmoid's fast exp reads its input five times, so inlining
+    the chain into one expression grew without bound (the build ran out of memory after minutes),
+    and the fusion map recursed once per op (RecursionError)."""
+    nodes, prev = [], "x"
+    for i in range(length):
+        nodes.append(helper.make_node("Sigmoid" if i % 2 == 0 else "Relu", [prev], [f"t{i}"]))
+        prev = f"t{i}"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    return model_of(nodes, [x], [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 64])])
+
+
+def test_a_600_op_unary_chain_builds_runs_and_agrees_with_onnx_runtime(client):
+    job = upload(client, unary_chain(600))
+    assert job["status"] == "done", job.get("error")
+    fid = next(f for f in job["results"]["fidelity"] if f["reference"] == "onnxruntime")
+    assert fid["max_abs_err"] < 1e-4
+    # the fusion map followed the whole chain: every op is a layer of a kernel
+    assert sum(len(k.get("layers", [])) for k in job["results"]["kernels"]) >= 600
+
+
+def test_a_5000_op_unary_chain_builds_on_the_default_rules(tmp_path):
+    import tvm
+    from tvm import relax
+
+    from webapp.pipeline.stages.build import build, schedule
+    from webapp.pipeline.stages.importers import import_model
+    from webapp.pipeline.stages.optimize import optimize
+    from webapp.targets import get
+
+    (tmp_path / "m.onnx").write_bytes(unary_chain(5000).SerializeToString())
+    target = get("x86-host")
+    model = import_model(tmp_path / "m.onnx")
+    optimized = optimize(model.mod, target, tmp_path, layer_of=model.layers)
+    assert len(optimized.fusion.kernel_of) >= 5000  # every op's kernel found, without recursion
+    lowered, labels = schedule(optimized.fused, target)
+    vm = relax.VirtualMachine(build(lowered, target, None), tvm.cpu())
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(1, 64)
+    expected = x
+    for i in range(5000):
+        expected = 1 / (1 + np.exp(-expected)) if i % 2 == 0 else np.maximum(expected, 0)
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,91 @@
+"""Production ONNX models with real weights (tests/corpus.py), uploaded through the API as a user does:
+the part of the corpus that fits in the suite's time (benchmarks/corpus.py runs all of it)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tests.conftest import wait_for_job
+from tests.corpus import CORPUS, fetch
+
+
+def upload(client, name: str, shapes: dict | None = None, values: dict | None = None) -> dict:
+    model = CORPUS[name]
+    data = {
+        "target": "x86-host",
+        "model": (io.BytesIO(fetch(model).read_bytes()), f"{name}.onnx"),
+        "input_shapes": json.dumps(shapes or model.input_shapes),
+    }
+    if values is not None:
+        data["input_values"] = json.dumps(values)
+    resp = client.post("/api/jobs", data=data, content_type="multipart/form-data")
+    assert resp.status_code in (200, 201, 202), resp.get_json()
+    return wait_for_job(client, resp.get_json()["id"], timeout=600)
+
+
+def fidelity(job: dict) -> dict:
+    return next(f for f in job["results"]["fidelity"] if f["reference"] == "onnxruntime")
+
+
+def test_a_paddle_text_recognizer_is_folded_before_import_and_reads_as_onnx_runtime_does(client):
+    """PP-OCRv4's recognizer: TVM's importer refuses its Reshape targets computed from Shape; folded
+    with the input's shape fixed, it builds and computes what ONNX Runtime does. The page says so,
+    and the passes view shows the fold as its first step."""
+    job = upload(client, "ppocr-v4-rec")
+    assert job["status"] == "done", job.get("error")
+    folded = job["results"]["model"]["folded"]
+    assert folded["nodes_before"] == 860 and folded["nodes_after"] < 450 and folded["removed"]["Shape"] > 0
+    first = job["results"]["passes"][0]
+    assert first["onnx"] and first["name"].startswith("onnxslim") and first["index"] == 0
+    assert fidelity(job)["sqnr_db"] > 60
+    page = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    assert 'id="onnx-folded"' in page and "Shape arithmetic folded before import" in page
+    view = client.get(f"/r/{job['id']}?view=passes&pass=0&diff=1").get_data(as_text=True)
+    assert "860 nodes -&gt;" in view or "860 nodes ->" in view
+
+
+def test_a_text_detector_with_transposed_convolutions_builds_where_plain_tvm_does(client):
+    """PP-OCRv4's detector: its ConvTranspose upsampling failed the build ("CodeGenVM cannot emit
+    R.nn.conv2d_transpose") where plain tvm.compile builds it."""
+    job = upload(client, "ppocr-v4-det", {"x": [1, 3, 320, 320]})
+    assert job["status"] == "done", job.get("error")
+    assert any("conv2d_transpose" in k["name"] for k in job["results"]["kernels"])
+    assert fidelity(job)["sqnr_db"] > 60
+
+
+def test_silero_vad_runs_its_lstm_with_the_sample_rate_given(client):
+    """Silero VAD: an If on the sample rate around an LSTM. Without the rate the job fails at
+    import and asks for it by name; given {"sr": 16000} the branch is folded, the LSTM unrolled,
+    and every runtime is fed the same rate."""
+    failed = upload(client, "silero-vad")
+    assert failed["status"] == "failed" and failed["error"]["stage"] == "import"
+    assert "'sr'" in failed["error"]["message"] and "input_values" in failed["error"]["message"]
+    job = upload(client, "silero-vad", values={"sr": 16000})
+    assert job["status"] == "done", job.get("error")
+    sr = next(i for i in job["results"]["model"]["inputs"] if i["name"] == "sr")
+    assert sr["values"]["given"] == 16000
+    assert job["results"]["model"]["folded"]["removed"]["If"] == 1
+    assert fidelity(job)["sqnr_db"] > 60
+    assert {b["runtime"] for b in job["results"]["benchmarks"]} >= {"tvm", "onnxruntime"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [("{oops", "input_values must be JSON"), ('{"sr": true}', "numbers (not true or false)")],
+)
+def test_input_values_the_server_cannot_read_are_refused_at_once(client, values, message):
+    resp = client.post(
+        "/api/jobs", data={"example": "mlp", "input_values": values}, content_type="multipart/form-data"
+    )
+    assert resp.status_code == 400 and message in resp.get_json()["error"]
+
+
+def test_an_operator_no_importer_takes_is_named(client):
+    """ddddocr's older recognizer, quantized by ONNX Runtime's quantize_dynamic: its
+    DynamicQuantizeLSTM (an ONNX Runtime contrib operator) is named, the job failed at import."""
+    job = upload(client, "ddddocr-ocr-int8")
+    assert job["status"] == "failed" and job["error"]["stage"] == "import"
+    assert "DynamicQuantizeLSTM" in job["error"]["message"]
