@@ -129,6 +129,18 @@ def test_fidelity_metrics():
     other = bench.fidelity([a], [np.array([[3.0, 2.0, 1.0]], np.float32)], classifier=True)
     assert other["top1_agree"] == 0.0 and other["max_abs_err"] == 2.0
     assert other["sqnr_db"] == pytest.approx(10 * np.log10(14 / 8))
+    assert "degenerate" not in same and "degenerate" not in other
+
+
+def test_fidelity_names_a_constant_or_all_zero_output_instead_of_a_bare_cosine():
+    """A model whose output is one value everywhere (weights made constant, a pre-quantized model
+    read wrong) had cosine 0.000000 and no SQNR, as if the build were broken."""
+    zeros, ones = np.zeros((1, 8), np.float32), np.full((1, 8), 0.125, np.float32)
+    row = bench.fidelity([ones], [zeros], classifier=False)
+    assert row["cosine"] is None and row["sqnr_db"] is None
+    assert row["degenerate"] == "the reference's output is all zeros; TVM's output is 0.125 everywhere"
+    same = bench.fidelity([ones], [ones], classifier=False)
+    assert same["cosine"] == pytest.approx(1.0) and "0.125 everywhere" in same["degenerate"]
 
 
 def test_a_row_is_the_median_of_its_fastest_round_and_keeps_every_round():

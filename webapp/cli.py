@@ -432,9 +432,11 @@ def benchmark_table(result: dict) -> str:
         top1 = "n/a" if f.get("top1_agree") is None else f"{100 * f['top1_agree']:.0f}%"
         which = "tuned" if f.get("tuned") else "untuned"
         exact = " (bit-exact)" if f.get("max_abs_err") == 0 else ""
+        cosine = "n/a" if f.get("cosine") is None else f"{f['cosine']:.6f}"
+        degenerate = f" ({f['degenerate']})" if f.get("degenerate") else ""
         lines.append(
             f"  fidelity of TVM {f['variant']} {which} vs {f['reference']}: max abs err "
-            f"{f.get('max_abs_err', 0):.3g}{exact}, cosine {f.get('cosine', 0):.6f}, top-1 agreement {top1}"
+            f"{f.get('max_abs_err', 0):.3g}{exact}, cosine {cosine}, top-1 agreement {top1}{degenerate}"
         )
     for a in result.get("accuracy", []):
         lines.append(f"  accuracy of TVM {a['variant']} on {a['dataset']}: top-1 {100 * a['top1']:.2f}%")

@@ -22,6 +22,10 @@ EMULATED_NOTE = (
 )
 
 
+# a fidelity row's fields as a board job's facts repeat them
+FIDELITY_FIELDS = ("variant", "tuned", "reference", "max_abs_err", "cosine", "sqnr_db", "error", "degenerate")
+
+
 def derive(results: dict) -> dict:
     """Keys to merge into result.json at the end of the job (and after each stage, from what is known)."""
     facts = {}
@@ -375,10 +379,7 @@ def device_summary(results: dict, quantized: dict | None) -> dict:
         # every fidelity row of a board job is the board's output against a reference
         "fidelity": [
             {
-                **{
-                    k: f.get(k)
-                    for k in ("variant", "tuned", "reference", "max_abs_err", "cosine", "sqnr_db", "error")
-                },
+                **{k: f.get(k) for k in FIDELITY_FIELDS},
                 "bit_exact": f.get("max_abs_err") == 0,
             }
             for f in results.get("fidelity") or []

@@ -261,10 +261,14 @@ def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bo
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     result = {
         "max_abs_err": float(np.max(np.abs(a - b))) if a.size else 0.0,
-        "cosine": float(np.dot(a, b) / norms) if norms > 0 else (1.0 if noise == 0 else 0.0),
+        # undefined where an output is all zeros and the two differ (not 0: a word says why)
+        "cosine": float(np.dot(a, b) / norms) if norms > 0 else (1.0 if noise == 0 else None),
         "sqnr_db": (float(10 * math.log10(signal / noise)) if noise > 0 else None) if signal > 0 else None,
         "top1_agree": None,
     }
+    constant = [note for note in (constant_output(b, "the reference"), constant_output(a, "TVM")) if note]
+    if constant:  # cosine and SQNR compare directions and energies: of a constant they say little
+        result["degenerate"] = "; ".join(constant)
     first, ref_first = ours[0], reference[0]
     if classifier and first.ndim == 2 and first.shape[1] > 1:
         # On the inputs of this one run (its batch): with one input, 0 or 1 and no evidence of
@@ -272,6 +276,16 @@ def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bo
         result["top1_agree"] = float(np.mean(first.argmax(1) == ref_first.argmax(1)))
         result["top1_inputs"] = int(first.shape[0])
     return result
+
+
+def constant_output(values: np.ndarray, who: str) -> str | None:
+    """Says so where an output is all zeros or one value everywhere (a model whose weights are
+    constants, a broken build), which cosine and SQNR would show as a bare 0 or a blank."""
+    if values.size < 2 or np.ptp(values) != 0:
+        return None
+    if values[0] == 0:
+        return f"{who}'s output is all zeros"
+    return f"{who}'s output is {values[0]:.6g} everywhere"
 
 
 def is_classifier(outputs: list[TensorSpec]) -> bool:
