@@ -53,7 +53,8 @@ def test_a_text_detector_with_transposed_convolutions_builds_where_plain_tvm_doe
     job = upload(client, "ppocr-v4-det", {"x": [1, 3, 320, 320]})
     assert job["status"] == "done", job.get("error")
     assert any("conv2d_transpose" in k["name"] for k in job["results"]["kernels"])
-    assert fidelity(job)["sqnr_db"] > 60
+    # a probability map, nearly all close to 0 on a random image: its SQNR says little, the error does
+    assert fidelity(job)["max_abs_err"] < 1e-4
 
 
 def test_silero_vad_runs_its_lstm_with_the_sample_rate_given(client):
