@@ -41,6 +41,13 @@ def run_both(path, inputs: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     return ours, session.run(None, inputs)[0], labels
 
 
+def channels_last_calls(path) -> list:
+    """The calls of main after the channels-last rewrite of the model at `path`."""
+    with tvm.transform.PassContext(opt_level=3):
+        converted = channels_last(import_model(path).mod)
+    return [b.value for b in main_bindings(converted) if isinstance(b.value, relax.Call)]
+
+
 def test_gelu_softmax_and_tanh_take_the_fast_approximations_within_1e5(tmp_path):
     """GELU's erf, softmax's exp and a tanh become TVM's fast approximations (kernels named after
     them), and the result stays within 1e-5 of ONNX Runtime's exact functions."""
@@ -85,10 +92,7 @@ def test_convolutions_go_channels_last_with_transposes_only_at_the_edges(tmp_pat
         "w2": RNG.normal(0, 0.3, (32, 16, 1, 1)),
     }
     save(nodes, {"x": (1, 3, 16, 16)}, weights, tmp_path / "m.onnx", (1, 32, 8, 8))
-    mod = import_model(tmp_path / "m.onnx").mod
-    with tvm.transform.PassContext(opt_level=3):
-        converted = channels_last(mod)
-    calls = [b.value for b in main_bindings(converted) if isinstance(b.value, relax.Call)]
+    calls = channels_last_calls(tmp_path / "m.onnx")
     convs = [c for c in calls if c.op.name == "relax.nn.conv2d"]
     assert len(convs) == 3 and all(c.attrs.data_layout == "NHWC" for c in convs)
     transposes = [c for c in calls if c.op.name == "relax.permute_dims"]
@@ -121,10 +125,7 @@ def test_a_transposed_convolution_between_nhwc_convolutions_stays_nchw_and_runs(
         "t2": RNG.normal(0, 0.3, (8, 1, 2, 2)),
     }
     save(nodes, {"x": (1, 3, 16, 16)}, weights, tmp_path / "m.onnx", (1, 1, 16, 16))
-    mod = import_model(tmp_path / "m.onnx").mod
-    with tvm.transform.PassContext(opt_level=3):
-        converted = channels_last(mod)
-    calls = [b.value for b in main_bindings(converted) if isinstance(b.value, relax.Call)]
+    calls = channels_last_calls(tmp_path / "m.onnx")
     assert [c.attrs.data_layout for c in calls if c.op.name == "relax.nn.conv2d"] == ["NHWC", "NHWC"]
     transposed = [c for c in calls if c.op.name == "relax.nn.conv2d_transpose"]
     assert [c.attrs.data_layout for c in transposed] == ["NCHW", "NCHW"]
