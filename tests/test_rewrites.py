@@ -10,10 +10,13 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+from webapp.options import JobOptions
+from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.passes.rewrites import channels_last, fold_with_numpy, main_bindings
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.importers import import_model
 from webapp.pipeline.stages.optimize import optimize
+from webapp.pipeline.stages.quantize import quantize
 from webapp.targets import get
 
 RNG = np.random.default_rng(7)
@@ -132,6 +135,15 @@ def test_a_transposed_convolution_between_nhwc_convolutions_stays_nchw_and_runs(
     inputs = {"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)}
     ours, reference, _ = run_both(tmp_path / "m.onnx", inputs)
     np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
+    # quantized, its integer convolutions NHWC, the transposed ones (float) still NCHW, and it builds
+    samples = [{"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    target = get("x86-host")
+    quantized = quantize(import_model(tmp_path / "m.onnx").mod, target, JobOptions(quantize="int8"), samples)
+    assert len(quantized.layers) == 2
+    lowered, _ = schedule(fuse(quantized.mod, target), target)
+    vm = relax.VirtualMachine(build(lowered, target, None), tvm.cpu())
+    int8 = vm["main"](tvm.runtime.tensor(inputs["x"])).numpy()
+    assert np.abs(int8 - reference).max() < 0.05
 
 
 def test_numpy_folding_computes_what_fold_constant_does(tmp_path):

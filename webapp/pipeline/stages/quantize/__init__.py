@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 
 from webapp.options import JobOptions
+from webapp.pipeline.passes.rewrites import DESIRED
 from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
@@ -111,7 +112,7 @@ def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
         return mod
     with tvm.transform.PassContext(opt_level=3):
         try:
-            converted = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
+            converted = relax.transform.ConvertLayout(DESIRED)(mod)  # conv2d_transpose stays NCHW
         except Exception:  # noqa: BLE001 - the model stays in NCHW
             traceback.print_exc()
             return mod
