@@ -50,7 +50,6 @@ class ImportedModel:
     prequantized: dict | None = None
     warnings: list[str] = field(default_factory=list)  # what a checker found that did not stop it
     folded: dict | None = None  # the ONNX graph's shape arithmetic folded before import (fold_onnx)
-    given: dict = field(default_factory=dict)  # inputs the user gave a value: name -> the value
 
     def to_json(self) -> dict:
         pre = self.prequantized
@@ -58,7 +57,6 @@ class ImportedModel:
             "framework": self.framework,
             "warnings": self.warnings,
             "folded": self.folded,
-            "given": self.given,
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [s.to_json() for s in self.outputs],
             "param_count": self.param_count,
@@ -181,8 +179,9 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     for spec in inputs:
         spec.shape = fixed_shape(spec, input_shapes | {n: list(v.shape) for n, v in given.items()})
     integer = [s.name for s in inputs if s.dtype.startswith(("int", "uint"))]
+    used = onnx_input_values(model, integer) if integer else {}  # one shape inference for all of them
     for spec in inputs:
-        spec.values = onnx_input_values(model, integer).get(spec.name) if integer else None
+        spec.values = used.get(spec.name)
         if spec.name in given:
             spec.values = Values(given=given[spec.name].tolist(), why="the model is built with this value")
 
@@ -227,7 +226,6 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
     imported.warnings = warnings
     imported.folded = folded
-    imported.given = {n: v.tolist() for n, v in given.items()}
     imported.modules = onnx_modules(model)
     if pre is not None:
         imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
@@ -238,8 +236,8 @@ def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
     """(the Relax module, its SourceLayers) of an ONNX model whose inputs have the given specs."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    check_onnx_ops_supported(sorted({node.op_type for node in model.graph.node}))
     ops = {node.op_type for node in model.graph.node}
+    check_onnx_ops_supported(sorted(ops))
     # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
     layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & ops, clip_op=pre is not None)
     with layers.onnx(), more_operators():
@@ -416,7 +414,8 @@ class SourceLayers:
 
 
 def check_onnx_ops_supported(op_types: list[str]) -> None:
-    missing = [op for op in op_types if op not in supported_operators()]
+    supported = supported_operators()
+    missing = [op for op in op_types if op not in supported]
     if missing:
         raise StageError(
             f"TVM's ONNX importer does not support the operator{'s' if len(missing) > 1 else ''} "

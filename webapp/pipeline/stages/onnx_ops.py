@@ -38,6 +38,16 @@ def activations(attr: dict, count: int, directions: int, op: str) -> list[list]:
     return [funcs[d * count : (d + 1) * count] for d in range(directions)]
 
 
+def of_direction(v, d: int):
+    """A per-direction tensor's (weights, biases, states, peepholes: [directions, ...]) part for `d`."""
+    return relax.op.squeeze(relax.op.strided_slice(v, [0], [d], [d + 1]), [0])
+
+
+def chunks(v, axis: int, count: int, size: int) -> list:
+    """`count` consecutive slices of `size` along `axis` (a layer's gates, stacked in its weights)."""
+    return [relax.op.strided_slice(v, [axis], [k * size], [(k + 1) * size]) for k in range(count)]
+
+
 def constant_lengths(lengths, seq: int, op: str) -> None:
     """sequence_lens: accepted where every sequence is the whole input (the unrolled steps)."""
     if lengths is None:
@@ -75,25 +85,11 @@ class Recurrent(OnnxOpConverter):
         ys, hs, extra = [], [], []
         for d in range(directions):
             reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
-            w_d = relax.op.squeeze(relax.op.strided_slice(w, [0], [d], [d + 1]), [0])
-            r_d = relax.op.squeeze(relax.op.strided_slice(r, [0], [d], [d + 1]), [0])
             # every step's input projection at once: [seq, batch, gates * hidden]
-            xw = relax.op.matmul(x, relax.op.permute_dims(w_d, [1, 0]))
-            bias = None
-            if b is not None:
-                b_d = relax.op.squeeze(relax.op.strided_slice(b, [0], [d], [d + 1]), [0])
-                wb, rb = relax.op.split(b_d, 2, axis=0)[0], relax.op.split(b_d, 2, axis=0)[1]
-                bias = (wb, rb)
-            state = [
-                (
-                    relax.op.squeeze(relax.op.strided_slice(v, [0], [d], [d + 1]), [0])
-                    if v is not None
-                    else zeros
-                )
-                for v in initial
-            ]
-            xw = bb.normalize(xw)
-            r_t = bb.normalize(relax.op.permute_dims(r_d, [1, 0]))
+            xw = bb.normalize(relax.op.matmul(x, relax.op.permute_dims(of_direction(w, d), [1, 0])))
+            r_t = bb.normalize(relax.op.permute_dims(of_direction(r, d), [1, 0]))
+            bias = chunks(of_direction(b, d), 0, 2, gates) if b is not None else None  # input's, recurrent's
+            state = [of_direction(v, d) if v is not None else zeros for v in initial]
             steps = range(seq - 1, -1, -1) if reverse else range(seq)
             outs = [None] * seq
             for t in steps:
@@ -132,11 +128,10 @@ class LSTM(Recurrent):
         if bias is not None:
             z = relax.op.add(z, relax.op.add(bias[0], bias[1]))
         z = bb.normalize(z)
-        i, o, fg, c = (relax.op.strided_slice(z, [1], [k * hidden], [(k + 1) * hidden]) for k in range(4))
+        i, o, fg, c = chunks(z, 1, 4, hidden)
         peep = inputs[7]
         if peep is not None:
-            p = relax.op.squeeze(relax.op.strided_slice(peep, [0], [d], [d + 1]), [0])
-            pi, po, pf = (relax.op.strided_slice(p, [0], [k * hidden], [(k + 1) * hidden]) for k in range(3))
+            pi, po, pf = chunks(of_direction(peep, d), 0, 3, hidden)
             i = relax.op.add(i, relax.op.multiply(pi, c_prev))
             fg = relax.op.add(fg, relax.op.multiply(pf, c_prev))
         i, fg = f(cls.clipped(i, clip)), f(cls.clipped(fg, clip))
@@ -164,22 +159,21 @@ class GRU(Recurrent):
         if bias is not None:
             x_t = relax.op.add(x_t, bias[0])
         x_t = bb.normalize(x_t)
-        xz, xr, xh = (relax.op.strided_slice(x_t, [1], [k * hidden], [(k + 1) * hidden]) for k in range(3))
+        xz, xr, xh = chunks(x_t, 1, 3, hidden)
         hr = relax.op.matmul(h_prev, r_t)
         if bias is not None:
             hr = relax.op.add(hr, bias[1])
         hr = bb.normalize(hr)
-        rz, rr, rh = (relax.op.strided_slice(hr, [1], [k * hidden], [(k + 1) * hidden]) for k in range(3))
+        rz, rr, rh = chunks(hr, 1, 3, hidden)
         z = f(cls.clipped(relax.op.add(xz, rz), clip))
         reset = f(cls.clipped(relax.op.add(xr, rr), clip))
         if attr.get("linear_before_reset", 0):
             candidate = relax.op.add(xh, relax.op.multiply(reset, rh))
         else:  # (r * h_prev) @ Rh^T + Rbh
-            r_h = relax.op.strided_slice(r_t, [1], [2 * hidden], [3 * hidden])
+            r_h = chunks(r_t, 1, 3, hidden)[2]
             candidate = relax.op.add(xh, relax.op.matmul(relax.op.multiply(reset, h_prev), r_h))
             if bias is not None:
-                rbh = relax.op.strided_slice(bias[1], [0], [2 * hidden], [3 * hidden])
-                candidate = relax.op.add(candidate, rbh)
+                candidate = relax.op.add(candidate, chunks(bias[1], 0, 3, hidden)[2])
         candidate = g(cls.clipped(candidate, clip))
         one = relax.const(1.0, str(x_t.ty.dtype))
         keep = relax.op.multiply(z, h_prev)
