@@ -9,7 +9,7 @@ PORT ?= 8000
 PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
 SERVE_DEBS := bubblewrap graphviz g++ llvm-19 $(PI_DEBS)
 # The tests start real Redis and PostgreSQL servers (the queue and store of several machines).
-TEST_DEBS := $(SERVE_DEBS) chromium redis-server postgresql
+TEST_DEBS := $(SERVE_DEBS) chromium redis-server postgresql fonts-dejavu-core
 
 .PHONY: serve test setup setup-test debs debs-test lint clean
 

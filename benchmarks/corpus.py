@@ -5,7 +5,8 @@ builds and benchmarks its fp32 and int8 builds against ONNX Runtime on the same 
 loop), then, where int8 fails, the same job in fp32 alone; and an rpi5 build (the pipeline up to the
 board, not timed: build only). Prints one table: each stage's status, TVM and ONNX Runtime fp32
 medians and their ratio, the int8 build's gain over TVM fp32, the SQNR of TVM fp32 and int8 against
-ONNX Runtime, the job's wall time, and the first failure with its stage.
+ONNX Runtime, and for a model quantized by ONNX Runtime (its file runs there as int8) ONNX Runtime's
+int8 median and TVM int8's ratio to it, the job's wall time, and the first failure with its stage.
 
     .venv/bin/python benchmarks/corpus.py [--models ppocr-v4-rec,silero-vad] [--no-int8] [--no-rpi5]
         [--json out.json]
@@ -109,6 +110,7 @@ def measure(config: Config, model, tmp: Path, int8: bool, rpi5: bool) -> dict:
     }
     if x86 is not None and not x86["error"]:
         row["tvm_int8_ms"] = median(x86["result"], "tvm", "int8")
+        row["ort_int8_ms"] = median(x86["result"], "onnxruntime", "int8")  # a pre-quantized model's file
         row["sqnr_int8_db"] = sqnr(x86["result"], "int8")
     if rpi5:
         board = build_only(config, model, tmp / f"{model.name}-rpi5", "rpi5")
@@ -125,11 +127,12 @@ def table(rows: list[dict]) -> str:
     head = (
         "| model | import | build | run | TVM fp32 ms | ORT fp32 ms | TVM/ORT | int8 gain | SQNR fp32 dB | "
     )
-    head += "SQNR int8 dB | rpi5 build | time s | first failure |"
+    head += "SQNR int8 dB | ORT int8 ms | TVM/ORT int8 | rpi5 build | time s | first failure |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         stages = r.get("stages", {})
         tvm, ort, int8 = r.get("tvm_fp32_ms"), r.get("ort_fp32_ms"), r.get("tvm_int8_ms")
+        ort_int8 = r.get("ort_int8_ms")
         failure = r.get("error") or r.get("int8_error") or r.get("rpi5_error")
         if failure:
             which = "int8: " if not r.get("error") and r.get("int8_error") else ""
@@ -140,6 +143,7 @@ def table(rows: list[dict]) -> str:
             f"{stages.get('benchmark', '-')} | {fmt(tvm)} | {fmt(ort)} | "
             f"{fmt(tvm / ort if tvm and ort else None)}x | {fmt(tvm / int8 if tvm and int8 else None)}x | "
             f"{fmt(r.get('sqnr_fp32_db'), '.1f')} | {fmt(r.get('sqnr_int8_db'), '.1f')} | "
+            f"{fmt(ort_int8)} | {fmt(int8 / ort_int8 if int8 and ort_int8 else None)}x | "
             f"{r.get('rpi5_build', '-')} | {fmt(r.get('seconds'), '.0f')} | {failure or ''} |"
         )
     return "\n".join(lines)

@@ -304,6 +304,28 @@ def test_job_over_the_memory_limit_fails_with_that_message(config, client):
     failed = client.get(f"/api/jobs/{small_id}").get_json()
     assert failed["status"] == "failed"
     assert "Memory limit reached (600 MB" in failed["error"]["message"]
+    assert "It was in the import stage" in failed["error"]["message"]  # where the limit stopped it
+
+
+def test_a_stage_past_its_time_budget_ends_the_job_at_once_naming_it(config, client):
+    """A stage that runs longer than its budget (a runaway pass) fails the job within a second or two
+    of the budget, and the message names the stage, its budget and the step it was in."""
+    from webapp.jobs.store import new_job_id
+
+    store = JobStore(config.data_dir)
+    job_id = new_job_id()
+    store.job_dir(job_id).mkdir(parents=True)
+    store.create(job_id, {"example": "resnet18", "target": "x86-host"})
+    started = time.monotonic()
+    run_job(replace(config, stage_budgets_s={"build": 1}), job_id)
+    failed = client.get(f"/api/jobs/{job_id}").get_json()
+    assert failed["status"] == "failed" and failed["error"]["stage"] == "build"
+    assert failed["error"]["message"].startswith("The build stage ran past its time budget of 1 s, in ")
+    stages = {s["name"]: s for s in failed["stages"]}
+    assert stages["build"]["status"] == "failed" and stages["build"]["seconds"] < 5
+    assert time.monotonic() - started < 120  # resnet18's build alone takes longer on 2 cores
+    page = client.get(f"/r/{job_id}").get_data(as_text=True)
+    assert "ran past its time budget" in page
 
 
 def test_unknown_job_is_404_and_ids_are_unguessable(client):

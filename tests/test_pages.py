@@ -1270,6 +1270,21 @@ def test_a_large_graph_opens_folded_by_block_and_a_small_one_whole():
     assert blocks_text(["layers.0", "layers.2"]) == "layers.0, layers.2"
 
 
+def test_a_graph_too_large_to_lay_out_is_not_drawn_and_the_page_says_why(app, web, tmp_path):
+    """Graphviz takes minutes on a graph of 2,000 nodes (ddddocr's unrolled LSTM): such a graph is not
+    given to it, and its tab says why and links the graph's JSON."""
+    from webapp.pipeline.reports.graphs import MAX_DRAWN_NODES, render_svg
+
+    nodes = [{"id": f"n{i}", "label": "op", "kind": "op"} for i in range(MAX_DRAWN_NODES + 1)]
+    why = render_svg({"nodes": nodes, "edges": []}, "big", tmp_path / "big.svg")
+    assert why.startswith(f"{MAX_DRAWN_NODES + 1:,} nodes") and not (tmp_path / "big.svg").exists()
+    assert render_svg({"nodes": nodes[:2], "edges": []}, "small", tmp_path / "small.svg") is None
+    results = crafted_results()
+    results["graphs"]["imported"] |= {"svg": None, "not_drawn": why, "json": "graph-imported.json"}
+    page = web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True)
+    assert why in page and "graph as JSON</a> holds every node" in page
+
+
 # ---------------------------------------------------------------- a finished result is rendered once
 
 

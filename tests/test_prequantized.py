@@ -3,6 +3,8 @@ run on the project's integer kernels with the model's scales and match ONNX Runt
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -12,7 +14,9 @@ from tests.conftest import int8_instruction, wait_for_job
 from tests.test_api import submit
 
 
-def ort_quantized(source, out, fmt: str, input_name: str, shape) -> bytes:
+def ort_quantized(
+    source, out, fmt: str, input_name: str, shape, per_channel: bool = True, activations: str = "uint8"
+) -> bytes:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     rng = np.random.default_rng(0)
@@ -31,8 +35,8 @@ def ort_quantized(source, out, fmt: str, input_name: str, shape) -> bytes:
         str(out),
         Inputs(),
         quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
         weight_type=QuantType.QInt8,
     )
     return out.read_bytes()
@@ -72,7 +76,10 @@ def test_a_qdq_resnet18_from_onnxruntime_runs_on_integer_kernels_with_its_own_sc
     assert "Pre-quantized (QDQ), scales from the model" in page
 
 
-def test_a_qlinearconv_model_from_onnxruntime_runs_on_integer_kernels(client, tmp_path):
+@pytest.fixture(scope="module")
+def convs_model(tmp_path_factory):
+    """Two convolutions and a ReLU, in float: what ONNX Runtime quantizes in the tests below."""
+    tmp_path = tmp_path_factory.mktemp("convs")
     rng = np.random.default_rng(0)
     weights = {
         "w1": rng.standard_normal((8, 3, 3, 3)) * 0.3,
@@ -95,43 +102,126 @@ def test_a_qlinearconv_model_from_onnxruntime_runs_on_integer_kernels(client, tm
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8  # what this ONNX Runtime reads
     onnx.save(model, str(tmp_path / "convs.onnx"))
-    qop = ort_quantized(
-        tmp_path / "convs.onnx", tmp_path / "convs-qop.onnx", "QOperator", "x", (1, 3, 16, 16)
-    )
+    return tmp_path / "convs.onnx"
+
+
+def test_a_qlinearconv_model_from_onnxruntime_runs_on_integer_kernels(client, convs_model, tmp_path):
+    qop = ort_quantized(convs_model, tmp_path / "convs-qop.onnx", "QOperator", "x", (1, 3, 16, 16))
     assert {n.op_type for n in onnx.load_from_string(qop).graph.node} >= {"QLinearConv"}
     job = wait_for_job(client, submit(client, {}, (qop, "convs-qlinear.onnx")).get_json()["id"])
     assert_on_integer_kernels_like_onnxruntime(job, "QLinearConv/QLinearMatMul", 2, 25.0)
 
 
-def test_a_dynamically_quantized_model_runs_in_float_and_says_so(client, tmp_path):
-    """quantize_dynamic's ConvInteger (scales computed at run time; TVM's importer lacks it) runs as
-    the same arithmetic in float, listed on the page."""
+def built_int8(path, work) -> tuple:
+    """(import, the int8 variant, its executable, the int8 instructions in its code) of a
+    pre-quantized model, through the job's stages in this process."""
+    from webapp.options import JobOptions
+    from webapp.pipeline.stages.build import build_job
+    from webapp.pipeline.stages.importers import import_model
+    from webapp.pipeline.stages.inspect import host_code_module, instruction_counts
+    from webapp.pipeline.stages.optimize import optimize
+    from webapp.pipeline.stages.quantize.variants import quantize_job
+    from webapp.targets import get
+
+    target = get("x86-host")
+    model = import_model(path)
+    (work / "files").mkdir(parents=True, exist_ok=True)
+    optimized = optimize(model.mod, target, work)
+    quantized = quantize_job(model, target, JobOptions(), work, None, None, lambda f: None)
+    built = build_job(optimized.fused, quantized, target, None, work, lambda f: None, model.layers)
+    executable = built.executables["int8", False]
+    asm = host_code_module(executable).inspect_source("s")
+    mnemonic = int8_instruction("x86-host")
+    return model, quantized.variants[0], executable, instruction_counts(asm, [mnemonic]).get(mnemonic, 0)
+
+
+def against_onnxruntime(path, model, executable) -> dict:
+    from webapp.pipeline.stages import bench
+
+    inputs = bench.make_inputs(model.inputs, seed=7)
+    ours = bench.flatten_outputs(bench.tvm_runner(executable, inputs)())
+    theirs = bench.flatten_outputs(bench.onnxruntime_runner(path, inputs, 1)())
+    return bench.fidelity(ours, theirs, False)
+
+
+@pytest.mark.parametrize("form", ["QDQ", "QOperator"])
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_every_form_of_quantize_static_runs_on_integer_kernels_like_onnxruntime(
+    form, per_channel, activations, convs_model, tmp_path
+):
+    """ONNX Runtime's static quantizer in each of its forms and types: both convolutions run on the
+    int8 kernels, with the model's scales, as ONNX Runtime runs the file."""
+    path = tmp_path / "q.onnx"
+    ort_quantized(convs_model, path, form, "x", (1, 3, 16, 16), per_channel, activations)
+    model, variant, executable, int8_ops = built_int8(path, tmp_path)
+    assert model.prequantized["layers"] == 2 and len(variant.layers) == 2
+    assert int8_ops > 0
+    vs_ort = against_onnxruntime(path, model, executable)
+    assert vs_ort["cosine"] > 0.999 and vs_ort["sqnr_db"] > 25, vs_ort
+
+
+def test_weights_quantized_as_tensors_run_on_integer_kernels(tmp_path):
+    """The onnx package's light SqueezeNet writes its weights with ConstantOfShape, which ONNX
+    Runtime's quantize_static quantizes as activations (uint8, a zero point): its 26 convolutions
+    still run on the int8 kernels, their weights given symmetric int8 scales (counted: requantized)."""
+    light = Path(onnx.__file__).parent / "backend/test/data/light/light_squeezenet.onnx"
+    path = tmp_path / "squeezenet-qdq.onnx"
+    ort_quantized(light, path, "QDQ", "data_0", (1, 3, 224, 224))
+    model, variant, executable, int8_ops = built_int8(path, tmp_path)
+    pre = model.prequantized
+    assert (pre["layers"], pre["requantized"], len(variant.layers)) == (26, 26, 26)
+    assert int8_ops > 0
+    vs_ort = against_onnxruntime(path, model, executable)
+    assert vs_ort["degenerate"]  # a constant-weight model: its output is the same everywhere, and said so
+
+
+def test_a_dynamically_quantized_model_runs_on_integer_kernels_and_lists_its_lstm(client, tmp_path):
+    """quantize_dynamic's ConvInteger and MatMulInteger (activation scales computed at run time) run on
+    the int8 kernels with the model's weight scales and calibrated activation scales; its
+    DynamicQuantizeLSTM (an ONNX Runtime contrib operator) runs as a float LSTM, listed on the page."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     rng = np.random.default_rng(0)
-    weights = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b": rng.standard_normal(8) * 0.1}
+    weights = {
+        "w": rng.standard_normal((8, 3, 3, 3)) * 0.3,
+        "b": rng.standard_normal(8) * 0.1,
+        "shape": np.array([8, 1, 64]),
+        "fc": rng.standard_normal((64, 32)) * 0.2,
+        "lstm_w": rng.standard_normal((1, 64, 32)) * 0.2,
+        "lstm_r": rng.standard_normal((1, 64, 16)) * 0.2,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["c", "shape"], ["seq"], name="to_sequence"),  # 8 steps of 64
+        helper.make_node("MatMul", ["seq", "fc"], ["m"], name="fc"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        helper.make_node("LSTM", ["r", "lstm_w", "lstm_r"], ["y"], name="lstm", hidden_size=16),
+    ]
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])],
-        "conv",
+        nodes,
+        "conv-fc-lstm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 1, 1, 16])],
+        [
+            numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
+            for k, v in weights.items()
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    onnx.save(model, str(tmp_path / "conv.onnx"))
-    quantize_dynamic(
-        str(tmp_path / "conv.onnx"),
-        str(tmp_path / "dyn.onnx"),
-        weight_type=QuantType.QUInt8,
-        op_types_to_quantize=["Conv"],
-    )
-    dyn = (tmp_path / "dyn.onnx").read_bytes()
-    job = wait_for_job(client, submit(client, {}, (dyn, "conv-dynamic.onnx")).get_json()["id"])
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    quantize_dynamic(str(tmp_path / "model.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QUInt8)
+    dyn = onnx.load(str(tmp_path / "dyn.onnx"))
+    assert {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"} <= {n.op_type for n in dyn.graph.node}
+    job = wait_for_job(client, submit(client, {}, (dyn.SerializeToString(), "dynamic.onnx")).get_json()["id"])
     assert job["status"] == "done", job["error"]
-    pre = job["results"]["model"]["prequantized"]
-    assert pre["form"] == "dynamic (ConvInteger/MatMulInteger)" and pre["layers"] == 0
-    assert len(pre["in_float"]) == 1 and "run as a float Conv" in pre["in_float"][0]
-    vs_ort = next(f for f in job["results"]["fidelity"] if f["reference"] == "onnxruntime")
-    assert vs_ort["max_abs_err"] < 1e-5  # the same integer arithmetic, exact in float here
-    assert "run as a float Conv" in client.get(f"/r/{job['id']}").get_data(as_text=True)
+    r = job["results"]
+    pre = r["model"]["prequantized"]
+    assert (pre["layers"], pre["dynamic"], pre["requantized"]) == (2, 2, 2)  # uint8 weights: requantized
+    assert len(pre["in_float"]) == 1 and "run as a float LSTM" in pre["in_float"][0]
+    assert "calibrated" in r["quantization"]["calibration"]["source"]
+    assert r["instructions"][int8_instruction("x86-host")] > 0
+    vs_ort = next(f for f in r["fidelity"] if f["variant"] == "int8" and f["reference"] == "onnxruntime")
+    assert vs_ort["cosine"] > 0.999, vs_ort
+    assert "run as a float LSTM" in client.get(f"/r/{job['id']}").get_data(as_text=True)

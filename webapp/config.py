@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+# Several times what the corpus' largest models take on 2 cores (tests/corpus.py); a stage past its
+# budget is a runaway pass or a model too large for this machine.
+STAGE_BUDGETS_S = {"import": 600, "optimize": 900, "quantize": 1800, "build": 1800, "inspect": 900}
 
 
 def env_int(name: str, default: int) -> int:
@@ -39,6 +44,10 @@ class Config:
     output_limit_mb: int = 4096  # largest file the job may write
     bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     bench_budget_s: float = 2.0  # timing budget per runtime (ResNet-50: ~50 runs, a steady median)
+    # Time budgets of the stages (seconds; PLAYGROUND_STAGE_BUDGETS, JSON, overrides some): a stage
+    # past its budget ends the job, naming the stage and the pass it was in. The tune and benchmark
+    # stages keep to budgets of their own (trials, bench_budget_s).
+    stage_budgets_s: dict = field(default_factory=lambda: dict(STAGE_BUDGETS_S))
     unsandboxed: bool = False  # only for development where bubblewrap cannot run
     shipped_tuning_records: bool = True  # a new data folder starts from webapp/tuning_records
     # The device pool (webapp/devices): TVM's RPC tracker, and boards registered under a target's key.
@@ -89,6 +98,8 @@ class Config:
             nice=env_int("PLAYGROUND_JOB_NICE", c.nice),
             process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
             bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
+            stage_budgets_s=c.stage_budgets_s
+            | json.loads(os.environ.get("PLAYGROUND_STAGE_BUDGETS") or "{}"),
             unsandboxed=os.environ.get("PLAYGROUND_UNSANDBOXED") == "1",
             tracker=os.environ.get("PLAYGROUND_TRACKER") or c.tracker,
             tracker_bind=os.environ.get("PLAYGROUND_TRACKER_BIND") or None,

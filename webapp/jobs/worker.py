@@ -57,7 +57,11 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     copy_in(config, options.target, job_dir / "tuning")
     if stored.get("tuning_upload"):  # warm start from the records the user sent
         merge_database(job_dir / "input" / "tuning", job_dir / "tuning")
-    spec = {"options": options.to_json(), "bench_budget_s": config.bench_budget_s}
+    spec = {
+        "options": options.to_json(),
+        "bench_budget_s": config.bench_budget_s,
+        "stage_budgets_s": config.stage_budgets_s,
+    }
     if stored.get("calibration_data"):
         spec["calibration_data"] = "input/calibration.npz"
     example = EXAMPLES.get(stored.get("example") or "")
@@ -103,6 +107,9 @@ def close_progress(job_dir: Path, returncode: int, limit: str | None, paused_s: 
     message = (
         limit or (recorded or {}).get("message") or f"The pipeline process exited with code {returncode}."
     )
+    if limit:  # where the process was when a limit ended it: the stage, and the pass it was in
+        step = next((s.get("step") for s in stages if s.get("name") == stage and s.get("step")), None)
+        message += f" It was in the {stage} stage" + (f", in {step}." if step else ".")
     for s in stages:
         if s.get("status") == "running" or s.get("name") == stage:
             s["status"] = "failed"

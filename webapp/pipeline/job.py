@@ -6,6 +6,7 @@ job is given."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from webapp import timing_slot
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
+from webapp.pipeline import steps
 from webapp.pipeline.errors import error_message
 from webapp.pipeline.reports import facts
 from webapp.targets import Target
@@ -33,6 +35,7 @@ class Job:
     dataset: str | None  # labelled data of an example (accuracy, calibration)
     calibration_data: Path | None  # the user's .npz
     bench_budget_s: float
+    stage_budgets_s: dict  # stage -> its time budget (Config.stage_budgets_s)
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -45,6 +48,7 @@ class Job:
             spec.get("dataset"),
             job_dir / spec["calibration_data"] if spec.get("calibration_data") else None,
             float(spec.get("bench_budget_s", 3.0)),
+            {str(k): float(v) for k, v in (spec.get("stage_budgets_s") or {}).items()},
         )
 
 
@@ -79,8 +83,12 @@ def failed(exc: BaseException) -> str:
 class Progress:
     """progress.json: the stages' live status, as the job page shows it."""
 
-    def __init__(self, job_dir: Path, stages: tuple[str, ...], resume: bool = False):
+    def __init__(
+        self, job_dir: Path, stages: tuple[str, ...], resume: bool = False, budgets: dict | None = None
+    ):
         self.path = job_dir / "progress.json"
+        self.budgets = budgets or {}  # stage -> seconds it may run (the watchdog ends the job past it)
+        self.running = ""
         self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
         self.error = None
         if resume:  # a later process (the remote stage) goes on where the pipeline stopped
@@ -89,6 +97,32 @@ class Progress:
         self.last_write = 0.0
         self.lock = threading.Lock()  # a stage may report from a helper thread (tune.watch_dispatch)
         self.write()
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def watch(self) -> None:
+        """Every second: the step the running stage is in (steps.now) into progress.json, where the
+        worker reads it if the process dies (out of memory); and a stage past its time budget ends the
+        job at once, its message naming the stage, its budget and the step (the process exits: a pass
+        in TVM's C++ cannot be interrupted)."""
+        while True:
+            time.sleep(1.0)
+            name = self.running
+            if not name:
+                continue
+            stage, budget = self.stage(name), self.budgets.get(name)
+            if budget and time.monotonic() - self.started > budget:
+                where = f", in {steps.now}" if steps.now else ""
+                self.finish(
+                    name,
+                    "failed",
+                    f"The {name} stage ran past its time budget of {budget:g} s{where}, and the job was "
+                    "stopped: a pass that does not end on this model, or a model too large for this server "
+                    "(its operator can raise PLAYGROUND_STAGE_BUDGETS).",
+                )
+                os._exit(3)
+            if steps.now and stage.get("step") != steps.now:
+                stage["step"] = steps.now
+                self.write()
 
     def stage(self, name: str) -> dict:
         return next(s for s in self.stages if s["name"] == name)
@@ -120,7 +154,8 @@ class Progress:
         return out
 
     def start(self, name: str) -> None:
-        self.started = time.monotonic()
+        self.started, self.running = time.monotonic(), name
+        steps.set_step("")
         self.stage(name).update(status="running", progress=0.0)
         self.write()
 
@@ -138,6 +173,7 @@ class Progress:
         self.write()
 
     def finish(self, name: str, status: str = "done", error: str | None = None) -> None:
+        self.running = ""
         self.stage(name).update(
             status=status,
             seconds=round(time.monotonic() - self.started, 2),
@@ -164,7 +200,7 @@ class Context:
     def open(cls, job_dir: Path, stages: tuple[str, ...]) -> Context:
         job = Job.load(job_dir)
         target = get_target(job.options.target)
-        return cls(job, target, Results(job_dir), Progress(job_dir, stages))
+        return cls(job, target, Results(job_dir), Progress(job_dir, stages, budgets=job.stage_budgets_s))
 
     @property
     def dir(self) -> Path:

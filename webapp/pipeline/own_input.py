@@ -224,6 +224,7 @@ def run(run_dir: Path) -> dict:
         if classifier:
             row["top5"] = top5(mine[0][:1], spec.get("classes"))[0]
             row["top1"] = [int(i) for i in mine[0].argmax(1)]
+    kind = read_outputs(spec, run_dir, reference, outputs, rows)
     out_dir = run_dir / "files"
     out_dir.mkdir(exist_ok=True)
     saved = {f"{label}/{i}": a for label, arrays_ in outputs.items() for i, a in enumerate(arrays_)}
@@ -237,8 +238,35 @@ def run(run_dir: Path) -> dict:
         "prepared": how,
         "reference": reference,
         "classifier": bool(classifier),
+        **({"reading": kind} if kind else {}),
         "runtimes": rows,
     }
+
+
+def read_outputs(spec: dict, run_dir: Path, reference: str, outputs: dict, rows: list[dict]) -> str | None:
+    """Where the model says how to read its outputs (webapp.pipeline.reports.readings: a recognizer's
+    text, a detector's boxes), each runtime's `reading` of every input and, against the reference, how
+    many it reads the same; returns what was read ("text", "boxes"), None where nothing."""
+    from webapp.pipeline.reports.readings import MAX_SHOWN, agreement, reader
+
+    onnx_file = (spec.get("references") or {}).get("onnxruntime")
+    try:
+        read = reader(run_dir / onnx_file if onnx_file else None, spec["inputs"], outputs[reference])
+        if read is None:
+            return None
+        kind, of = read
+        readings = {label: of(outs) for label, outs in outputs.items()}
+    except Exception:  # noqa: BLE001 - a reading is an extra: the run stands without it
+        traceback.print_exc()
+        return None
+    for row in rows:
+        mine = readings.get(row["runtime"])
+        if mine is None:
+            continue
+        row["reading"] = mine[:MAX_SHOWN]
+        if "against" in row:
+            row["against"]["reading"] = agreement(kind, mine, readings[reference])
+    return kind
 
 
 def main(run_dir: Path) -> int:

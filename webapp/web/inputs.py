@@ -118,6 +118,17 @@ def clean_result(result: dict) -> dict:
             if isinstance(i, dict)
         ]
 
+    kind = result.get("reading") if result.get("reading") in ("text", "boxes") else None
+
+    def reading(xs) -> list:  # each input's text, or its boxes [x0, y0, x1, y1]
+        if kind == "text":
+            return [text(x) for x in items(xs, 200)]
+        return [
+            [[int(v) for v in b] for b in items(boxes, 200) if isinstance(b, list) and len(b) == 4
+             and all(isinstance(v, int) for v in b)]
+            for boxes in items(xs, 200)
+        ]  # fmt: skip
+
     rows = []
     for row in items(result.get("runtimes"), 8):
         if not isinstance(row, dict):
@@ -135,8 +146,10 @@ def clean_result(result: dict) -> dict:
                 "against": {
                     k: number(against.get(k)) for k in ("max_abs_err", "cosine", "sqnr_db", "top1_agree")
                 }
-                | {"reference": text(against.get("reference")), "error": text(against.get("error"))},
+                | {"reference": text(against.get("reference")), "error": text(against.get("error"))}
+                | agreement(against.get("reading")),
             }
+            | ({"reading": reading(row.get("reading"))} if kind and "reading" in row else {})
         )
     return {
         "inputs": shapes(result.get("inputs")),
@@ -144,8 +157,18 @@ def clean_result(result: dict) -> dict:
         "prepared": text(result.get("prepared")),
         "reference": text(result.get("reference")),
         "classifier": result.get("classifier") is True,
+        **({"reading": kind} if kind else {}),
         "runtimes": rows,
     }
+
+
+def agreement(reading) -> dict:
+    """How a runtime's reading agrees with the reference's (webapp.pipeline.reports.readings.agreement)."""
+    if not isinstance(reading, dict):
+        return {}
+    counts = {k: reading[k] for k in ("lines", "lines_same", "boxes", "reference_boxes") if k in reading}
+    ious = {k: number(reading.get(k)) for k in ("mean_iou", "min_iou") if k in reading}
+    return {"reading": {k: v for k, v in counts.items() if type(v) is int} | ious}
 
 
 bp = Blueprint("inputs", __name__)

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax, te
 
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
+from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.passes.winograd import winograd
 from webapp.targets import Target
 
@@ -79,5 +80,6 @@ def multiply_by_int32_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def fuse(mod: tvm.IRModule, target: Target, trace=None) -> tvm.IRModule:
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
     without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
-    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[trace] if trace else []):
+    instruments = [RunningPass(), *([trace] if trace else [])]
+    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=instruments):
         return tvm.transform.Sequential(legalize_passes(target))(mod)

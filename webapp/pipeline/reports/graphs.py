@@ -145,19 +145,31 @@ def graph_dot(graph: dict, title: str) -> str:
     return "\n".join(lines)
 
 
-def render_svg(dot_source: str, out: Path) -> bool:
-    """Graphviz `dot -Tsvg`; returns False (and the page shows the JSON graph only) if dot is missing."""
+MAX_DRAWN_NODES = 1500  # Graphviz lays out a graph this size in about a minute; 2,000 took over 4
+DRAW_TIMEOUT_S = 90
+
+
+def render_svg(graph: dict, title: str, out: Path) -> str | None:
+    """Graphviz `dot -Tsvg` of a graph; None when drawn, else why not (the page then links the graph's
+    JSON): too many nodes to lay out in time, dot took too long, or dot is missing."""
+    if len(graph["nodes"]) > MAX_DRAWN_NODES:
+        return (
+            f"{len(graph['nodes']):,} nodes, more than the {MAX_DRAWN_NODES:,} Graphviz lays out in a "
+            "minute or two: not drawn"
+        )
     try:
         subprocess.run(
             ["dot", "-Tsvg", "-o", str(out)],
-            input=dot_source.encode(),
+            input=graph_dot(graph, title).encode(),
             check=True,
             capture_output=True,
-            timeout=300,
+            timeout=DRAW_TIMEOUT_S,
         )
-        return True
+        return None
+    except subprocess.TimeoutExpired:
+        return f"Graphviz took more than {DRAW_TIMEOUT_S} s to lay it out: not drawn"
     except (OSError, subprocess.SubprocessError):
-        return False
+        return "Graphviz was not available to draw this graph"
 
 
 def op_counts(graph: dict) -> dict[str, int]:
@@ -198,11 +210,12 @@ def draw_graphs(
             continue
         graph = drawn[key]
         (views / f"graph-{key}.json").write_text(json.dumps(graph))
-        svg_ok = render_svg(graph_dot(graph, title), files / f"graph-{key}.svg")
+        not_drawn = render_svg(graph, title, files / f"graph-{key}.svg")
         graphs[key] = {
             "nodes": len(graph["nodes"]),
             "edges": len(graph["edges"]),
-            "svg": f"graph-{key}.svg" if svg_ok else None,
+            "svg": f"graph-{key}.svg" if not_drawn is None else None,
+            **({"not_drawn": not_drawn} if not_drawn else {}),
             "json": f"graph-{key}.json",  # in views/, served as /r/<id>/graph-<key>.json
             "ops": op_counts(graph),
         }

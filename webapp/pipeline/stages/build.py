@@ -17,11 +17,13 @@ from tvm import relax
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes import lowering
 from webapp.pipeline.passes.legalize import fuse
+from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.reports.memory import footprint
 from webapp.pipeline.rules import schedules
 from webapp.pipeline.rules.schedules import PREPACK
 from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
+from webapp.pipeline.steps import set_step
 from webapp.targets import Target
 
 
@@ -34,7 +36,7 @@ def schedule(
 ) -> tuple[tvm.IRModule, dict[str, str]]:
     """The fused module lowered for the VM, and each kernel's schedule label. With `keep_tuned`, only
     those kernels take their record; the others go to the default rules."""
-    with target.tvm, tvm.transform.PassContext(opt_level=3):
+    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[RunningPass()]):
         mod = fused
         if tuning_dir is not None:
             with open_database(tuning_dir)[0]:
@@ -186,6 +188,7 @@ def failing_kernels(lowered: tvm.IRModule, target: Target) -> dict[str, str]:
 def build(lowered: tvm.IRModule, target: Target, out: Path | None):
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None. A
     build TVM fails raises KernelBuildError naming the kernels that fail, where it finds them."""
+    set_step("tvm.compile: the kernels lowered and compiled by LLVM")
     try:
         executable = tvm.compile(
             lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE

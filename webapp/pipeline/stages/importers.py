@@ -21,6 +21,7 @@ from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
+from webapp.pipeline.steps import set_step
 from webapp.targets import target_json
 
 
@@ -34,6 +35,9 @@ class TensorSpec:
     def to_json(self) -> dict:
         out = {"name": self.name, "shape": self.shape, "dtype": self.dtype}
         return out | ({"values": vars(self.values)} if self.values else {})
+
+
+PREQUANTIZED_SHOWN = ("form", "layers", "in_float", "requantized", "dynamic")  # in the result JSON
 
 
 @dataclass
@@ -61,7 +65,7 @@ class ImportedModel:
             "outputs": [s.to_json() for s in self.outputs],
             "param_count": self.param_count,
             "framework_ops": self.framework_ops,
-        } | ({"prequantized": {k: pre[k] for k in ("form", "layers", "in_float")}} if pre else {})
+        } | ({"prequantized": {k: pre[k] for k in PREQUANTIZED_SHOWN if k in pre}} if pre else {})
 
 
 def import_model(
@@ -240,6 +244,7 @@ def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
     check_onnx_ops_supported(sorted(ops))
     # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
     layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & ops, clip_op=pre is not None)
+    set_step("TVM's ONNX importer")
     with layers.onnx(), more_operators():
         mod = from_onnx(
             model,
@@ -315,7 +320,9 @@ def prequantized_by_var(pre, tensors: dict[str, str], layer_of: dict[str, str]) 
             weights[var] = scales.tolist()
     acts = {tensors[t]: p for t, p in pre.acts.items() if t in tensors}
     layers = len({layer_of[v] for v in weights})
-    return {"form": pre.form, "acts": acts, "weights": weights, "layers": layers, "in_float": pre.in_float}
+    out = {"form": pre.form, "acts": acts, "weights": weights, "layers": layers, "in_float": pre.in_float}
+    counts = {"requantized": pre.requantized, "dynamic": pre.dynamic}
+    return out | {k: n for k, n in counts.items() if n}
 
 
 class SourceLayers:

@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.steps import set_step
 
 # What makes a graph worth folding: shape arithmetic and branches
 FOLD_OPS = {"Shape", "Size", "If"}
@@ -56,6 +57,7 @@ def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray])
     """(the folded model, what folding did, for the page), or the model as it was and why not."""
     import onnxslim
 
+    set_step("onnxslim: the ONNX graph's shape arithmetic folded")
     started = time.perf_counter()
     before = Counter(n.op_type for n in model.graph.node)
     inputs = list(model.graph.input)

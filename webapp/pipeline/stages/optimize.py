@@ -13,6 +13,7 @@ from tvm import relax
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
+from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.passes.tvm_gaps import around_tvm_gaps
 from webapp.pipeline.reports.graphs import draw_graphs
 from webapp.pipeline.stages.onnx_fold import fold_text
@@ -120,7 +121,7 @@ def optimize(
     pass_dir = job_dir / "views" / "passes"
     pass_dir.mkdir(parents=True, exist_ok=True)
     capture, trace = CaptureTopLevelPasses(), FusionTrace(mod, layer_of or {})
-    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace]):
+    with target.tvm, tvm.transform.PassContext(opt_level=3, instruments=[capture, trace, RunningPass()]):
         pipeline = legalize_passes(target) + target.lower_passes()
         try:
             lowered = tvm.transform.Sequential(pipeline, name="_pipeline")(canonical(mod))

@@ -31,6 +31,8 @@ class PreQuantized:
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # float weight -> its scales (per channel)
     inputs: dict[str, list[str]] = field(default_factory=dict)  # node name -> its input tensors
     in_float: list[str] = field(default_factory=list)  # what runs in float: ops and why
+    requantized: int = 0  # weights quantized asymmetrically, given symmetric int8 scales here
+    dynamic: int = 0  # layers quantized at run time (quantize_dynamic): their activations calibrated here
 
     def to_json(self) -> dict:
         return {
@@ -61,6 +63,7 @@ def dequantized(model):
     form = form or "dynamic (ConvInteger/MatMulInteger)"
     pre = PreQuantized(form)
     to_qdq(model)
+    dynamic_to_float(model, pre)
     pre.in_float += conv_integer_in_float(model)
     for i, node in enumerate(graph.node):  # every node named: the layers are told apart by name
         node.name = node.name or f"{node.op_type}_{i}"
@@ -68,11 +71,18 @@ def dequantized(model):
     producers = {o: n for n in graph.node for o in n.output}
 
     def constant(name: str):
+        """The value of a tensor the graph holds as a constant: an initializer, a Constant, or a
+        ConstantOfShape of a constant shape (how some exporters write weights)."""
         if name in inits:
             return inits[name]
         node = producers.get(name)
         if node is not None and node.op_type == "Constant":
             return numpy_helper.to_array(node.attribute[0].t)
+        if node is not None and node.op_type == "ConstantOfShape":
+            shape = constant(node.input[0])
+            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+            if shape is not None and np.prod(shape) <= 1 << 26:
+                return np.full(shape.astype(np.int64), 0.0 if fill is None else fill.item(), np.float32)
         return None
 
     keep, added = [], []
@@ -82,12 +92,19 @@ def dequantized(model):
             q, scale = constant(node.input[0]), constant(node.input[1])
             zp = constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            source = quantizers.get(node.input[0])
+            if q is None and source is not None and scale is not None:  # a constant quantized as a tensor
+                x = constant(source.input[0])
+                q = None if x is None else quantize(x, scale, zp, axis)
             if q is not None and scale is not None:  # a weight or a bias: the constant in float
-                added.append(numpy_helper.from_array(dequantize(q, scale, zp, axis), node.output[0]))
+                value = dequantize(q, scale, zp, axis)
+                added.append(numpy_helper.from_array(value, node.output[0]))
                 if q.dtype == np.int8 and (zp is None or not np.any(zp)):
                     pre.weights[node.output[0]] = np.atleast_1d(scale).astype(np.float64)
+                elif q.dtype in (np.int8, np.uint8):  # asymmetric: symmetric int8 for the integer kernels
+                    pre.weights[node.output[0]] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
+                    pre.requantized += 1
                 continue
-            source = quantizers.get(node.input[0])
             if source is not None and scale is not None and np.size(scale) == 1:
                 x = source.input[0]
                 zp_value = int(zp) if zp is not None else 0
@@ -120,6 +137,20 @@ def dequantized(model):
     return model, pre
 
 
+def quantize(x: np.ndarray, scale, zp, axis: int) -> np.ndarray:
+    """QuantizeLinear of a constant: x / scale rounded to even, plus the zero point, saturated to its
+    8 bits (uint8 where no zero point says otherwise)."""
+    dtype = np.dtype(zp.dtype) if zp is not None else np.dtype(np.uint8)
+    scale = np.asarray(scale, np.float64)
+    zp = np.zeros_like(scale) if zp is None else np.asarray(zp, np.float64)
+    if scale.ndim == 1 and scale.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = scale.size
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(x / scale) + zp, info.min, info.max).astype(dtype)
+
+
 def dequantize(q: np.ndarray, scale: np.ndarray, zp, axis: int) -> np.ndarray:
     q = q.astype(np.float64)
     scale = np.asarray(scale, np.float64)
@@ -129,6 +160,105 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zp, axis: int) -> np.ndarray:
         shape[axis] = scale.size
         scale, zp = scale.reshape(shape), zp.reshape(shape)
     return ((q - zp) * scale).astype(np.float32)
+
+
+def dynamic_to_float(model, pre: PreQuantized) -> None:
+    """quantize_dynamic's layers as float layers with the model's weight scales: DynamicQuantizeLinear(x)
+    -> MatMulInteger / ConvInteger(x_q, w_q) -> Cast -> Mul(x_scale * w_scale) becomes MatMul / Conv(x,
+    w) with w the dequantized weights, and DynamicQuantizeLSTM (ONNX Runtime's contrib operator) an LSTM
+    with its weights dequantized. The integer kernels then take the weights' scales, and the activations'
+    (which the model computes on each run) are calibrated like a float model's."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def only(tensor: str, op: str):
+        users = consumers.get(tensor, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op else None
+
+    def weights(q: str, scale: str, zp: str | None, axis: int, name: str):
+        """The float weights of a quantized constant, added as `name`, with their int8 scales."""
+        if q not in inits or scale not in inits or (zp and zp not in inits):
+            return None
+        zero = inits[zp] if zp else None
+        value = dequantize(inits[q], inits[scale], zero, axis)
+        if inits[q].dtype == np.int8 and (zero is None or not np.any(zero)):
+            pre.weights[name] = np.atleast_1d(inits[scale]).astype(np.float64)
+        else:
+            pre.weights[name] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
+            pre.requantized += 1
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    replaced, out = {}, []  # node id -> its float replacement (None: removed)
+    for node in graph.node:
+        if node.op_type in INTEGER_OPS:
+            dq = producers.get(node.input[0])
+            cast = only(node.output[0], "Cast")
+            mul = cast and only(cast.output[0], "Mul")
+            scales = mul and producers.get(next(i for i in mul.input if i != cast.output[0]))
+            if not (dq and dq.op_type == "DynamicQuantizeLinear" and scales and scales.op_type == "Mul"):
+                continue
+            w_scale = next((i for i in scales.input if i != dq.output[1]), "")
+            zp = node.input[3] if len(node.input) > 3 else None
+            axis = 0 if node.op_type == "ConvInteger" else 1
+            w = weights(node.input[1], w_scale, zp, axis, f"{node.name or node.output[0]}_w")
+            if w is None:
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            op = "Conv" if node.op_type == "ConvInteger" else "MatMul"
+            replaced[id(node)] = helper.make_node(
+                op, [dq.input[0], w], [mul.output[0]], name=node.name, **attrs
+            )
+            replaced[id(cast)] = replaced[id(mul)] = None
+            pre.dynamic += 1
+        elif node.op_type == "DynamicQuantizeLSTM":
+            x, wq, rq, *rest = list(node.input) + [""] * (12 - len(node.input))
+            name = node.name or node.output[0]
+            if any(t not in inits for t in (wq, rq, *rest[5:9])):
+                continue
+            w, r = f"{name}_W", f"{name}_R"
+            for q, scale, zp, t in ((wq, rest[5], rest[6], w), (rq, rest[7], rest[8], r)):
+                d = inits[q].shape[0]  # [directions, input, 4 * hidden], scales per direction or gate
+                value = (inits[q].astype(np.float64) - inits[zp].reshape(d, 1, -1)) * inits[scale].reshape(
+                    d, 1, -1
+                )
+                value = value.astype(np.float32).transpose(0, 2, 1)  # LSTM's [directions, 4 * hidden, input]
+                graph.initializer.append(numpy_helper.from_array(value, t))
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            inputs = [x, w, r, *rest[:5]]
+            while inputs and not inputs[-1]:
+                inputs.pop()
+            replaced[id(node)] = helper.make_node("LSTM", inputs, list(node.output), name=node.name, **attrs)
+            pre.in_float.append(f"DynamicQuantizeLSTM {name}: run as a float LSTM, its weights dequantized")
+    for node in graph.node:
+        new = replaced.get(id(node), node)
+        if new is not None:
+            out.append(new)
+    del graph.node[:]
+    graph.node.extend(out)
+    remove_dead(graph)
+
+
+def remove_dead(graph) -> None:
+    """Nodes none of whose outputs is used (the quantizers a rewrite left behind)."""
+    while True:
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        for n in graph.node:  # a branch's inputs from the outer graph
+            for a in n.attribute:
+                if a.g is not None:
+                    used |= {i for m in a.g.node for i in m.input}
+        live = [n for n in graph.node if any(o in used for o in n.output)]
+        if len(live) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(live)
 
 
 def to_qdq(model) -> None:

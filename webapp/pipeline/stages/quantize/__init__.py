@@ -18,6 +18,7 @@ from tvm import relax
 
 from webapp.options import JobOptions
 from webapp.pipeline.passes.rewrites import DESIRED
+from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
@@ -110,7 +111,7 @@ def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
     convs = [b.value for b in bindings(mod["main"]) if op_name(b.value) == "relax.nn.conv2d"]
     if not convs or any(str(c.args[0].ty.dtype) == "float32" for c in convs):
         return mod
-    with tvm.transform.PassContext(opt_level=3):
+    with tvm.transform.PassContext(opt_level=3, instruments=[RunningPass()]):
         try:
             converted = relax.transform.ConvertLayout(DESIRED)(mod)  # conv2d_transpose stays NCHW
         except Exception:  # noqa: BLE001 - the model stays in NCHW
@@ -177,7 +178,7 @@ def observe(
     from webapp.pipeline.stages.build import compile_relax
     from webapp.pipeline.stages.optimize import canonical
 
-    with tvm.transform.PassContext(opt_level=3):
+    with tvm.transform.PassContext(opt_level=3, instruments=[RunningPass()]):
         module = relax.transform.ToNonDataflow()(canonical(mod))
     func = module["main"]
     layers = find_layers(func)
@@ -191,7 +192,8 @@ def observe(
         for layer in layers:
             scales = prequantized["weights"].get(layer.head.name)
             layer.given_scale = None if scales is None else np.asarray(scales, np.float64)
-            layer.quantized = layer.quantized and scales is not None and layer.data in given
+            calibrated = prequantized.get("dynamic")  # scales the model computes at run time: calibrated
+            layer.quantized = layer.quantized and scales is not None and (layer.data in given or calibrated)
     quantized = [layer for layer in layers if layer.quantized]
     if not quantized:
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")

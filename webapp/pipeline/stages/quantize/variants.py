@@ -111,7 +111,12 @@ def quantize_job(
     pre = (model.prequantized or {}).get("layers") and model.prequantized  # one int8 variant on its scales
     variants = [("int8", replace(options, quantize="int8"))] if pre else variant_options(options)
     samples, source = calibration_samples(model, calibration_data, dataset)
-    if pre:
+    if pre and pre.get("dynamic"):
+        source = (
+            f"the model's weight scales (pre-quantized, {pre['form']}); its activations' scales, which it "
+            f"computes on each run, calibrated on {source}"
+        )
+    elif pre:
         source = f"none: the model's own scales (pre-quantized, {pre['form']}); error measured on {source}"
     # The float run, once for all the variants (only its first input when nothing calibrates).
     calibrating = any(o.calibration != "global" for _, o in variants)
