@@ -83,7 +83,8 @@ def test_a_paddle_text_recognizer_is_folded_before_import_and_reads_as_onnx_runt
     read_right = sum(a == b for a, b in zip(rows["ONNX Runtime"]["reading"], texts, strict=True))
     assert read_right >= 18  # a real task: ONNX Runtime reads the lines (all 20 here)
     for runtime in ("TVM fp32", "TVM int8"):
-        assert rows[runtime]["against"]["reading"] == {"lines": 20, "lines_same": 20}, rows[runtime]
+        reading = rows[runtime]["against"]["reading"]
+        assert (reading["lines"], reading["lines_same"]) == (20, 20), rows[runtime]
     page = client.get(run["page"]).get_data(as_text=True)
     assert 'id="input-readings"' in page and "20 of 20 lines" in page
     folded = job["results"]["model"]["folded"]

@@ -45,6 +45,8 @@ POLL_S = 0.05
 # struct flock on Linux (x86-64 and aarch64): short l_type, l_whence; off_t l_start, l_len; pid_t l_pid
 FLOCK = "hhqqi4x"
 _holding = False  # whether this process holds the slot now
+waited_s = 0.0  # how long this process has waited for the slot, in all (a stage's budget leaves it out)
+waiting_since: float | None = None  # time.monotonic() when the wait going on now began
 
 
 def prepare(path: Path) -> Path | None:
@@ -102,7 +104,7 @@ def take(fd: int, wait_s: float) -> bool:
 def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
     """`with hold("benchmark"): ...` times with the machine to itself; where no slot is configured
     (a script, a test outside a worker) it only runs the block."""
-    global _holding
+    global _holding, waited_s, waiting_since
     path = os.environ.get(ENV)
     if not path or _holding:  # nested in a phase that holds it already (closing its file would free it)
         yield
@@ -120,9 +122,13 @@ def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
         return
     _holding = True
     try:
-        asked = time.monotonic()
-        held = take(fd, wait_s)
+        asked = waiting_since = time.monotonic()
+        try:
+            held = take(fd, wait_s)
+        finally:
+            waiting_since = None
         waited = time.monotonic() - asked
+        waited_s += waited
         if held:
             time.sleep(SETTLE_S)
         start = time.time()

@@ -88,12 +88,12 @@ class Progress:
     ):
         self.path = job_dir / "progress.json"
         self.budgets = budgets or {}  # stage -> seconds it may run (the watchdog ends the job past it)
-        self.running = ""
+        self.running = ""  # the stage running now: the one whose budget the watchdog (watch) checks
         self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
         self.error = None
         if resume:  # a later process (the remote stage) goes on where the pipeline stopped
             self.stages = json.loads(self.path.read_text())["stages"]
-        self.started = 0.0
+        self.started = self.stopped = self.waited_before = 0.0  # the running stage's (stage_seconds)
         self.last_write = 0.0
         self.lock = threading.Lock()  # a stage may report from a helper thread (tune.watch_dispatch)
         self.write()
@@ -104,25 +104,49 @@ class Progress:
         worker reads it if the process dies (out of memory); and a stage past its time budget ends the
         job at once, its message naming the stage, its budget and the step (the process exits: a pass
         in TVM's C++ cannot be interrupted)."""
+        last = time.monotonic()
         while True:
             time.sleep(1.0)
-            name = self.running
-            if not name:
-                continue
-            stage, budget = self.stage(name), self.budgets.get(name)
-            if budget and time.monotonic() - self.started > budget:
-                where = f", in {steps.now}" if steps.now else ""
-                self.finish(
-                    name,
-                    "failed",
-                    f"The {name} stage ran past its time budget of {budget:g} s{where}, and the job was "
-                    "stopped: a pass that does not end on this model, or a model too large for this server "
-                    "(its operator can raise PLAYGROUND_STAGE_BUDGETS).",
-                )
-                os._exit(3)
-            if steps.now and stage.get("step") != steps.now:
+            now = time.monotonic()
+            if now - last > 3.0:  # the process was stopped (another job timing): not the stage's time
+                self.stopped += now - last - 1.0
+            last = now
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watch goes on (a write that failed is retried)
+                traceback.print_exc()
+
+    def stage_seconds(self) -> float:
+        """The running stage's own time: less what this process spent stopped, or waiting for the
+        machine's timing slot while other jobs timed."""
+        now = time.monotonic()
+        waiting = timing_slot.waited_s - self.waited_before
+        waiting += now - timing_slot.waiting_since if timing_slot.waiting_since is not None else 0.0
+        return now - self.started - self.stopped - waiting
+
+    def check(self) -> None:
+        name = self.running
+        if not name:
+            return
+        budget = self.budgets.get(name)
+        if budget and self.stage_seconds() > budget:
+            where = f", in {steps.now}" if steps.now else ""
+            with self.lock:
+                if self.running != name:  # it ended meanwhile
+                    return
+            self.finish(
+                name,
+                "failed",
+                f"The {name} stage ran past its time budget of {budget:g} s{where}, and the job was "
+                "stopped: a pass that does not end on this model, or a model too large for this server "
+                "(its operator can raise PLAYGROUND_STAGE_BUDGETS).",
+            )
+            os._exit(3)
+        stage = self.stage(name)
+        if steps.now and stage.get("step") != steps.now:
+            with self.lock:
                 stage["step"] = steps.now
-                self.write()
+            self.write()
 
     def stage(self, name: str) -> dict:
         return next(s for s in self.stages if s["name"] == name)
@@ -154,8 +178,9 @@ class Progress:
         return out
 
     def start(self, name: str) -> None:
-        self.started, self.running = time.monotonic(), name
         steps.set_step("")
+        self.started, self.stopped, self.waited_before = time.monotonic(), 0.0, timing_slot.waited_s
+        self.running = name
         self.stage(name).update(status="running", progress=0.0)
         self.write()
 

@@ -224,7 +224,7 @@ def run(run_dir: Path) -> dict:
         if classifier:
             row["top5"] = top5(mine[0][:1], spec.get("classes"))[0]
             row["top1"] = [int(i) for i in mine[0].argmax(1)]
-    kind = read_outputs(spec, run_dir, reference, outputs, rows)
+    kind = read_outputs(spec, run_dir, [list(a.shape) for a in runs[0]], reference, outputs, rows)
     out_dir = run_dir / "files"
     out_dir.mkdir(exist_ok=True)
     saved = {f"{label}/{i}": a for label, arrays_ in outputs.items() for i, a in enumerate(arrays_)}
@@ -243,29 +243,35 @@ def run(run_dir: Path) -> dict:
     }
 
 
-def read_outputs(spec: dict, run_dir: Path, reference: str, outputs: dict, rows: list[dict]) -> str | None:
+def read_outputs(
+    spec: dict, run_dir: Path, shapes: list[list[int]], reference: str, outputs: dict, rows: list[dict]
+) -> str | None:
     """Where the model says how to read its outputs (webapp.pipeline.reports.readings: a recognizer's
     text, a detector's boxes), each runtime's `reading` of every input and, against the reference, how
-    many it reads the same; returns what was read ("text", "boxes"), None where nothing."""
+    many it reads the same; returns what was read ("text", "boxes"), None where nothing. `shapes`: one
+    run's input shapes. A runtime whose outputs cannot be read so just has no reading."""
     from webapp.pipeline.reports.readings import MAX_SHOWN, agreement, reader
 
     onnx_file = (spec.get("references") or {}).get("onnxruntime")
     try:
-        read = reader(run_dir / onnx_file if onnx_file else None, spec["inputs"], outputs[reference])
+        read = reader(run_dir / onnx_file if onnx_file else None, shapes, outputs[reference])
         if read is None:
             return None
         kind, of = read
-        readings = {label: of(outs) for label, outs in outputs.items()}
+        wanted = of(outputs[reference])
     except Exception:  # noqa: BLE001 - a reading is an extra: the run stands without it
         traceback.print_exc()
         return None
     for row in rows:
-        mine = readings.get(row["runtime"])
-        if mine is None:
+        if row["runtime"] not in outputs:
             continue
-        row["reading"] = mine[:MAX_SHOWN]
-        if "against" in row:
-            row["against"]["reading"] = agreement(kind, mine, readings[reference])
+        try:
+            mine = wanted if row["runtime"] == reference else of(outputs[row["runtime"]])
+            row["reading"] = mine[:MAX_SHOWN]
+            if "against" in row:
+                row["against"]["reading"] = agreement(kind, mine, wanted)
+        except Exception:  # noqa: BLE001 - outputs of another shape than the reference's
+            traceback.print_exc()
     return kind
 
 

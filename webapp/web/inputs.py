@@ -166,9 +166,11 @@ def agreement(reading) -> dict:
     """How a runtime's reading agrees with the reference's (webapp.pipeline.reports.readings.agreement)."""
     if not isinstance(reading, dict):
         return {}
-    counts = {k: reading[k] for k in ("lines", "lines_same", "boxes", "reference_boxes") if k in reading}
-    ious = {k: number(reading.get(k)) for k in ("mean_iou", "min_iou") if k in reading}
-    return {"reading": {k: v for k, v in counts.items() if type(v) is int} | ious}
+    counts = {k: reading.get(k) for k in ("lines", "lines_same", "boxes", "reference_boxes")}
+    return {
+        "reading": {k: v if type(v) is int else None for k, v in counts.items()}
+        | {k: number(reading.get(k)) for k in ("mean_iou", "min_iou")}
+    }
 
 
 bp = Blueprint("inputs", __name__)

@@ -6,7 +6,6 @@ input image, a probability per pixel) as the regions above DB's threshold."""
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -23,26 +22,20 @@ def characters(onnx_path: Path) -> list[str] | None:
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     listed = next((p.value for p in model.metadata_props if p.key == "character"), None)
-    return None if not listed else ["", *listed.split("\n"), " "]
+    return None if not listed else ["", *(c.rstrip("\r") for c in listed.split("\n")), " "]
 
 
-def reader(onnx_path: Path | None, inputs: list[dict], outputs: list[np.ndarray]):
-    """("text" or "boxes", a function of the outputs giving each input's reading), or None for a model
-    whose outputs this cannot read."""
+def reader(onnx_path: Path | None, shapes: list[list[int]], outputs: list[np.ndarray]):
+    """("text" or "boxes", a function of a runtime's outputs giving each input's reading), or None for
+    a model whose outputs this cannot read. `shapes`: the model's inputs' shapes in one run."""
     first = outputs[0] if outputs else None
     if first is None:
         return None
     chars = characters(onnx_path) if onnx_path is not None else None
     if chars and first.ndim == 3 and first.shape[-1] == len(chars):
         return "text", lambda outs: [ctc_greedy(row, chars) for row in outs[0]]
-    shape = inputs[0]["shape"] if len(inputs) == 1 else None
-    if (
-        shape
-        and len(shape) == 4
-        and first.ndim == 4
-        and first.shape[1] == 1
-        and list(first.shape[2:]) == shape[2:]
-    ):
+    image = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 4 else None
+    if image and first.ndim == 4 and first.shape[1] == 1 and list(first.shape[2:]) == image[2:]:
         if np.all((first >= 0) & (first <= 1)):
             return "boxes", lambda outs: [regions(m[0] > BOX_THRESHOLD) for m in outs[0]]
     return None
@@ -59,25 +52,15 @@ def ctc_greedy(scores: np.ndarray, chars: list[str]) -> str:
 def regions(mask: np.ndarray) -> list[list[int]]:
     """The bounding boxes [x0, y0, x1, y1] (x1, y1 exclusive) of the 8-connected regions of a mask,
     largest first, those under MIN_BOX_PIXELS left out."""
-    seen = np.zeros_like(mask, bool)
-    h, w = mask.shape
-    boxes = []
-    for y, x in zip(*np.nonzero(mask), strict=True):
-        if seen[y, x]:
-            continue
-        seen[y, x] = True
-        queue, pixels, x0, y0, x1, y1 = deque([(y, x)]), 0, x, y, x, y
-        while queue:
-            cy, cx = queue.popleft()
-            pixels += 1
-            x0, y0, x1, y1 = min(x0, cx), min(y0, cy), max(x1, cx), max(y1, cy)
-            for ny in (cy - 1, cy, cy + 1):
-                for nx in (cx - 1, cx, cx + 1):
-                    if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
-                        seen[ny, nx] = True
-                        queue.append((ny, nx))
-        if pixels >= MIN_BOX_PIXELS:
-            boxes.append((pixels, [int(x0), int(y0), int(x1) + 1, int(y1) + 1]))
+    from scipy import ndimage
+
+    labels, count = ndimage.label(mask, structure=np.ones((3, 3), bool))
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    boxes = [
+        (int(sizes[i + 1]), [s[1].start, s[0].start, s[1].stop, s[0].stop])
+        for i, s in enumerate(ndimage.find_objects(labels))
+        if s is not None and sizes[i + 1] >= MIN_BOX_PIXELS
+    ]
     return [b for _, b in sorted(boxes, key=lambda p: -p[0])[:MAX_BOXES]]
 
 

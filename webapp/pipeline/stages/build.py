@@ -23,7 +23,7 @@ from webapp.pipeline.rules import schedules
 from webapp.pipeline.rules.schedules import PREPACK
 from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
-from webapp.pipeline.steps import set_step
+from webapp.pipeline.steps import step
 from webapp.targets import Target
 
 
@@ -188,18 +188,19 @@ def failing_kernels(lowered: tvm.IRModule, target: Target) -> dict[str, str]:
 def build(lowered: tvm.IRModule, target: Target, out: Path | None):
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None. A
     build TVM fails raises KernelBuildError naming the kernels that fail, where it finds them."""
-    set_step("tvm.compile: the kernels lowered and compiled by LLVM")
     try:
-        executable = tvm.compile(
-            lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE
-        )
+        with step("tvm.compile: the kernels lowered and compiled by LLVM"):
+            executable = tvm.compile(
+                lowered, target=target.tvm, relax_pipeline=None, tir_pipeline=lowering.PIPELINE
+            )
     except Exception:
         failed = failing_kernels(lowered, target)
         if failed:
             raise KernelBuildError(failed, schedules.labels(lowered)) from None
         raise
     if out is not None:
-        export(executable, target, out)
+        with step("the library exported (linked)"):
+            export(executable, target, out)
     return executable
 
 

@@ -21,7 +21,7 @@ from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
-from webapp.pipeline.steps import set_step
+from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
 
@@ -244,8 +244,7 @@ def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
     check_onnx_ops_supported(sorted(ops))
     # A branch (If, Loop, Scan) is converted into the same block builder: nothing is emitted early there.
     layers = SourceLayers(emit=not {"If", "Loop", "Scan"} & ops, clip_op=pre is not None)
-    set_step("TVM's ONNX importer")
-    with layers.onnx(), more_operators():
+    with step("TVM's ONNX importer"), layers.onnx(), more_operators():
         mod = from_onnx(
             model,
             shape_dict={s.name: s.shape for s in inputs},

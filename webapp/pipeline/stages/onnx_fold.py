@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 
 from webapp.pipeline.errors import StageError
-from webapp.pipeline.steps import set_step
+from webapp.pipeline.steps import step
 
 # What makes a graph worth folding: shape arithmetic and branches
 FOLD_OPS = {"Shape", "Size", "If"}
@@ -57,21 +57,21 @@ def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray])
     """(the folded model, what folding did, for the page), or the model as it was and why not."""
     import onnxslim
 
-    set_step("onnxslim: the ONNX graph's shape arithmetic folded")
     started = time.perf_counter()
     before = Counter(n.op_type for n in model.graph.node)
     inputs = list(model.graph.input)
     model = with_values(model, given)
     try:
-        folded = onnxslim.slim(
-            model,
-            input_shapes=[  # a scalar has nothing to fix, a given input is no longer read
-                f"{name}:{','.join(map(str, shape))}"
-                for name, shape in shapes.items()
-                if shape and name not in given
-            ],
-            skip_optimizations=SKIPPED,
-        )
+        with step("onnxslim: the ONNX graph's shape arithmetic folded"):
+            folded = onnxslim.slim(
+                model,
+                input_shapes=[  # a scalar has nothing to fix, a given input is no longer read
+                    f"{name}:{','.join(map(str, shape))}"
+                    for name, shape in shapes.items()
+                    if shape and name not in given
+                ],
+                skip_optimizations=SKIPPED,
+            )
     except Exception as e:  # noqa: BLE001 - the model is imported as it was
         message = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
         return model, {"tool": "onnxslim", "error": message, "seconds": time.perf_counter() - started}

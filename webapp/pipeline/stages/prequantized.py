@@ -11,6 +11,7 @@ a ReLU), and the pair's scale and zero point are kept for the tensor. ConvIntege
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
 QOPERATORS = {"QLinearConv", "QLinearMatMul"}
 INTEGER_OPS = {"ConvInteger", "MatMulInteger"}
+DYNAMIC_OPS = {"DynamicQuantizeLinear", "DynamicQuantizeLSTM"}
 
 
 @dataclass
@@ -44,7 +46,7 @@ class PreQuantized:
 
 
 def is_prequantized(op_types: set[str]) -> bool:
-    return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS))
+    return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS | DYNAMIC_OPS))
 
 
 def dequantized(model):
@@ -81,8 +83,10 @@ def dequantized(model):
         if node is not None and node.op_type == "ConstantOfShape":
             shape = constant(node.input[0])
             fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
-            if shape is not None and np.prod(shape) <= 1 << 26:
-                return np.full(shape.astype(np.int64), 0.0 if fill is None else fill.item(), np.float32)
+            dims = [int(d) for d in np.ravel(shape)] if shape is not None else None
+            if dims is not None and all(d >= 0 for d in dims) and math.prod(dims) <= 1 << 26:
+                fill = np.zeros(1, np.float32) if fill is None else fill
+                return np.full(dims, fill.ravel()[0], fill.dtype)
         return None
 
     keep, added = [], []
@@ -178,9 +182,13 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
 
+    nested = {name for n in graph.node for g in subgraphs(n) for name in names_used(g)}
+
     def only(tensor: str, op: str):
+        """The one node reading `tensor`, if it is an `op` and no branch reads it too."""
         users = consumers.get(tensor, [])
-        return users[0] if len(users) == 1 and users[0].op_type == op else None
+        ok = len(users) == 1 and users[0].op_type == op and tensor not in nested
+        return users[0] if ok else None
 
     def weights(q: str, scale: str, zp: str | None, axis: int, name: str):
         """The float weights of a quantized constant, added as `name`, with their int8 scales."""
@@ -220,7 +228,7 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
             pre.dynamic += 1
         elif node.op_type == "DynamicQuantizeLSTM":
             x, wq, rq, *rest = list(node.input) + [""] * (12 - len(node.input))
-            name = node.name or node.output[0]
+            name = node.name or node.output[0] or f"DynamicQuantizeLSTM_{len(replaced)}"
             if any(t not in inits for t in (wq, rq, *rest[5:9])):
                 continue
             w, r = f"{name}_W", f"{name}_R"
@@ -247,18 +255,30 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
 
 
 def remove_dead(graph) -> None:
-    """Nodes none of whose outputs is used (the quantizers a rewrite left behind)."""
+    """Nodes none of whose outputs is used (the quantizers a rewrite left behind), by the graph or by
+    any branch within it, however deep."""
     while True:
-        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        for n in graph.node:  # a branch's inputs from the outer graph
-            for a in n.attribute:
-                if a.g is not None:
-                    used |= {i for m in a.g.node for i in m.input}
+        used = names_used(graph)
         live = [n for n in graph.node if any(o in used for o in n.output)]
         if len(live) == len(graph.node):
             return
         del graph.node[:]
         graph.node.extend(live)
+
+
+def subgraphs(node) -> list:
+    """The graphs a node holds (an If's branches, a Loop's body)."""
+    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+
+
+def names_used(graph) -> set[str]:
+    """Every tensor name a graph reads or returns, its branches' (at any depth) included."""
+    used = {o.name for o in graph.output}
+    for n in graph.node:
+        used.update(n.input)
+        for g in subgraphs(n):
+            used |= names_used(g)
+    return used
 
 
 def to_qdq(model) -> None:

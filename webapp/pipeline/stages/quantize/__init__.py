@@ -23,6 +23,7 @@ from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layer
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.stages.quantize.scales import ActQuant, is_power_of_two
+from webapp.pipeline.steps import step
 from webapp.targets import Target, host
 
 
@@ -201,7 +202,8 @@ def observe(
     # The float model returning those tensors as well, run on this machine whatever the target.
     executable, _ = compile_relax(with_outputs(module, func, tensors), host())
     report(0.2)
-    runs = run_all(executable, samples)
+    with step(f"calibration: the float model run on {len(samples)} inputs"):
+        runs = run_all(executable, samples)
     n_out = len(runs[0]) - len(tensors)
     float_of = {t: [run[n_out + i] for run in runs] for i, t in enumerate(tensors)}
     return Observed(func, layers, tensors, float_of, given, module)
