@@ -14,7 +14,7 @@ instruction count in the build (vpdpbusd with VNNI), the medians and TVM int8 / 
 the SQNR of TVM int8 against ONNX Runtime (or why it has none: a constant output).
 
     .venv/bin/python benchmarks/prequantized.py [--models squeezenet,resnet18,ppocr-cls]
-        [--forms QDQ,QOperator,dynamic] [--json out.json]
+        [--forms QDQ,QOperator,dynamic] [--dynamic bert,ddddocr-ocr-int8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -176,12 +176,15 @@ def main() -> int:
     light = sorted(p.stem.removeprefix("light_") for p in LIGHT.glob("light_*.onnx"))
     parser.add_argument("--models", default=",".join(light + CNN_EXAMPLES + CNN_CORPUS))
     parser.add_argument("--forms", default="QDQ,QOperator,dynamic")
+    parser.add_argument(
+        "--dynamic", default=",".join(DYNAMIC), help="the models quantize_dynamic's form runs"
+    )
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
     config = Config.from_env()
     forms = args.forms.split(",")
     todo = [(m, f) for m in args.models.split(",") for f in forms if f != "dynamic"]
-    todo += [(m, "dynamic") for m in DYNAMIC if "dynamic" in forms]
+    todo += [(m, "dynamic") for m in args.dynamic.split(",") if "dynamic" in forms]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, form in todo:

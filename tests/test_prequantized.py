@@ -263,3 +263,49 @@ def test_a_rewrite_keeps_what_a_branch_reads_however_deep():
     )
     remove_dead(graph)
     assert [n.name for n in graph.node] == ["read_two_levels_down", "returned_by_a_branch", "if"]
+
+
+def test_onnx_runtimes_other_qoperators_run_around_their_float_ops_like_onnxruntime(tmp_path):
+    """quantize_static's QOperator form of a residual block with a classifier writes ONNX Runtime's
+    contrib operators QLinearAdd, QLinearGlobalAveragePool and QGemm besides QLinearConv: each is read
+    as its float op between the tensors' own scales; the convolutions run on the int8 kernels. (The
+    classifier reads the pooled uint8 tensor through a Flatten, which ONNX Runtime leaves on 8 bits: no
+    scale reaches its input, and it runs in float, as the model computes it.)"""
+    rng = np.random.default_rng(1)
+    weights = {
+        "w1": rng.standard_normal((8, 3, 3, 3)) * 0.3,
+        "b1": rng.standard_normal(8) * 0.1,
+        "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2,
+        "b2": rng.standard_normal(8) * 0.1,
+        "fc": rng.standard_normal((4, 8)) * 0.3,
+        "fc_b": rng.standard_normal(4) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["r1", "c2"], ["sum"], name="residual"),
+        helper.make_node("GlobalAveragePool", ["sum"], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], name="classifier", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "residual.onnx"))
+    path = tmp_path / "residual-qop.onnx"
+    ort_quantized(tmp_path / "residual.onnx", path, "QOperator", "x", (1, 3, 16, 16))
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= ops, ops
+    model, variant, executable, int8_ops = built_int8(path, tmp_path)
+    assert model.prequantized["layers"] == 3  # the classifier's weights have their scales too
+    assert [r.layer.kind for r in variant.layers] == ["conv2d", "conv2d"]
+    assert int8_ops > 0
+    vs_ort = against_onnxruntime(path, model, executable)
+    assert vs_ort["cosine"] > 0.999, vs_ort

@@ -199,14 +199,14 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
         node.name = node.name or node.output[0]
     shapes = {s.name: s.shape for s in inputs}
     folded = None
-    if given or (FOLD_OPS & set(ops) and pre is None):
-        model, folded = fold_onnx(model, shapes, given)
+    if given or FOLD_OPS & set(ops):
+        model, folded = fold_onnx(model, shapes, given, pre)
     try:
         mod, layers = onnx_to_relax(model, inputs, pre)
     except Exception as e:
         retried = None
-        if folded is None and pre is None:  # shape arithmetic the importer cannot take, folded
-            model, folded = fold_onnx(model, shapes, given)
+        if folded is None:  # shape arithmetic the importer cannot take, folded
+            model, folded = fold_onnx(model, shapes, given, pre)
             try:
                 retried = onnx_to_relax(model, inputs, pre) if "error" not in folded else None
             except Exception:  # noqa: BLE001 - the first failure says more

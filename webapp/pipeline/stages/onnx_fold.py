@@ -53,8 +53,10 @@ def all_nodes(graph):
                 yield from all_nodes(sub)
 
 
-def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray]) -> tuple:
-    """(the folded model, what folding did, for the page), or the model as it was and why not."""
+def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray], pre=None) -> tuple:
+    """(the folded model, what folding did, for the page), or the model as it was and why not. A
+    pre-quantized model (`pre`, prequantized.PreQuantized) is folded once its quantization was read
+    (its weights are then float constants, its quantized tensors clips): its layers' inputs follow."""
     import onnxslim
 
     started = time.perf_counter()
@@ -80,6 +82,8 @@ def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray])
         if spec.name not in kept:
             folded.graph.input.append(spec)
     after = Counter(n.op_type for n in folded.graph.node)
+    if pre is not None:
+        pre.inputs = {n.name: list(n.input) for n in folded.graph.node}
     return folded, {
         "tool": f"onnxslim {onnxslim.__version__}",
         "nodes_before": sum(before.values()),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
-QOPERATORS = {"QLinearConv", "QLinearMatMul"}
+QOPERATORS = {"QLinearConv", "QLinearMatMul"}  # and QGemm, QLINEAR_OPS, QLinearConcat (to_qdq)
 INTEGER_OPS = {"ConvInteger", "MatMulInteger"}
 DYNAMIC_OPS = {"DynamicQuantizeLinear", "DynamicQuantizeLSTM"}
 
@@ -46,7 +46,7 @@ class PreQuantized:
 
 
 def is_prequantized(op_types: set[str]) -> bool:
-    return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS | DYNAMIC_OPS))
+    return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS | DYNAMIC_OPS | {"QGemm"}))
 
 
 def dequantized(model):
@@ -281,47 +281,78 @@ def names_used(graph) -> set[str]:
     return used
 
 
+# ONNX Runtime's QOperator form beyond QLinearConv / QLinearMatMul (its contrib operators): the float op,
+# the quantized inputs as (tensor, scale, zero point) positions, and the output's (scale, zero point)
+QLINEAR_OPS = {
+    "QLinearAdd": ("Add", [(0, 1, 2), (3, 4, 5)], (6, 7)),
+    "QLinearMul": ("Mul", [(0, 1, 2), (3, 4, 5)], (6, 7)),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", [(0, 1, 2)], (3, 4)),
+    "QLinearAveragePool": ("AveragePool", [(0, 1, 2)], (3, 4)),
+    "QLinearSoftmax": ("Softmax", [(0, 1, 2)], (3, 4)),
+    "QLinearSigmoid": ("Sigmoid", [(0, 1, 2)], (3, 4)),
+    "QLinearLeakyRelu": ("LeakyRelu", [(0, 1, 2)], (3, 4)),
+    "QLinearReduceMean": ("ReduceMean", [(0, 1, 2)], (3, 4)),
+}
+DROPPED_ATTRIBUTES = {"channels_last", "opset"}  # of the contrib ops, not their float op's
+
+
 def to_qdq(model) -> None:
-    """QLinearConv / QLinearMatMul nodes as DequantizeLinear -> Conv / MatMul -> QuantizeLinear."""
+    """QLinearConv / QLinearMatMul / QGemm nodes as DequantizeLinear -> Conv / MatMul / Gemm ->
+    QuantizeLinear, and ONNX Runtime's other QLinear* operators (QLINEAR_OPS, QLinearConcat) likewise
+    around their float op."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     out = []
+
+    def dq(name: str, x: str, scale: str, zp: str, **axis) -> str:
+        out.append(
+            helper.make_node(
+                "DequantizeLinear", [x, scale, zp] if zp else [x, scale], [name], name=name, **axis
+            )
+        )
+        return name
+
+    def bias(name: str, b: str, xs: str, ws: str) -> str:
+        """An int32 bias, whose scale is the input's times the weights'."""
+        bias_scale = numpy_helper.to_array(inits[xs]) * numpy_helper.to_array(inits[ws])
+        graph.initializer.append(numpy_helper.from_array(bias_scale.astype(np.float32), f"{name}_b_scale"))
+        return dq(f"{name}_b", b, f"{name}_b_scale", "", axis=0)
+
     for node in graph.node:
-        if node.op_type not in QOPERATORS:
+        op, name = node.op_type, node.name or f"{node.op_type}_{len(out)}"
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        inputs = list(node.input) + [""] * 9
+        y = (inputs[6], inputs[7]) if op in QOPERATORS else None
+        if op in QOPERATORS:
+            x = dq(f"{name}_x", *inputs[0:3])
+            w = dq(f"{name}_w", *inputs[3:6], axis=0 if op == "QLinearConv" else 1)
+            ins = [x, w] + (
+                [bias(name, inputs[8], inputs[1], inputs[4])] if op == "QLinearConv" and inputs[8] else []
+            )
+            float_op = "Conv" if op == "QLinearConv" else "MatMul"
+        elif op == "QGemm" and inputs[4] in inits:
+            x = dq(f"{name}_x", *inputs[0:3])
+            w = dq(f"{name}_w", *inputs[3:6], axis=0 if attrs.get("transB") else 1)
+            ins = [x, w] + ([bias(name, inputs[6], inputs[1], inputs[4])] if inputs[6] else [])
+            y, float_op = ((inputs[7], inputs[8]) if inputs[7] else None), "Gemm"
+        elif op in QLINEAR_OPS and attrs.get("channels_last", 0) == 0:
+            float_op, quantized, (s, z) = QLINEAR_OPS[op]
+            ins = [dq(f"{name}_{k}", *(inputs[i] for i in t)) for k, t in enumerate(quantized)]
+            y = inputs[s], inputs[z]
+        elif op == "QLinearConcat":
+            triples = [inputs[i : i + 3] for i in range(2, len(node.input), 3)]
+            ins = [dq(f"{name}_{k}", *t) for k, t in enumerate(triples)]
+            y, float_op = (inputs[0], inputs[1]), "Concat"
+        else:
             out.append(node)
             continue
-        name = node.name or f"{node.op_type}_{len(out)}"
-        x, xs, xz, w, ws, wz, ys, yz = node.input[:8]
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        axis = {"axis": 0} if node.op_type == "QLinearConv" else {"axis": 1}
-        out += [
-            helper.make_node("DequantizeLinear", [x, xs, xz], [f"{name}_x"], name=f"{name}_dq_x"),
-            helper.make_node("DequantizeLinear", [w, ws, wz], [f"{name}_w"], name=f"{name}_dq_w", **axis),
-        ]
-        inputs = [f"{name}_x", f"{name}_w"]
-        if node.op_type == "QLinearConv" and len(node.input) > 8 and node.input[8]:
-            # the int32 bias's scale is the input's times the weights'
-            bias_scale = numpy_helper.to_array(inits[xs]) * numpy_helper.to_array(inits[ws])
-            graph.initializer.append(
-                numpy_helper.from_array(bias_scale.astype(np.float32), f"{name}_b_scale")
-            )
-            out.append(
-                helper.make_node(
-                    "DequantizeLinear",
-                    [node.input[8], f"{name}_b_scale"],
-                    [f"{name}_b"],
-                    name=f"{name}_dq_b",
-                    axis=0,
-                )
-            )
-            inputs.append(f"{name}_b")
-        op = "Conv" if node.op_type == "QLinearConv" else "MatMul"
-        out.append(helper.make_node(op, inputs, [f"{name}_y"], name=name, **attrs))
-        out.append(
-            helper.make_node("QuantizeLinear", [f"{name}_y", ys, yz], [node.output[0]], name=f"{name}_q")
-        )
+        attrs = {k: v for k, v in attrs.items() if k not in DROPPED_ATTRIBUTES}
+        result = f"{name}_y" if y else node.output[0]
+        out.append(helper.make_node(float_op, ins, [result], name=name, **attrs))
+        if y:
+            out.append(helper.make_node("QuantizeLinear", [result, *y], [node.output[0]], name=f"{name}_q"))
     del graph.node[:]
     graph.node.extend(out)
 
