@@ -204,11 +204,23 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
         graph.initializer.append(numpy_helper.from_array(value, name))
         return name
 
+    def float_bias(tensor: str) -> str:
+        """The float bias a Reshape(Cast(Floor(Div(bias, scale)))) quantized at run time, or ""."""
+        for op in ("Reshape", "Cast", "Floor", "Div"):
+            node = producers.get(tensor)
+            if node is None or node.op_type != op:
+                return ""
+            tensor = node.input[0]
+        return tensor if tensor in inits and inits[tensor].ndim == 1 else ""
+
     replaced, out = {}, []  # node id -> its float replacement (None: removed)
     for node in graph.node:
         if node.op_type in INTEGER_OPS:
             dq = producers.get(node.input[0])
-            cast = only(node.output[0], "Cast")
+            add, b = only(node.output[0], "Add"), ""  # older quantize_dynamic: the bias added in int32
+            if add is not None:
+                b = float_bias(next(i for i in add.input if i != node.output[0]))
+            cast = only(add.output[0] if add is not None and b else node.output[0], "Cast")
             mul = cast and only(cast.output[0], "Mul")
             scales = mul and producers.get(next(i for i in mul.input if i != cast.output[0]))
             if not (dq and dq.op_type == "DynamicQuantizeLinear" and scales and scales.op_type == "Mul"):
@@ -221,10 +233,11 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             op = "Conv" if node.op_type == "ConvInteger" else "MatMul"
-            replaced[id(node)] = helper.make_node(
-                op, [dq.input[0], w], [mul.output[0]], name=node.name, **attrs
-            )
+            inputs = [dq.input[0], w] + ([b] if b and op == "Conv" else [])
+            replaced[id(node)] = helper.make_node(op, inputs, [mul.output[0]], name=node.name, **attrs)
             replaced[id(cast)] = replaced[id(mul)] = None
+            if b:
+                replaced[id(add)] = None
             pre.dynamic += 1
         elif node.op_type == "DynamicQuantizeLSTM":
             x, wq, rq, *rest = list(node.input) + [""] * (12 - len(node.input))
