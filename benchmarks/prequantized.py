@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import fmt, median  # the corpus table's cells and its benchmark rows
 from record import host_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' corpus list
@@ -108,13 +109,6 @@ def quantized(path: Path, shapes: dict, form: str, out: Path) -> Path:
     return out
 
 
-def median(result: dict, runtime: str, variant: str) -> float | None:
-    row = next(
-        (b for b in result.get("benchmarks", []) if b["runtime"] == runtime and b["variant"] == variant), None
-    )
-    return row["median_ms"] if row else None
-
-
 def measure(config: Config, name: str, form: str, tmp: Path) -> dict:
     started = time.perf_counter()
     row = {"model": name, "form": form}
@@ -149,10 +143,6 @@ def measure(config: Config, name: str, form: str, tmp: Path) -> dict:
         "degenerate": vs_ort.get("degenerate"),
         "seconds": round(time.perf_counter() - started),
     }
-
-
-def fmt(value, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def table(rows: list[dict]) -> str:

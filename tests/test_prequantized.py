@@ -45,6 +45,26 @@ def ort_quantized(
 # The tests marked isa run again as on an AVX2-only CPU (make test): the int8 kernels differ there.
 
 
+def save_model(path, nodes, x_shape, y_shape, weights: dict):
+    """A float ONNX model of `nodes` from input x to output y, its weights float32 (integer arrays,
+    a Reshape's shape, as they are), saved as ONNX Runtime's quantizers read it; returns `path`."""
+    inits = [
+        numpy_helper.from_array(v if np.issubdtype(v.dtype, np.integer) else v.astype(np.float32), k)
+        for k, v in weights.items()
+    ]
+    graph = helper.make_graph(
+        nodes,
+        path.stem,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what this ONNX Runtime reads
+    onnx.save(model, str(path))
+    return path
+
+
 def assert_on_integer_kernels_like_onnxruntime(job: dict, form: str, layers: int, min_sqnr_db: float) -> dict:
     assert job["status"] == "done", job["error"]
     r = job["results"]
@@ -93,17 +113,7 @@ def convs_model(tmp_path_factory):
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1], strides=[2, 2]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "convs",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # what this ONNX Runtime reads
-    onnx.save(model, str(tmp_path / "convs.onnx"))
-    return tmp_path / "convs.onnx"
+    return save_model(tmp_path / "convs.onnx", nodes, [1, 3, 16, 16], [1, 16, 8, 8], weights)
 
 
 @pytest.mark.isa
@@ -201,19 +211,7 @@ def test_a_dynamically_quantized_model_runs_on_integer_kernels_and_lists_its_lst
         helper.make_node("Relu", ["m"], ["r"], name="relu"),
         helper.make_node("LSTM", ["r", "lstm_w", "lstm_r"], ["y"], name="lstm", hidden_size=16),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "conv-fc-lstm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 1, 1, 16])],
-        [
-            numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
-            for k, v in weights.items()
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "model.onnx"))
+    save_model(tmp_path / "model.onnx", nodes, [1, 3, 8, 8], [8, 1, 1, 16], weights)
     quantize_dynamic(str(tmp_path / "model.onnx"), str(tmp_path / "dyn.onnx"), weight_type=QuantType.QUInt8)
     dyn = onnx.load(str(tmp_path / "dyn.onnx"))
     assert {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"} <= {n.op_type for n in dyn.graph.node}
@@ -289,16 +287,7 @@ def test_onnx_runtimes_other_qoperators_run_around_their_float_ops_like_onnxrunt
         helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
         helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], name="classifier", transB=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "residual.onnx"))
+    save_model(tmp_path / "residual.onnx", nodes, [1, 3, 16, 16], [1, 4], weights)
     path = tmp_path / "residual-qop.onnx"
     ort_quantized(tmp_path / "residual.onnx", path, "QOperator", "x", (1, 3, 16, 16))
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
