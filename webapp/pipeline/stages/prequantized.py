@@ -36,6 +36,16 @@ class PreQuantized:
     requantized: int = 0  # weights quantized asymmetrically, given symmetric int8 scales here
     dynamic: int = 0  # layers quantized at run time (quantize_dynamic): their activations calibrated here
 
+    def weight(self, name: str, q: np.ndarray, scale, zp, value: np.ndarray) -> None:
+        """The int8 scales of the float weight `name` (`value`, dequantized from `q`): the model's own
+        where it quantized symmetrically to int8; where asymmetrically (uint8, a zero point), symmetric
+        int8 scales from its values, for the integer kernels (counted: requantized)."""
+        if q.dtype == np.int8 and (zp is None or not np.any(zp)):
+            self.weights[name] = np.atleast_1d(scale).astype(np.float64)
+        elif q.dtype in (np.int8, np.uint8):
+            self.weights[name] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
+            self.requantized += 1
+
     def to_json(self) -> dict:
         return {
             "form": self.form,
@@ -103,11 +113,7 @@ def dequantized(model):
             if q is not None and scale is not None:  # a weight or a bias: the constant in float
                 value = dequantize(q, scale, zp, axis)
                 added.append(numpy_helper.from_array(value, node.output[0]))
-                if q.dtype == np.int8 and (zp is None or not np.any(zp)):
-                    pre.weights[node.output[0]] = np.atleast_1d(scale).astype(np.float64)
-                elif q.dtype in (np.int8, np.uint8):  # asymmetric: symmetric int8 for the integer kernels
-                    pre.weights[node.output[0]] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
-                    pre.requantized += 1
+                pre.weight(node.output[0], q, scale, zp, value)
                 continue
             if source is not None and scale is not None and np.size(scale) == 1:
                 x = source.input[0]
@@ -196,11 +202,7 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
             return None
         zero = inits[zp] if zp else None
         value = dequantize(inits[q], inits[scale], zero, axis)
-        if inits[q].dtype == np.int8 and (zero is None or not np.any(zero)):
-            pre.weights[name] = np.atleast_1d(inits[scale]).astype(np.float64)
-        else:
-            pre.weights[name] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
-            pre.requantized += 1
+        pre.weight(name, inits[q], inits[scale], zero, value)
         graph.initializer.append(numpy_helper.from_array(value, name))
         return name
 
