@@ -174,8 +174,8 @@ def fold_with_numpy(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return mutate_functions(NumpyFold, mod)
 
 
-def float_nchw_convs(mod: tvm.IRModule) -> bool:
-    """Whether main has a float32 conv2d in NCHW (what the conversion is for)."""
+def float_nchw_convs(mod: tvm.IRModule) -> list:
+    """main's float32 conv2d calls in NCHW (what the conversion is for)."""
     conv2d, found = tvm.ir.Op.get("relax.nn.conv2d"), []
 
     def visit(expr):
@@ -185,14 +185,25 @@ def float_nchw_convs(mod: tvm.IRModule) -> bool:
 
     if "main" in [gv.name_hint for gv in mod.get_global_vars()]:
         relax.analysis.post_order_visit(mod["main"], visit)
-    return bool(found)
+    return found
+
+
+def grouped(conv: relax.Call) -> bool:
+    """A grouped convolution other than a depthwise one (several input channels a group)."""
+    weight = conv.args[1].ty.shape
+    return int(conv.attrs.groups) > 1 and (
+        weight is None or not isinstance(weight[1], tvm.tirx.IntImm) or int(weight[1]) > 1
+    )
 
 
 @tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)
 def channels_last(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """Float convolutions in NHWC / HWIO, their neighbours following. A model the conversion cannot
-    take stays as it was: the NCHW rules schedule it (never a job's failure)."""
-    if not float_nchw_convs(mod):
+    take stays as it was: the NCHW rules schedule it (never a job's failure). So does a model with a
+    grouped convolution (ShuffleNet's): the NCHW rule tiles a group's output channels in registers,
+    NHWC has only the windowed rule for it (ShuffleNet: 9.5 ms in NCHW, 56 ms in NHWC here)."""
+    convs = float_nchw_convs(mod)
+    if not convs or any(grouped(c) for c in convs):
         return mod
     try:
         return relax.transform.ConvertLayout(DESIRED)(mod)

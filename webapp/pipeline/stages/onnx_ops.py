@@ -2,7 +2,8 @@
 while a model is imported: `more_operators`). The recurrent layers (LSTM, GRU) are unrolled over
 their time steps, which are known once the input shapes are: the input's projection for all steps is
 one matmul, each step one matmul by the recurrent weights and its gates' elementwise arithmetic.
-Silero VAD's LSTM and the CRNN text recognizers (ddddocr) were refused at import."""
+Silero VAD's LSTM and the CRNN text recognizers (ddddocr) were refused at import. Sum, Max, Min
+and Mean of several inputs are chains of binary ops (Pairwise)."""
 
 from __future__ import annotations
 
@@ -181,7 +182,42 @@ class GRU(Recurrent):
         return [bb.normalize(h_new)]
 
 
-MORE = {"LSTM": LSTM, "GRU": GRU}
+class Pairwise(OnnxOpConverter):
+    """Sum, Max, Min and Mean of several tensors as a chain of binary ops, which fuse as elementwise
+    arithmetic into the ops around them. TVM's converters stack the inputs and reduce the stack when
+    their shapes are known: a kernel of its own that copies every input (ShuffleNet's residual Sum).
+    ONNX broadcasts these ops' inputs as the binary ops do, so the chain is the same function."""
+
+    binary = None
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        out = inputs[0]
+        for x in inputs[1:]:
+            out = bb.normalize(cls.binary(out, x))
+        return out
+
+
+class Sum(Pairwise):
+    binary = relax.op.add
+
+
+class Max(Pairwise):
+    binary = relax.op.maximum
+
+
+class Min(Pairwise):
+    binary = relax.op.minimum
+
+
+class Mean(Sum):
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        total = super()._impl_v1(bb, inputs, attr, params)
+        return relax.op.divide(total, relax.const(float(len(inputs)), str(total.ty.dtype)))
+
+
+MORE = {"LSTM": LSTM, "GRU": GRU, "Sum": Sum, "Max": Max, "Min": Min, "Mean": Mean}
 
 
 @contextmanager
