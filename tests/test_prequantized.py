@@ -173,6 +173,26 @@ def test_every_form_of_quantize_static_runs_on_integer_kernels_like_onnxruntime(
     assert vs_ort["cosine"] > 0.999 and vs_ort["sqnr_db"] > 25, vs_ort
 
 
+def test_grouped_convolutions_run_on_the_dot_product_kernels(tmp_path):
+    """ShuffleNet's convolutions of a few groups (here 4, 1x1 and 3x3) run as one dense convolution
+    with zeros between the groups, on the int8 dot-product kernels (the windowed rule they had took
+    the light ShuffleNet to 3.3x ONNX Runtime int8), and compute what ONNX Runtime computes."""
+    rng = np.random.default_rng(2)
+    weights = {"w1": rng.standard_normal((32, 4, 1, 1)) * 0.3, "w2": rng.standard_normal((32, 8, 3, 3)) * 0.2}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="pointwise", group=4),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], name="grouped", group=4, pads=[1, 1, 1, 1]),
+    ]
+    save_model(tmp_path / "grouped.onnx", nodes, [1, 16, 8, 8], [1, 32, 8, 8], weights)
+    path = tmp_path / "grouped-qdq.onnx"
+    ort_quantized(tmp_path / "grouped.onnx", path, "QDQ", "x", (1, 16, 8, 8))
+    model, variant, executable, int8_ops = built_int8(path, tmp_path)
+    assert len(variant.layers) == 2 and int8_ops > 0  # no dot-product instruction on the windowed rule
+    vs_ort = against_onnxruntime(path, model, executable)
+    assert vs_ort["cosine"] > 0.999, vs_ort
+
+
 def test_weights_quantized_as_tensors_run_on_integer_kernels(tmp_path):
     """The onnx package's light SqueezeNet writes its weights with ConstantOfShape, which ONNX
     Runtime's quantize_static quantizes as activations (uint8, a zero point): its 26 convolutions
@@ -266,9 +286,10 @@ def test_a_rewrite_keeps_what_a_branch_reads_however_deep():
 def test_onnx_runtimes_other_qoperators_run_around_their_float_ops_like_onnxruntime(tmp_path):
     """quantize_static's QOperator form of a residual block with a classifier writes ONNX Runtime's
     contrib operators QLinearAdd, QLinearGlobalAveragePool and QGemm besides QLinearConv: each is read
-    as its float op between the tensors' own scales; the convolutions run on the int8 kernels. (The
-    classifier reads the pooled uint8 tensor through a Flatten, which ONNX Runtime leaves on 8 bits: no
-    scale reaches its input, and it runs in float, as the model computes it.)"""
+    as its float op between the tensors' own scales; the convolutions run on the int8 kernels, and so
+    does the classifier, which reads the pooled uint8 tensor through a Flatten that ONNX Runtime runs on
+    the 8 bits themselves: dequantized before the Flatten, it keeps the pooled tensor's scale. So does
+    the second convolution, behind a max pool on 8 bits between two QLinearConvs (as in ResNet)."""
     rng = np.random.default_rng(1)
     weights = {
         "w1": rng.standard_normal((8, 3, 3, 3)) * 0.3,
@@ -281,8 +302,9 @@ def test_onnx_runtimes_other_qoperators_run_around_their_float_ops_like_onnxrunt
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["r1", "c2"], ["sum"], name="residual"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["p1", "c2"], ["sum"], name="residual"),
         helper.make_node("GlobalAveragePool", ["sum"], ["pooled"], name="pool"),
         helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
         helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], name="classifier", transB=1),
@@ -291,10 +313,10 @@ def test_onnx_runtimes_other_qoperators_run_around_their_float_ops_like_onnxrunt
     path = tmp_path / "residual-qop.onnx"
     ort_quantized(tmp_path / "residual.onnx", path, "QOperator", "x", (1, 3, 16, 16))
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
-    assert {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= ops, ops
+    assert {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm", "MaxPool"} <= ops, ops
     model, variant, executable, int8_ops = built_int8(path, tmp_path)
-    assert model.prequantized["layers"] == 3  # the classifier's weights have their scales too
-    assert [r.layer.kind for r in variant.layers] == ["conv2d", "conv2d"]
+    assert model.prequantized["layers"] == 3
+    assert [r.layer.kind for r in variant.layers] == ["conv2d", "conv2d", "matmul"]
     assert int8_ops > 0
     vs_ort = against_onnxruntime(path, model, executable)
     assert vs_ort["cosine"] > 0.999, vs_ort

@@ -20,6 +20,9 @@ QDQ = {"QuantizeLinear", "DequantizeLinear"}
 QOPERATORS = {"QLinearConv", "QLinearMatMul"}  # and QGemm, QLINEAR_OPS, QLinearConcat (to_qdq)
 INTEGER_OPS = {"ConvInteger", "MatMulInteger"}
 DYNAMIC_OPS = {"DynamicQuantizeLinear", "DynamicQuantizeLSTM"}
+# Ops ONNX Runtime's QOperator form runs on the 8-bit values themselves, between a QuantizeLinear and
+# a DequantizeLinear of one scale: they commute with dequantization (dequantize_first).
+ON_8_BITS = {"MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze"}
 
 
 @dataclass
@@ -99,6 +102,7 @@ def dequantized(model):
                 return np.full(dims, fill.ravel()[0], fill.dtype)
         return None
 
+    moved = dequantize_first(graph, constant)
     keep, added = [], []
     quantizers = {n.output[0]: n for n in graph.node if n.op_type == "QuantizeLinear"}
     for node in graph.node:
@@ -140,11 +144,66 @@ def dequantized(model):
         f"{n.op_type} {n.name}: dynamic quantization (scales computed at run time), TVM's own integer op"
         for n in dynamic
     ]
+    for out, dequantized_input in moved.items():  # the op keeps the grid of its input
+        if dequantized_input in pre.acts:
+            pre.acts[out] = pre.acts[dequantized_input]
     del graph.node[:]
     graph.node.extend(keep)
     graph.initializer.extend(added)
     pre.inputs = {n.name: list(n.input) for n in graph.node}
     return model, pre
+
+
+def dequantize_first(graph, constant) -> dict[str, str]:
+    """QuantizeLinear -> MaxPool (or a reshape, ON_8_BITS) -> DequantizeLinears of the same scale and
+    zero point, as ONNX Runtime's QOperator form writes a max pool between two QLinearConvs, becomes
+    QuantizeLinear -> DequantizeLinear -> MaxPool: the same values (a max, a reshape of affine values
+    with a positive scale), and the pair is read as everywhere else. Without it the convolution after
+    ResNet's max pool, and a classifier after a Flatten, had no scale for their input and ran in float.
+    Returns the op's output, and each former DequantizeLinear's (now an Identity of the op's), -> the
+    dequantized tensor the op reads, whose scale they keep."""
+    from onnx import helper
+
+    producers = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def params(node) -> tuple:
+        zp = constant(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
+        return constant(node.input[1]), zp
+
+    def same(a: tuple, b: tuple) -> bool:
+        return all(x is not None and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    before, replaced, moved = {}, {}, {}
+    for op in graph.node:
+        q = producers.get(op.input[0]) if op.op_type in ON_8_BITS and op.input else None
+        dqs = readers.get(op.output[0], [])
+        if q is None or q.op_type != "QuantizeLinear" or not dqs or op.output[0] in outputs:
+            continue
+        if np.size(params(q)[0]) != 1 or not all(
+            d.op_type == "DequantizeLinear" and d.input[0] == op.output[0] and same(params(q), params(d))
+            for d in dqs
+        ):
+            continue
+        name = f"{op.input[0]}_dequantized"
+        before[op.name] = helper.make_node("DequantizeLinear", [op.input[0], *q.input[1:]], [name], name=name)
+        op.input[0] = name
+        op.output[0] = out = f"{op.output[0]}_float"
+        moved[out] = name
+        for d in dqs:
+            replaced[d.name] = helper.make_node("Identity", [out], [d.output[0]], name=d.name)
+            moved[d.output[0]] = name
+    nodes = []
+    for n in graph.node:  # named, each (dequantized)
+        nodes += [before[n.name]] if n.name in before else []
+        nodes.append(replaced.get(n.name, n))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return moved
 
 
 def quantize(x: np.ndarray, scale, zp, axis: int) -> np.ndarray:
