@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PORT ?= 8000
+# make test's pytest processes (pytest-xdist): a job's compile is mostly one thread, so two keep both
+# of CI's cores busy
+TEST_PROCESSES ?= 2
 # The Raspberry Pi targets: g++-aarch64-linux-gnu cross-compiles, mmdebstrap (+ arch-test) builds the
 # emulated boards' arm64 root file system, qemu-user-static runs them.
 PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
@@ -19,11 +22,11 @@ serve: setup
 test: setup-test
 	$(VENV)/bin/ruff check webapp tests benchmarks
 	$(VENV)/bin/lint-imports  # the layering contracts in pyproject.toml
-	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 	# the tests whose outcome depends on the instruction set, again as on an AVX2-only CPU (no AVX-512,
 	# no VNNI): x86-host builds the x86-avx2 preset's code (webapp/targets/x86.py)
 	if grep -qw avx2 /proc/cpuinfo; then PLAYGROUND_HOST_PRESET=x86-avx2 \
-		$(VENV)/bin/python -m pytest -ra -m isa $(PYTEST_ARGS); fi
+		$(VENV)/bin/python -m pytest -ra -m isa -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS); fi
 
 setup: debs $(VENV)/.installed
 setup-test: debs-test $(VENV)/.installed-test

@@ -54,6 +54,10 @@ def config(data_dir) -> Config:
         submit_rate="",
         max_queued_per_client=0,
         max_queued=0,
+        # The timing slot of this session's jobs alone: make test runs the suite in two processes
+        # (pytest-xdist), whose benchmarks would otherwise stop each other's jobs; the slot's own
+        # behaviour between jobs is tested with its own lock (tests/test_sandbox.py).
+        timing_lock=data_dir / "timing.lock",
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -320,7 +321,11 @@ def test_a_stage_past_its_time_budget_ends_the_job_at_once_naming_it(config, cli
     run_job(replace(config, stage_budgets_s={"build": 1}), job_id)
     failed = client.get(f"/api/jobs/{job_id}").get_json()
     assert failed["status"] == "failed" and failed["error"]["stage"] == "build"
-    assert failed["error"]["message"].startswith("The build stage ran past its time budget of 1 s, in ")
+    # the step it was in; on a loaded machine the budget can run out before the first named one
+    assert re.match(
+        r"The build stage ran past its time budget of 1 s, (in .+|before its first named step), and the job",
+        failed["error"]["message"],
+    ), failed["error"]["message"]
     stages = {s["name"]: s for s in failed["stages"]}
     assert stages["build"]["status"] == "failed" and stages["build"]["seconds"] < 5
     assert time.monotonic() - started < 120  # resnet18's build alone takes longer on 2 cores

@@ -130,7 +130,7 @@ class Progress:
             return
         budget = self.budgets.get(name)
         if budget and self.stage_seconds() > budget:
-            where = f", in {steps.now}" if steps.now else ""
+            where = f", in {steps.now}" if steps.now else ", before its first named step"
             with self.lock:
                 if self.running != name:  # it ended meanwhile
                     return
