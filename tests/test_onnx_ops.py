@@ -134,3 +134,25 @@ def test_variadic_elementwise_ops_are_chains_of_binary_ops(tmp_path, op):
     np.testing.assert_allclose(ours[0], reference[0], rtol=1e-6, atol=1e-6)
     script = import_model(tmp_path / "m.onnx").mod["main"].script()
     assert "R.stack" not in script and ("R.add" in script or op != "Sum"), script
+
+
+def test_a_recurrent_layers_steps_run_on_the_matmul_rule(tmp_path):
+    """Each step's recurrent matmul, whose epilogue adds the step's slice of the input projection, is
+    on the matmul rule (it fell to the row-reduction rule: ddddocr's recognizer took 185 ms, ONNX
+    Runtime 26), and the input projection is one matmul of every step's rows; the layer built with the
+    project's rules computes what ONNX Runtime does."""
+    from webapp.pipeline.stages.build import build, schedule
+    from webapp.pipeline.stages.optimize import optimize
+    from webapp.targets import get
+
+    feeds = recurrent_model(tmp_path / "m.onnx", "LSTM", 2, direction="bidirectional")
+    target = get("x86-host")
+    model = import_model(tmp_path / "m.onnx")
+    lowered, labels = schedule(optimize(model.mod, target, tmp_path).fused, target)
+    matmuls = {k: v for k, v in labels.items() if "matmul" in k}
+    assert matmuls and all(v == "default rule: matmul" for v in matmuls.values()), matmuls
+    vm = relax.VirtualMachine(build(lowered, target, None), tvm.cpu())
+    ours = vm["main"](*[tvm.runtime.tensor(feeds[p.name]) for p in model.mod["main"].params])
+    _, reference = tvm_and_onnxruntime(tmp_path / "m.onnx", feeds)
+    for a, b in zip([o.numpy() for o in ours], reference, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -86,8 +86,11 @@ class Recurrent(OnnxOpConverter):
         ys, hs, extra = [], [], []
         for d in range(directions):
             reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
-            # every step's input projection at once: [seq, batch, gates * hidden]
-            xw = bb.normalize(relax.op.matmul(x, relax.op.permute_dims(of_direction(w, d), [1, 0])))
+            # every step's input projection at once, one matmul of seq x batch rows (not seq matmuls
+            # of batch rows each, which read the weights seq times): [seq, batch, gates * hidden]
+            rows = relax.op.reshape(x, [seq * batch, x.ty.shape[2]])
+            xw = relax.op.matmul(rows, relax.op.permute_dims(of_direction(w, d), [1, 0]))
+            xw = bb.normalize(relax.op.reshape(xw, [seq, batch, gates]))
             r_t = bb.normalize(relax.op.permute_dims(of_direction(r, d), [1, 0]))
             bias = chunks(of_direction(b, d), 0, 2, gates) if b is not None else None  # input's, recurrent's
             state = [of_direction(v, d) if v is not None else zeros for v in initial]
