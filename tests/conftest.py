@@ -31,6 +31,29 @@ CHROMIUM_ARGS = [
 ]
 
 
+# The files that take longest, run first: make test's two processes take a file at a time, and a long
+# file started last keeps one process busy after the other has run out of files (pytest --durations).
+FIRST = [
+    "test_tuning.py",
+    "test_conformance.py",
+    "test_schedules.py",
+    "test_browser.py",
+    "test_gpu.py",
+    "test_corpus.py",
+    "test_never_worse.py",
+    "test_prequantized.py",
+    "test_devices.py",
+    "test_quantize.py",
+    "test_supervision.py",
+    "test_hostile.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: in-file order kept
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data")
