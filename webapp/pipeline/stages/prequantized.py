@@ -49,6 +49,13 @@ class PreQuantized:
             self.weights[name] = np.atleast_1d(max(np.abs(value).max(), 1e-12) / 127.0)
             self.requantized += 1
 
+    def recurrent(self, name: str, q: np.ndarray, zp: np.ndarray) -> None:
+        """A recurrent layer's quantized weights `name`: its matmuls (the input projection, each step's
+        recurrent one, per direction) take int8 scales from their values (no scales: []), the model's
+        own where it quantized them symmetrically (max |q| = 127), else counted as requantized."""
+        self.weights[name] = np.empty(0)
+        self.requantized += int(q.dtype != np.int8 or bool(np.any(zp)))
+
     def to_json(self) -> dict:
         return {
             "form": self.form,
@@ -235,8 +242,9 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
     """quantize_dynamic's layers as float layers with the model's weight scales: DynamicQuantizeLinear(x)
     -> MatMulInteger / ConvInteger(x_q, w_q) -> Cast -> Mul(x_scale * w_scale) becomes MatMul / Conv(x,
     w) with w the dequantized weights, and DynamicQuantizeLSTM (ONNX Runtime's contrib operator) an LSTM
-    with its weights dequantized. The integer kernels then take the weights' scales, and the activations'
-    (which the model computes on each run) are calibrated like a float model's."""
+    with its weights dequantized, its matmuls int8 layers (PreQuantized.recurrent). The integer kernels
+    then take the weights' scales, and the activations' (which the model computes on each run) are
+    calibrated like a float model's."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -313,12 +321,13 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
                 )
                 value = value.astype(np.float32).transpose(0, 2, 1)  # LSTM's [directions, 4 * hidden, input]
                 graph.initializer.append(numpy_helper.from_array(value, t))
+                pre.recurrent(t, inits[q], inits[zp])
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             inputs = [x, w, r, *rest[:5]]
             while inputs and not inputs[-1]:
                 inputs.pop()
             replaced[id(node)] = helper.make_node("LSTM", inputs, list(node.output), name=node.name, **attrs)
-            pre.in_float.append(f"DynamicQuantizeLSTM {name}: run as a float LSTM, its weights dequantized")
+            pre.dynamic += 1
     for node in graph.node:
         new = replaced.get(id(node), node)
         if new is not None:

@@ -192,7 +192,7 @@ def observe(
         given = {acts[name]: given_act(*p, dtype) for name, p in prequantized["acts"].items() if name in acts}
         for layer in layers:
             scales = prequantized["weights"].get(layer.head.name)
-            layer.given_scale = None if scales is None else np.asarray(scales, np.float64)
+            layer.given_scale = np.asarray(scales, np.float64) if scales else None  # []: from its values
             calibrated = prequantized.get("dynamic")  # scales the model computes at run time: calibrated
             layer.quantized = layer.quantized and scales is not None and (layer.data in given or calibrated)
     quantized = [layer for layer in layers if layer.quantized]
