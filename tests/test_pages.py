@@ -594,6 +594,8 @@ def test_the_page_opens_on_its_headline_and_contents_with_benchmark_before_code(
     assert positions == sorted(positions) and html.index('id="headline"') < positions[0]
     # the TVM target's JSON is still on the page, in the model's summary
     assert '<code id="tvm-target">{"kind": "llvm"}</code>' in section(html, "summary")
+    # a float input with no values given says nothing of values (Jinja's t['values'] was the dict's method)
+    assert "input-values" not in section(html, "summary") and "given :" not in text(section(html, "summary"))
     fp32 = write_job(
         app, results, options={"example": "digits-cnn", "target": "x86-avx2", "quantize": "none"}
     )
