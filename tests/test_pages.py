@@ -1459,3 +1459,47 @@ def test_an_own_input_run_whose_worker_stopped_says_so_and_a_board_result_refuse
     board = write_job(app, with_facts(crafted_results()), options={"example": "cnn-small", "target": "rpi5"})
     resp = web.post(f"/api/jobs/{board}/inputs", data={"file": (io.BytesIO(b"x"), "in.npz")})
     assert resp.status_code == 400 and "this server's CPU" in resp.get_json()["error"]
+
+
+def test_compare_warns_when_the_two_results_are_of_different_models(app, web, tmp_path):
+    """Two results of one model compare builds; of two models, the page says so and what differs (the
+    example, the uploaded file's bytes, the inputs) above the speed ratio."""
+    from webapp.jobs.storage import store_once
+
+    config = app.extensions["playground"]["config"]
+    store = app.extensions["playground"]["store"]
+
+    def upload(name: str, data: bytes, shape=(1, 1, 8, 8)) -> str:
+        results = with_facts(crafted_results())
+        results["model"]["inputs"][0]["shape"] = list(shape)
+        options = {"filename": name, "model_file": "model.onnx", "target": "x86-host", "quantize": "int8"}
+        job_id = write_job(app, results, options=options)
+        (store.job_dir(job_id) / "input").mkdir()
+        (store.job_dir(job_id) / "input" / "model.onnx").write_bytes(data)
+        store_once(config, store.job_dir(job_id) / "input" / "model.onnx")  # as a submit keeps it
+        return job_id
+
+    def differences(a: str, b: str) -> list[str]:
+        said = web.get(f"/compare/{a}/{b}.json").get_json()["differences"]
+        html = web.get(f"/compare/{a}/{b}").get_data(as_text=True)
+        assert ('id="compare-different-models"' in html) == bool(said)
+        return said
+
+    digits, other = (
+        write_job(app, with_facts(crafted_results())),
+        write_job(app, with_facts(crafted_results())),
+    )
+    assert differences(digits, other) == []
+    resnet = write_job(
+        app,
+        with_facts(crafted_results()),
+        options={"example": "resnet18", "target": "x86-host", "quantize": "int8"},
+    )
+    assert differences(digits, resnet) == ["the model: digits-cnn against resnet18"]
+    one, again = upload("mine.onnx", b"\x08\x07 one"), upload("renamed.onnx", b"\x08\x07 one")
+    assert differences(one, again) == []  # the same bytes under another name: the same model
+    changed = upload("mine.onnx", b"\x08\x07 two")
+    assert differences(one, changed) == ["the model file's contents (both named mine.onnx)"]
+    wider = upload("mine.onnx", b"\x08\x07 one", shape=(4, 1, 8, 8))
+    assert differences(one, wider) == ["the inputs: input 1x1x8x8 float32 against input 4x1x8x8 float32"]
+    assert "These are two different models" in web.get(f"/compare/{one}/{wider}").get_data(as_text=True)

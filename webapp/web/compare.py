@@ -10,6 +10,7 @@ from pathlib import Path
 
 from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
 from webapp.codeviews import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
+from webapp.jobs.storage import file_digest
 from webapp.jobs.store import read_untrusted_json
 from webapp.options import JobOptions
 
@@ -57,6 +58,48 @@ def side(job: dict) -> dict:
         "headline": headline(r),
         "graph": (r.get("graphs") or {}).get("fused", {}).get("svg"),  # its fused graph's picture
     }
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two jobs' input files hold the same bytes: one upload is kept once, hard-linked into
+    each job that uses it (jobs/storage.py), so the same inode says so without reading them."""
+    try:
+        sa, sb = a.stat(), b.stat()
+    except OSError:
+        return False
+    if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
+        return True
+    return sa.st_size == sb.st_size and file_digest(a) == file_digest(b)
+
+
+def model_differences(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> list[str]:
+    """What differs between the models of two results (empty: the same model, the same inputs): the
+    example or the uploaded file's bytes, then the inputs' shapes and types. A speed ratio of two
+    different models compares the models, not the compiler."""
+    out = []
+    oa, ob = job_a["options"], job_b["options"]
+    if oa.get("example") or ob.get("example"):
+        if oa.get("example") != ob.get("example"):
+            out.append(f"the model: {model_name(oa)} against {model_name(ob)}")
+    elif not same_file(
+        dir_a / "input" / oa.get("model_file", ""), dir_b / "input" / ob.get("model_file", "")
+    ):
+        names = f"{model_name(oa)} against {model_name(ob)}"
+        out.append(
+            f"the model file's contents ({names})"
+            if oa.get("filename") != ob.get("filename")
+            else (f"the model file's contents (both named {model_name(oa)})")
+        )
+    inputs = [
+        [f"{t.get('name')} {'x'.join(map(str, t.get('shape') or []))} {t.get('dtype')}" for t in inp]
+        for inp in (
+            (job_a["results"].get("model") or {}).get("inputs") or [],
+            (job_b["results"].get("model") or {}).get("inputs") or [],
+        )
+    ]
+    if all(inputs) and inputs[0] != inputs[1]:
+        out.append(f"the inputs: {', '.join(inputs[0])} against {', '.join(inputs[1])}")
+    return out
 
 
 def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
@@ -225,6 +268,7 @@ def compare(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> dict:
         "a": a,
         "b": b,
         "speedup": speedup,  # a's time / b's: above 1, b is faster
+        "differences": model_differences(job_a, job_b, dir_a, dir_b),  # of the models: [] if the same
         "options": options,
         "benchmarks": benchmarks,
         "fidelity": fidelity,
