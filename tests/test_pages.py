@@ -1503,3 +1503,15 @@ def test_compare_warns_when_the_two_results_are_of_different_models(app, web, tm
     wider = upload("mine.onnx", b"\x08\x07 one", shape=(4, 1, 8, 8))
     assert differences(one, wider) == ["the inputs: input 1x1x8x8 float32 against input 4x1x8x8 float32"]
     assert "These are two different models" in web.get(f"/compare/{one}/{wider}").get_data(as_text=True)
+
+
+def test_a_bad_own_input_file_says_why_and_leads_back_to_the_result(app, web):
+    job_id = write_job(app, with_facts(crafted_results()))
+    resp = web.post(f"/r/{job_id}/inputs", data={"file": (io.BytesIO(b"hello"), "notes.txt")})
+    html = resp.get_data(as_text=True)
+    assert resp.status_code == 400 and "This file cannot be run" in html
+    assert "Send an .npz of the model&#39;s inputs, or an image" in html
+    assert f'<a href="/r/{job_id}#own-input" id="error-back">Back to the result' in html
+    # the API still answers in JSON
+    api = web.post(f"/api/jobs/{job_id}/inputs", data={"file": (io.BytesIO(b"hello"), "notes.txt")})
+    assert api.status_code == 400 and "Send an .npz" in api.get_json()["error"]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from flask import Blueprint, abort, jsonify, redirect, render_template, request, send_file, url_for
+from werkzeug.exceptions import BadRequest
 
 from webapp import targets
 from webapp.codeviews import safe_job_file
@@ -195,7 +196,18 @@ def submitted(job_id: str) -> str:
 
 @bp.post("/r/<job_id>/inputs")
 def submit(job_id: str):
-    return redirect(url_for("inputs.page", job_id=job_id, run_id=submitted(job_id)), 303)
+    """The result page's own-input form: a bad file answers with why and the way back to the form."""
+    try:
+        run_id = submitted(job_id)
+    except BadRequest as e:
+        back = {
+            "href": url_for("pages.result", job_id=job_id) + "#own-input",
+            "text": "Back to the result, to try another file",
+        }
+        return render_template(
+            "error.html", status=400, title="This file cannot be run", message=e.description, back=back
+        ), 400
+    return redirect(url_for("inputs.page", job_id=job_id, run_id=run_id), 303)
 
 
 @bp.post("/api/jobs/<job_id>/inputs")
