@@ -127,6 +127,15 @@ def test_rule_spill_and_rate_findings_on_kernel_rows():
         {"kernels": [slow | {"lint": []}, matmul | {"lint": [lint.finding("naive", "x")]}], "sgemm": sgemm}
     )
     assert summary["count"] == 2 and summary["kernels"] == 2 and summary["checked"] == 2
+    # a finding on a kernel under 1% of a run is listed after the rest and not counted in the headline
+    tiny = matmul | {"name": "fused_matmul_tiny", "share": 0.005, "lint": [lint.finding("naive", "y")]}
+    summary = lint.summary({"kernels": [tiny, slow | {"lint": []}, matmul | {"lint": []}], "sgemm": sgemm})
+    assert (summary["count"], summary["kernels"], summary["minor"], summary["checked"]) == (1, 1, 1, 3)
+    assert summary["by_hazard"] == [("far below the sgemm reference for its flops", 1)]
+    assert [(f["kernel"], f["counted"]) for f in summary["findings"]] == [
+        ("fused_conv2d", True),
+        ("fused_matmul_tiny", False),
+    ]
 
 
 def test_a_gpu_kernel_is_linted_without_its_host_code():

@@ -1515,3 +1515,24 @@ def test_a_bad_own_input_file_says_why_and_leads_back_to_the_result(app, web):
     # the API still answers in JSON
     api = web.post(f"/api/jobs/{job_id}/inputs", data={"file": (io.BytesIO(b"hello"), "notes.txt")})
     assert api.status_code == 400 and "Send an .npz" in api.get_json()["error"]
+
+
+def test_the_linter_headline_counts_findings_on_kernels_of_at_least_1_percent_of_a_run(app, web):
+    results = crafted_results()
+    for k, share in zip(results["kernels"], (0.6, 0.3, 0.004, 0.096), strict=True):
+        k.update(ms=share, share=share)
+    results["kernels"][0]["lint"] = [{"hazard": "naive", "title": "the naive schedule", "evidence": "big"}]
+    results["kernels"][2]["lint"] = [{"hazard": "naive", "title": "the naive schedule", "evidence": "tiny"}]
+    html = web.get(f"/r/{write_job(app, with_facts(results))}").get_data(as_text=True)
+    head = unescape(text(re.search(r'<li id="headline-lint">.*?</li>', html, re.S).group(0)))
+    assert (
+        "1 finding in 1 of its 4 kernels (the naive schedule: 1); 1 more on kernels under 1% of a run" in head
+    )
+    table = re.search(r'<table class="grid" id="lint-table">.*?</table>', html, re.S).group(0)
+    rows = re.findall(
+        r"<tr( class=\"minor\")?><td><code>(\w+)</code></td><td class=\"num\">([^<]*)</td>", table
+    )
+    assert rows == [
+        ("", "fused_conv2d10_add_relu", "60.0"),
+        (' class="minor"', "fused_conv2d2_add_relu", "0.4 (not counted)"),
+    ]

@@ -370,6 +370,11 @@ def headline_lines(result: dict) -> str:
         lines.append(
             f"Kernel linter: {lint['count']} findings in {lint['kernels']} of {lint['checked']} kernels"
             + (f" ({by})" if by else "")
+            + (
+                f"; {lint['minor']} more on kernels under {lint['counted_share']:.0%} of a run"
+                if lint.get("minor")
+                else ""
+            )
         )
         lines += [f"  {f['kernel']}: {f['title']}: {f['evidence']}" for f in lint["findings"]]
     return "\n".join(f"* {line}" if not line.startswith("  ") else line for line in lines)

@@ -32,6 +32,7 @@ HAZARDS = {
     "unchecked": "not checked: the linter failed on it",
 }
 SLOW_SHARE = 0.02  # a kernel below this share of a run is not worth a finding for its rate
+COUNTED_SHARE = 0.01  # the headline counts findings on kernels of at least this share of a run
 SLOW_OF_SGEMM = 0.10
 WEIGHTY = re.compile(r"conv2d|matmul|dense")  # the kernels whose rate is set against sgemm
 # a direct call to a named function (libm's expf, memset); not TVM's error path (__tvm_set_raised), and
@@ -132,17 +133,27 @@ def summary(results: dict) -> dict | None:
     if not kernels:
         return None
     findings = [
-        {"kernel": k["name"], **f}
+        {"kernel": k["name"], **f, "share": k.get("share"), "counted": counted(k)}
         for k in kernels
         for f in [*(k.get("lint") or []), *rate_findings(k, results.get("sgemm"))]
     ]
     by_hazard: dict[str, int] = {}
     for f in findings:
-        by_hazard[f["title"]] = by_hazard.get(f["title"], 0) + 1
+        if f["counted"]:
+            by_hazard[f["title"]] = by_hazard.get(f["title"], 0) + 1
     return {
-        "count": len(findings),
-        "kernels": len({f["kernel"] for f in findings}),
+        "count": sum(f["counted"] for f in findings),
+        "kernels": len({f["kernel"] for f in findings if f["counted"]}),
         "checked": len(kernels),
         "by_hazard": sorted(by_hazard.items(), key=lambda kv: -kv[1]),
-        "findings": findings,
+        "minor": sum(not f["counted"] for f in findings),  # listed, not counted
+        "counted_share": COUNTED_SHARE,
+        "findings": sorted(findings, key=lambda f: not f["counted"]),  # the counted first, in kernel order
     }
+
+
+def counted(kernel: dict) -> bool:
+    """Whether a kernel's findings count in the headline: it takes at least COUNTED_SHARE of a run, or
+    its share was not measured (a build not profiled here: the findings may matter)."""
+    share = kernel.get("share")
+    return share is None or share >= COUNTED_SHARE
