@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from tests.conftest import int8_instruction, wait_for_job
+from webapp.cli import headline_lines
 from webapp.jobs.store import JobStore
 from webapp.jobs.worker import run_job
 
@@ -67,6 +68,11 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
     assert runtimes == {"tvm", "pytorch", "onnxruntime"}
+    # its weights are random, and the result says so wherever its outputs are shown
+    weights = job["results"]["model"]["weights"]
+    assert not weights["trained"] and "random (seeded), not trained" in weights["text"]
+    assert weights["text"] in client.get(f"/r/{created['id']}").get_data(as_text=True)
+    assert f"Weights: {weights['text']}" in headline_lines(job["results"])
     assert all(b["median_ms"] > 0 and b["p90_ms"] >= b["median_ms"] for b in job["results"]["benchmarks"])
     # one row per reference, each run once (a CPU job has no extra CPU reference, as a GPU job has)
     assert sorted(f["reference"] for f in job["results"]["fidelity"]) == ["onnxruntime", "pytorch"]

@@ -1536,3 +1536,26 @@ def test_the_linter_headline_counts_findings_on_kernels_of_at_least_1_percent_of
         ("", "fused_conv2d10_add_relu", "60.0"),
         (' class="minor"', "fused_conv2d2_add_relu", "0.4 (not counted)"),
     ]
+
+
+def test_an_examples_random_weights_are_said_on_its_page_and_its_own_input_runs(app, web):
+    from webapp.catalog import EXAMPLES
+    from webapp.jobs.own_input import run_dir, status_file
+
+    config = app.extensions["playground"]["config"]
+    results = crafted_results()
+    results["model"]["weights"] = EXAMPLES["cnn-small"].weights
+    job_id = write_job(app, with_facts(results), options={"example": "cnn-small", "target": "x86-host"})
+    said = EXAMPLES["cnn-small"].weights["text"]
+    assert said in section(web.get(f"/r/{job_id}").get_data(as_text=True), "summary")
+    folder = run_dir(config, job_id, "c" * 12)
+    folder.mkdir(parents=True)
+    status_file(folder).write_text(json.dumps({"status": "done", "filename": "in.npz", "created": 1.0}))
+    (folder / "result.json").write_text(json.dumps({"runtimes": [], "inputs": []}))
+    assert web.get(f"/r/{job_id}/inputs/{'c' * 12}.json").get_json()["weights"]["trained"] is False
+    page = web.get(f"/r/{job_id}/inputs/{'c' * 12}").get_data(as_text=True)
+    assert 'id="input-weights"' in page and said in page
+    trained = crafted_results()
+    trained["model"]["weights"] = EXAMPLES["digits-cnn"].weights
+    digits = write_job(app, with_facts(trained))
+    assert EXAMPLES["digits-cnn"].weights["text"] in web.get(f"/r/{digits}").get_data(as_text=True)

@@ -401,6 +401,7 @@ def test_digits_accuracy_at_each_bit_width(config, tmp_path):
         accuracy["fp32"] = rows["fp32"]
         accuracy[bits] = rows[bits]
         assert result["quantization"]["variant"] == bits
+        assert result["model"]["weights"]["trained"]  # the one example with trained weights says so
         assert any(b["variant"] == bits for b in result["benchmarks"])
     assert accuracy["fp32"] > 0.95
     assert accuracy["int8"] >= accuracy["fp32"] - 0.005

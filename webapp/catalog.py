@@ -23,6 +23,18 @@ class Example:
     vocabulary: int | None = None  # the input is token ids below this, not floats
     transformers: bool = False  # a Hugging Face model, exported as people export them (dynamo ONNX)
 
+    @property
+    def weights(self) -> dict:
+        """What its weights are, said wherever its outputs are shown (results.model.weights)."""
+        if self.dataset:
+            text = f"trained (seeded) on the {self.dataset} dataset: its outputs are real predictions"
+            return {"trained": True, "text": text}
+        return {
+            "trained": False,
+            "text": "random (seeded), not trained: its outputs (classes, scores, tokens) mean nothing; "
+            "it is here to be compiled and timed",
+        }
+
 
 EXAMPLES: dict[str, Example] = {
     e.name: e

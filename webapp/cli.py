@@ -362,6 +362,9 @@ def headline_lines(result: dict) -> str:
     what to look at next, the kernel linter's findings (each as the result JSON says it)."""
     h = result.get("headline") or {}
     lines = [h[k]["text"] for k in ("speed", "quantized") if h.get(k)]
+    weights = (result.get("model") or {}).get("weights")
+    if weights:
+        lines.append(f"Weights: {weights['text']}")
     if h.get("look_next"):
         lines.append(f"Look next: {h['look_next']['text']}")
     lint = result.get("lint")

@@ -45,6 +45,7 @@ def make_package(job_dir: Path, out: Path) -> dict:
         "target": target,
         "tvm": tvm.__version__,
         "inputs": result["model"]["inputs"],
+        "weights": result["model"].get("weights"),  # an example's: random or trained
         "outputs": result["model"]["outputs"],
         "options": options,
         "variant": (result.get("quantization") or {}).get("variant", "fp32"),

@@ -72,7 +72,7 @@ def run(folder: Path, given: dict, repeat: int = 0, profile: bool = False) -> di
     outputs = flatten(vm["main"](*args))
     names = [s["name"] for s in meta.get("outputs", [])]
     names = names if len(names) == len(outputs) else [f"output{i}" for i in range(len(outputs))]
-    result = {"outputs": dict(zip(names, outputs, strict=True))}
+    result = {"outputs": dict(zip(names, outputs, strict=True)), "weights": meta.get("weights")}
     if repeat:
         vm.set_input("main", *args)
         timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=repeat)
@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     given = dict(np.load(args.inputs)) if args.inputs else {}
     result = run(Path(args.package), given, args.repeat if args.print_time else 0, args.profile)
+    if result["weights"]:  # an example's model: random or trained, as its result page says
+        print(f"weights: {result['weights']['text']}")
     for name, value in result["outputs"].items():
         print(f"{name}: shape {list(value.shape)} {value.dtype}")
     if args.output:

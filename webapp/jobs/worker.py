@@ -67,6 +67,7 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     example = EXAMPLES.get(stored.get("example") or "")
     if example:
         spec["dataset"] = example.dataset
+        spec["weights"] = example.weights
         pt2, onnx = ensure_example_files(config, example.name)
         (job_dir / "input").mkdir(exist_ok=True)
         shutil.copyfile(onnx, job_dir / "input" / "model.onnx")

@@ -36,6 +36,7 @@ class Job:
     calibration_data: Path | None  # the user's .npz
     bench_budget_s: float
     stage_budgets_s: dict  # stage -> its time budget (Config.stage_budgets_s)
+    weights: dict | None = None  # an example's: {"trained", "text"} (catalog.Example.weights)
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -49,6 +50,7 @@ class Job:
             job_dir / spec["calibration_data"] if spec.get("calibration_data") else None,
             float(spec.get("bench_budget_s", 3.0)),
             {str(k): float(v) for k, v in (spec.get("stage_budgets_s") or {}).items()},
+            spec.get("weights"),
         )
 
 

@@ -222,6 +222,8 @@ def run_or_404(job_id: str, run_id: str) -> tuple[dict, dict]:
     run = run_view(ctx()[0], job_id, run_id)
     if run is None:
         abort(404)
+    # an example's weights (random or trained), as its result says them: the outputs mean what they can
+    run["weights"] = ((job.get("results") or {}).get("model") or {}).get("weights")
     return job, run
 
 

@@ -562,7 +562,7 @@ def import_stage(ctx, report) -> ImportedModel:
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     ctx.results.save(
-        model=model.to_json(),
+        model=model.to_json() | ({"weights": ctx.job.weights} if ctx.job.weights else {}),
         target={
             "preset": ctx.target.name,
             "title": ctx.target.title,
