@@ -284,10 +284,23 @@ def test_dynamic_input_without_input_shapes_fails_then_works_with_them(client):
     )
     job = failed_job(client, model, "dyn.onnx")
     assert job["error"]["stage"] == "import" and "input_shapes" in job["error"]["message"]
+    assert job["results"]["resubmit"] == {"input_shapes": {"x": [1, 16]}}  # what would get past it
     resp = submit(client, {"input_shapes": json.dumps({"x": [4, 16]})}, (model, "dyn.onnx"))
     job = wait_for_job(client, resp.get_json()["id"])
     assert job["status"] == "done", job["error"]
     assert job["results"]["model"]["inputs"][0]["shape"] == [4, 16]
+    # or from the failed result's page: the form offers the shapes, and submits the same file again
+    failed = failed_job(client, model, "dyn2.onnx", quantize="none")
+    page = client.get(f"/r/{failed['id']}").get_data(as_text=True)
+    assert 'id="resubmit"' in page and "{&#34;x&#34;: [1, 16]}" in page
+    again = client.post(f"/r/{failed['id']}/resubmit", data={"input_shapes": '{"x": [2, 16]}'})
+    assert again.status_code == 303
+    job = wait_for_job(client, again.headers["Location"].split("/r/")[1].split("?")[0])
+    assert job["status"] == "done", job["error"]
+    assert job["results"]["model"]["inputs"][0]["shape"] == [2, 16]
+    assert job["options"]["filename"] == "dyn2.onnx" and job["options"]["quantize"] == "none"
+    bad = client.post(f"/r/{failed['id']}/resubmit", data={"input_shapes": "not json"})
+    assert bad.status_code == 400 and "input_shapes" in bad.get_data(as_text=True)
 
 
 def test_server_keeps_serving_after_failures(client):

@@ -9,7 +9,12 @@ from webapp.sandbox import MEMORY_WORDS
 
 
 class StageError(Exception):
-    """A failure the user can act on; its message is shown as is (no traceback)."""
+    """A failure the user can act on; its message is shown as is (no traceback). `resubmit`: the
+    options that would get past it (e.g. {"input_shapes": ...}), which the result page offers."""
+
+    def __init__(self, message: str, resubmit: dict | None = None):
+        super().__init__(message)
+        self.resubmit = resubmit
 
 
 def error_message(exc: BaseException) -> str:

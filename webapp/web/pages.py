@@ -5,9 +5,11 @@ device pool's status (webapp.devices.status, also /api/devices)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import time
+from contextlib import ExitStack
 
 from flask import (
     Blueprint,
@@ -36,7 +38,7 @@ from webapp.catalog import (
 )
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
-from webapp.jobs.submit import SubmitError
+from webapp.jobs.submit import SubmitError, submit_job
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.repro import archive_name, reproducer_zip
@@ -215,6 +217,12 @@ def submit():
         job = submit_from_request()
     except SubmitError as e:
         return *render_index(str(e), e.status, request.form), retry_headers(e)
+    return to_result(job)
+
+
+def to_result(job) -> Response:
+    """The answer to a submission from a browser: its result page, and the cookies that make the
+    result this browser's own (the compare picker's list, the delete link's token)."""
     response = redirect(
         url_for("pages.result", job_id=job.id, **({"reused": 1} if job.reused else {})), code=303
     )
@@ -385,6 +393,45 @@ def live(job_id: str):
 @bp.get("/r/<job_id>/stages")
 def stages(job_id: str):
     return render_template("_stages.html", job=view_or_404(job_id))
+
+
+@bp.post("/r/<job_id>/resubmit")
+def resubmit(job_id: str):
+    """A failed upload submitted again with the options its failure asked for (input_shapes): the same
+    file and calibration data, its other options as they were."""
+    config, store, queue = ctx()
+    job = view_or_404(job_id)
+    inputs = store.job_dir(job_id) / "input"
+    model = job["options"].get("model_file")
+    if not model or not (inputs / model).is_file():
+        abort(400, "Only an uploaded model can be submitted again from its result.")
+    form = {k: form_value(v) for k, v in job["options"].items() if v is not None}  # as its form said it
+    form["input_shapes"] = request.form.get("input_shapes", "")
+    calibration = inputs / "calibration.npz"
+    try:
+        with (inputs / model).open("rb") as upload, ExitStack() as files:
+            data = files.enter_context(calibration.open("rb")) if calibration.is_file() else None
+            job = submit_job(
+                config,
+                store,
+                queue,
+                form,
+                upload,
+                job["options"].get("filename") or model,
+                None,
+                data,
+                request.remote_addr or "",
+            )
+    except SubmitError as e:
+        abort(e.status, str(e))
+    return to_result(job)
+
+
+def form_value(value) -> str:
+    """A stored option as a submission form gives it (JobOptions.parse reads strings)."""
+    if isinstance(value, bool):
+        return "1" if value else ""
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 @bp.post("/r/<job_id>/cancel")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import math
 import pickle
 import zipfile
@@ -81,6 +82,27 @@ def import_model(
             )
         return import_pt2(path, input_shapes or {})
     return import_onnx(path, input_shapes or {}, input_values or {})
+
+
+def fixed_shapes(inputs: list[TensorSpec], input_shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Every input's concrete shape (fixed_shape). The inputs with a dynamic dimension and no size
+    given fail together: one message, and the shapes to resubmit with (1 for each dynamic dimension)."""
+    missing = {
+        s.name: [d if isinstance(d, int) else 1 for d in s.shape]
+        for s in inputs
+        if s.name not in input_shapes and any(not isinstance(d, int) for d in s.shape)
+    }
+    if missing:
+        names = ", ".join(repr(n) for n in missing)
+        shapes = ", ".join(str(s.shape) for s in inputs if s.name in missing)
+        many = len(missing) > 1
+        raise StageError(
+            f"Input{'s' if many else ''} {names} ha{'ve' if many else 's'} a dynamic dimension "
+            f"(shape{'s' if many else ''} {shapes}). Give {'their sizes' if many else 'its size'} with "
+            f"input_shapes, for example {json.dumps(missing)}.",
+            resubmit={"input_shapes": {**input_shapes, **missing}},
+        )
+    return {s.name: fixed_shape(s, input_shapes) for s in inputs}
 
 
 def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[int]:
@@ -180,8 +202,9 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     outputs = [onnx_value_spec(v) for v in model.graph.output]
     check_input_names(inputs, input_shapes | input_values)
     given = given_values(inputs, input_values)
+    fixed = fixed_shapes(inputs, input_shapes | {n: list(v.shape) for n, v in given.items()})
     for spec in inputs:
-        spec.shape = fixed_shape(spec, input_shapes | {n: list(v.shape) for n, v in given.items()})
+        spec.shape = fixed[spec.name]
     integer = [s.name for s in inputs if s.dtype.startswith(("int", "uint"))]
     used = onnx_input_values(model, integer) if integer else {}  # one shape inference for all of them
     for spec in inputs:
@@ -478,7 +501,7 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
 
     inputs = pt2_inputs(ep)
     check_input_names(inputs, input_shapes)
-    fixed = {s.name: fixed_shape(s, input_shapes) for s in inputs}
+    fixed = fixed_shapes(inputs, input_shapes)
 
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -558,7 +581,12 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 def import_stage(ctx, report) -> ImportedModel:
     """The model as Relax, its imported IR kept for the code view."""
-    model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
+    try:
+        model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
+    except StageError as e:
+        if e.resubmit:  # the result page offers to submit the model again with these options
+            ctx.results.save(resubmit=e.resubmit)
+        raise
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     ctx.results.save(
