@@ -116,6 +116,19 @@ def test_upload_watch_stages_read_results_and_reload_by_share_link(
     expect(page.locator(".code-title")).to_contain_text("Assembly")
     code_panel_ready(page)
     expect(page.locator("#code-text")).to_contain_text(kernel)
+    # the selection is in the address: a shared link opens it, Back returns to the one before
+    expect(page).to_have_url(re.compile(rf"view=asm&kernel={kernel}#code$"))
+    shared = page.url
+    page.go_back()
+    expect(page).to_have_url(re.compile(rf"view=tir&kernel={kernel}#code$"))
+    expect(page.locator(".code-title")).to_contain_text("TIR of a kernel")
+    other = page.context.browser.new_page()
+    other.goto(shared)
+    expect(other.locator("#code-view")).to_have_value("asm")
+    expect(other.locator(".code-title code")).to_have_text(kernel)
+    other.close()
+    page.goto(shared)
+    code_panel_ready(page)
     page.select_option("#code-view", "bytecode")
     expect(page.locator(".code-title")).to_have_text("VM bytecode")  # no stale kernel name
     code_panel_ready(page)

@@ -442,13 +442,22 @@ def cancel(job_id: str):
     return redirect(url_for("pages.result", job_id=job_id), code=303)
 
 
+CODE_ARGS = ("view", "kernel", "pass", "diff", "asm_all", "graph", "node", "line")  # a code selection
+
+
 @bp.get("/r/<job_id>/code")
 def code(job_id: str):
     def render() -> str:
         job = view_or_404(job_id)
         return render_template("_code.html", job=job, code=requested_code_view(job))
 
-    return cached_page(job_id, render)
+    response = cached_page(job_id, render)
+    if request.headers.get("HX-Request"):  # the page's picker: its address says the selection (history)
+        chosen = {
+            k: v for k, v in request.args.items() if k in CODE_ARGS and v and (k, v) != ("graph", "fused")
+        }
+        response.headers["HX-Push-Url"] = url_for("pages.result", job_id=job_id, **chosen) + "#code"
+    return response
 
 
 # ---------------------------------------------------------------- two results side by side
