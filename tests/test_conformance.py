@@ -413,6 +413,11 @@ def test_main_rule_schedules_its_pattern_and_matches_onnxruntime(tmp_path, kind)
         from webapp.pipeline.stages.inspect import kernel_flop
 
         assert [kernel_flop(optimized.fused[name]) for name in main] == [2 * 9 * 32 * (14 * 14 * 32)]
+        # the input transform stays a block of its own, computed once: inlined into the 16 GEMMs (as
+        # inline_epilogue once did) it is computed again for every output channel, 4x the time
+        from webapp.pipeline.passes.winograd import NAMES
+
+        assert all(f'T.sblock("{NAMES[0]}"' in lowered[name].script() for name in main), NAMES
 
 
 def test_a_rule_that_fails_leaves_the_kernel_to_the_next_rule_and_says_so(tmp_path, monkeypatch):

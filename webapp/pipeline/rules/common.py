@@ -65,22 +65,26 @@ def inline(sch: s_tir.Schedule, block) -> None:
 def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
     """Inlines the elementwise blocks after `main` into the block that writes the output, and returns
     that block (None when `main` writes the output itself). Raises when that is not possible. Blocks
-    before `main` whose result `main` does not read itself are inlined into their readers too where they
-    can be (the epilogue, or a block that feeds main): left apart, what only the epilogue reads keeps the
-    epilogue from moving into main's loops (an LSTM step's matmul fell to a slower rule)."""
+    before `main` that only the epilogue reads are inlined into it too where they can be: left apart,
+    they keep the epilogue from moving into main's loops (an LSTM step's matmul, whose epilogue adds a
+    squeezed slice of the input projection, fell to a slower rule). Blocks that feed main, directly or
+    not, stay (a Winograd transform inlined into its batched matmul is computed again for every
+    output channel)."""
     func = sch.mod["main"]
     if is_output(func, sch.get(main).writes[0].source):
         return None
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
-    read = {r.source for r in sch.get(main).reads}
-    for block in blocks[:at]:  # not main's own inputs (an LSTM step's input slice, squeezed)
-        written = sch.get(block).writes[0].source
-        if written not in read and not is_output(func, written):
-            try:
-                inline(sch, block)
-            except Exception:  # noqa: BLE001 - left where it is: then the epilogue may not move
-                pass
+    after = {sch.get(b).name_hint for b in blocks[at + 1 :]}  # by name: inlining remakes a block
+    for block in reversed(blocks[:at]):  # the last first: its readers are known by then
+        readers = sch.get_consumers(block)
+        if readers and all(sch.get(r).name_hint in after for r in readers):
+            written = sch.get(block).writes[0].source
+            if not is_output(func, written):
+                try:
+                    inline(sch, block)
+                except Exception:  # noqa: BLE001 - left where it is: then the epilogue may not move
+                    continue
     for block in blocks[at + 1 :]:
         if not is_output(func, sch.get(block).writes[0].source):
             inline(sch, block)
