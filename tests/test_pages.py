@@ -18,7 +18,7 @@ from webapp.catalog import CALIBRATION_MODES, QUANTIZE_MODES, STAGES, WEIGHT_GRA
 from webapp.jobs.store import new_job_id
 from webapp.naming import natural_key
 from webapp.pipeline.reports.facts import derive, worst_layer
-from webapp.web.pages import bench_chart
+from webapp.web.chart import bench_chart
 
 STAGES_DONE = [  # every stage but the remote one (a board's), done
     {"name": s, "status": "done", "seconds": 1.0, "progress": 1.0} for s in STAGES if s != "remote"

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import zipfile
 from collections.abc import Mapping
+from contextlib import ExitStack
 from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -137,6 +138,31 @@ class Submitted(NamedTuple):
     id: str
     reused: bool  # an earlier identical job's
     delete_token: str | None  # for the submitter's delete link; None for a reused job
+
+
+def resubmit_job(
+    config: Config, store: JobStore, queue: JobQueue, job: dict, input_shapes: str, client: str = ""
+) -> Submitted:
+    """A failed upload (`job`, as job_view shows it) submitted again with the input_shapes its failure
+    asked for: the same file and calibration data, its other options as its form gave them."""
+    inputs = store.job_dir(job["id"]) / "input"
+    model = job["options"].get("model_file")
+    if not model or not (inputs / model).is_file():
+        raise SubmitError("Only an uploaded model can be submitted again from its result.")
+    form = {k: form_value(v) for k, v in job["options"].items() if v is not None}
+    form["input_shapes"] = input_shapes
+    calibration = inputs / "calibration.npz"
+    with (inputs / model).open("rb") as upload, ExitStack() as files:
+        data = files.enter_context(calibration.open("rb")) if calibration.is_file() else None
+        filename = job["options"].get("filename") or model
+        return submit_job(config, store, queue, form, upload, filename, None, data, client)
+
+
+def form_value(value) -> str:
+    """A stored option as a submission form gives it (JobOptions.parse reads strings)."""
+    if isinstance(value, bool):
+        return "1" if value else ""
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 def admit(config: Config, store: JobStore, client: str) -> None:

@@ -84,12 +84,9 @@ def model_differences(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> lis
     elif not same_file(
         dir_a / "input" / oa.get("model_file", ""), dir_b / "input" / ob.get("model_file", "")
     ):
-        names = f"{model_name(oa)} against {model_name(ob)}"
-        out.append(
-            f"the model file's contents ({names})"
-            if oa.get("filename") != ob.get("filename")
-            else (f"the model file's contents (both named {model_name(oa)})")
-        )
+        same_name = oa.get("filename") == ob.get("filename")
+        names = f"both named {model_name(oa)}" if same_name else f"{model_name(oa)} against {model_name(ob)}"
+        out.append(f"the model file's contents ({names})")
     inputs = [
         [f"{t.get('name')} {'x'.join(map(str, t.get('shape') or []))} {t.get('dtype')}" for t in inp]
         for inp in (

@@ -5,11 +5,8 @@ device pool's status (webapp.devices.status, also /api/devices)."""
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import re
 import time
-from contextlib import ExitStack
 
 from flask import (
     Blueprint,
@@ -38,12 +35,13 @@ from webapp.catalog import (
 )
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
-from webapp.jobs.submit import SubmitError, submit_job
+from webapp.jobs.submit import SubmitError, resubmit_job
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.repro import archive_name, reproducer_zip
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
+from webapp.web.chart import bench_chart
 from webapp.web.compare import code_diff, compare, job_title
 
 bp = Blueprint("pages", __name__)
@@ -397,41 +395,16 @@ def stages(job_id: str):
 
 @bp.post("/r/<job_id>/resubmit")
 def resubmit(job_id: str):
-    """A failed upload submitted again with the options its failure asked for (input_shapes): the same
-    file and calibration data, its other options as they were."""
+    """A failed upload submitted again with the input shapes its failure asked for (jobs/submit.py)."""
     config, store, queue = ctx()
     job = view_or_404(job_id)
-    inputs = store.job_dir(job_id) / "input"
-    model = job["options"].get("model_file")
-    if not model or not (inputs / model).is_file():
-        abort(400, "Only an uploaded model can be submitted again from its result.")
-    form = {k: form_value(v) for k, v in job["options"].items() if v is not None}  # as its form said it
-    form["input_shapes"] = request.form.get("input_shapes", "")
-    calibration = inputs / "calibration.npz"
     try:
-        with (inputs / model).open("rb") as upload, ExitStack() as files:
-            data = files.enter_context(calibration.open("rb")) if calibration.is_file() else None
-            job = submit_job(
-                config,
-                store,
-                queue,
-                form,
-                upload,
-                job["options"].get("filename") or model,
-                None,
-                data,
-                request.remote_addr or "",
-            )
+        submitted = resubmit_job(
+            config, store, queue, job, request.form.get("input_shapes", ""), request.remote_addr or ""
+        )
     except SubmitError as e:
         abort(e.status, str(e))
-    return to_result(job)
-
-
-def form_value(value) -> str:
-    """A stored option as a submission form gives it (JobOptions.parse reads strings)."""
-    if isinstance(value, bool):
-        return "1" if value else ""
-    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return to_result(submitted)
 
 
 @bp.post("/r/<job_id>/cancel")
@@ -579,77 +552,3 @@ def pygments_stylesheet():
 def favicon():
     """What browsers ask for on their own: the page's icon (an SVG, which they all read)."""
     return redirect(url_for("static", filename="favicon.svg"), code=301)
-
-
-# ---------------------------------------------------------------- the benchmark chart
-
-
-def format_ms(ms: float) -> str:
-    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
-
-
-def format_tick(ms: float) -> str:
-    return f"{ms:.6g}"  # 0.30000000000000004 -> 0.3
-
-
-def log_ticks(lo: float, hi: float) -> list[float]:
-    """1-2-5 ticks (or decades only over a wide range) covering [lo, hi]."""
-    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-    steps = (1, 2, 5) if len(decades) <= 4 else (1,)
-    return [s * 10.0**d for d in decades for s in steps if lo <= s * 10.0**d <= hi * 1.0001]
-
-
-def linear_ticks(high: float) -> list[float]:
-    """About five round ticks from 0 to at least `high`."""
-    magnitude = 10 ** math.floor(math.log10(high / 5))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= high / 5)
-    return [i * step for i in range(math.ceil(high / step - 1e-9) + 1)]
-
-
-CHART_WIDTH = 430  # px of the bar area (the chart is 640 wide; labels take the left, values the right)
-# A log scale only where the runs differ by more than this factor; otherwise bar lengths compare.
-LOG_SCALE_ABOVE = 20
-
-
-def bench_chart(results: dict) -> dict | None:
-    """Bars of the median latencies on a labelled axis (ms), each with its p90 as a line beyond.
-    Linear when the runs are within LOG_SCALE_ABOVE of each other, else logarithmic."""
-    rows = [r for r in results.get("benchmarks", []) if r.get("median_ms")]
-    if not rows:
-        return None
-    low = min(r["median_ms"] for r in rows)
-    high = max(max(r["p90_ms"], r["median_ms"]) for r in rows)
-    log = high / low > LOG_SCALE_ABOVE
-    if log:
-        # the axis starts a step below the fastest run, so that its bar has a length to see
-        steps = log_ticks(10 ** math.floor(math.log10(low / 2)), 10 ** math.ceil(math.log10(high)))
-        lo = max(t for t in steps if t <= low / 1.5)
-        hi = min(t for t in steps if t >= high / 1.0001)
-        ticks = log_ticks(lo, hi)
-
-        def x(ms: float) -> float:
-            return CHART_WIDTH * math.log10(ms / lo) / math.log10(hi / lo)
-    else:
-        ticks = linear_ticks(high)
-        hi = ticks[-1]
-
-        def x(ms: float) -> float:
-            return CHART_WIDTH * ms / hi
-
-    bars = [
-        {
-            "runtime": r["runtime"],
-            "label": f"{r['runtime']} {r['variant']}"
-            + (" tuned" if r["tuned"] else " default rules" if r["runtime"] == "tvm" else ""),
-            "value": format_ms(r["median_ms"]),
-            "median_x": round(x(r["median_ms"]), 1),
-            "p90_x": round(x(max(r["p90_ms"], r["median_ms"])), 1),
-            "p90": format_ms(r["p90_ms"]),
-        }
-        for r in rows
-    ]
-    return {
-        "bars": bars,
-        "log": log,
-        "ticks": [{"x": round(x(t), 1), "label": format_tick(t)} for t in ticks],
-    }

@@ -106,7 +106,8 @@ def fixed_shapes(inputs: list[TensorSpec], input_shapes: dict[str, list[int]]) -
 
 
 def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[int]:
-    """The concrete shape of one graph input, from the model or from the user's input_shapes."""
+    """The concrete shape of one graph input, from the model or from the user's input_shapes (a
+    dynamic dimension without one is fixed_shapes' to refuse)."""
     given = input_shapes.get(spec.name)
     if given is not None:
         if len(given) != len(spec.shape) or any(
@@ -117,12 +118,6 @@ def fixed_shape(spec: TensorSpec, input_shapes: dict[str, list[int]]) -> list[in
                 f"{spec.shape}."
             )
         return [int(g) for g in given]
-    if any(not isinstance(d, int) for d in spec.shape):
-        example = [d if isinstance(d, int) else 1 for d in spec.shape]
-        raise StageError(
-            f"Input {spec.name!r} has a dynamic dimension (shape {spec.shape}). Give its size with "
-            f'input_shapes, for example {{"{spec.name}": {example}}}.'
-        )
     if over_shape_limits(spec.shape):
         elements = math.prod(spec.shape)
         raise StageError(

@@ -1,0 +1,77 @@
+"""The benchmark chart of a result page: bars of the median latencies on a labelled axis, as
+geometry the template draws (the figures themselves are the result JSON's)."""
+
+from __future__ import annotations
+
+import math
+
+
+def format_ms(ms: float) -> str:
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
+def format_tick(ms: float) -> str:
+    return f"{ms:.6g}"  # 0.30000000000000004 -> 0.3
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 ticks (or decades only over a wide range) covering [lo, hi]."""
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    steps = (1, 2, 5) if len(decades) <= 4 else (1,)
+    return [s * 10.0**d for d in decades for s in steps if lo <= s * 10.0**d <= hi * 1.0001]
+
+
+def linear_ticks(high: float) -> list[float]:
+    """About five round ticks from 0 to at least `high`."""
+    magnitude = 10 ** math.floor(math.log10(high / 5))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= high / 5)
+    return [i * step for i in range(math.ceil(high / step - 1e-9) + 1)]
+
+
+CHART_WIDTH = 430  # px of the bar area (the chart is 640 wide; labels take the left, values the right)
+# A log scale only where the runs differ by more than this factor; otherwise bar lengths compare.
+LOG_SCALE_ABOVE = 20
+
+
+def bench_chart(results: dict) -> dict | None:
+    """Bars of the median latencies on a labelled axis (ms), each with its p90 as a line beyond.
+    Linear when the runs are within LOG_SCALE_ABOVE of each other, else logarithmic."""
+    rows = [r for r in results.get("benchmarks", []) if r.get("median_ms")]
+    if not rows:
+        return None
+    low = min(r["median_ms"] for r in rows)
+    high = max(max(r["p90_ms"], r["median_ms"]) for r in rows)
+    log = high / low > LOG_SCALE_ABOVE
+    if log:
+        # the axis starts a step below the fastest run, so that its bar has a length to see
+        steps = log_ticks(10 ** math.floor(math.log10(low / 2)), 10 ** math.ceil(math.log10(high)))
+        lo = max(t for t in steps if t <= low / 1.5)
+        hi = min(t for t in steps if t >= high / 1.0001)
+        ticks = log_ticks(lo, hi)
+
+        def x(ms: float) -> float:
+            return CHART_WIDTH * math.log10(ms / lo) / math.log10(hi / lo)
+    else:
+        ticks = linear_ticks(high)
+        hi = ticks[-1]
+
+        def x(ms: float) -> float:
+            return CHART_WIDTH * ms / hi
+
+    bars = [
+        {
+            "runtime": r["runtime"],
+            "label": f"{r['runtime']} {r['variant']}"
+            + (" tuned" if r["tuned"] else " default rules" if r["runtime"] == "tvm" else ""),
+            "value": format_ms(r["median_ms"]),
+            "median_x": round(x(r["median_ms"]), 1),
+            "p90_x": round(x(max(r["p90_ms"], r["median_ms"])), 1),
+            "p90": format_ms(r["p90_ms"]),
+        }
+        for r in rows
+    ]
+    return {
+        "bars": bars,
+        "log": log,
+        "ticks": [{"x": round(x(t), 1), "label": format_tick(t)} for t in ticks],
+    }
