@@ -32,6 +32,7 @@ WATCH_THE_PAGE = """() => {
 def assert_every_link_answers(page, job_url: str) -> int:
     """Every link of the result page into the job (files, JSON, share link) and every choice of its
     code picker answers 200; returns how many were fetched."""
+    job_url = job_url.split("#")[0].split("?")[0]  # the page's address may carry a code view
     path = job_url.split("://", 1)[1].split("/", 1)[1]
     hrefs = page.eval_on_selector_all(
         f"a[href^='/{path}']", "links => links.map((a) => a.getAttribute('href'))"
