@@ -2,7 +2,7 @@
 
 A job's ResNet-50 (or another example) is built once with quantize=int8 (its fp32 and int8 libraries);
 ONNX Runtime gets the same .onnx in fp32 and quantized by its own static quantizer (as
-benchmarks/quantized.py). Each scenario then times the four in turn (webapp/pipeline/stages/bench.py:
+benchmarks/quantized.py). Each scenario then times the four in turn (webapp/pipeline/stages/timing.py:
 measure_interleaved) in a fresh process at the jobs' CPU priority (nice 10):
 
 - quiet: nothing else runs;
@@ -10,7 +10,7 @@ measure_interleaved) in a fresh process at the jobs' CPU priority (nice 10):
   through the timing, every runtime with all cores' threads (the default);
 - busy core, spin 0: the same, TVM's thread pool told not to spin (TVM_THREAD_POOL_SPIN_COUNT=0);
 - busy core, free cores: the same, every runtime given as many threads as cores are free (what the
-  benchmark does when it finds a core busy: bench.free_cores);
+  benchmark does when it finds a core busy: timing.free_cores);
 - busy core, timing at nice 0: the timing at the busy loop's priority (not a job's).
 
 Each scenario runs --runs times after the one build; the table shows the medians.
@@ -71,13 +71,13 @@ def time_here(paths: dict, threads: int, budget_s: float, nice: int) -> dict:
     """In the scenario's own process: the four timed in turn, medians in ms, and the conditions."""
     import tvm
 
-    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages import bench, timing
     from webapp.pipeline.stages.importers import TensorSpec
 
     os.nice(nice)  # 10: as a job's sandbox runs
     inputs = bench.make_inputs([TensorSpec(n, tuple(s), d) for n, s, d in paths["specs"]])
     if threads == 0:  # as many as cores are free, for every runtime
-        threads = bench.free_cores(os.cpu_count() or 1)
+        threads = timing.free_cores(os.cpu_count() or 1)
         bench.set_tvm_threads(threads)
     runs = {}
     for key in ("tvm fp32", "tvm int8"):
@@ -86,8 +86,8 @@ def time_here(paths: dict, threads: int, budget_s: float, nice: int) -> dict:
         runs[key] = bench.onnxruntime_runner(Path(paths[key]), inputs, threads)
     for run in runs.values():
         run()
-    with bench.Watch() as watch:
-        timed = bench.measure_interleaved(runs, budget_s)
+    with timing.Watch() as watch:
+        timed = timing.measure_interleaved(runs, budget_s)
     return {"threads": threads, "ms": {k: t["median_ms"] for k, t in timed.items()}} | {
         "others_cores": watch.conditions()["others_cores"]
     }

@@ -5,7 +5,7 @@ The step is the example's model wrapped so that the cache is its input: (token, 
 every layer) -> (logits, every layer's keys and values with the new token's). It is exported as the
 examples are (`torch.onnx.export(dynamo=True)`, and `torch.export` for PyTorch), the .onnx compiled
 through the whole pipeline (sandboxed, as an uploaded model's job runs), and the three runtimes
-timed in turn in one loop (webapp/pipeline/stages/bench.measure_interleaved) on the same inputs.
+timed in turn in one loop (webapp/pipeline/stages/timing.measure_interleaved) on the same inputs.
 
     PYTHONPATH=. .venv/bin/python benchmarks/decode.py [--models gpt2,llama] [--past 128] [--record]
 
@@ -85,7 +85,7 @@ def measure_model(config: Config, name: str, past: int, tmp: Path) -> dict:
     import tvm
 
     from webapp.cli import compile_locally
-    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages import bench, timing
 
     onnx_path, pt2, inputs = export_step(name, past, tmp)
     out = tmp / f"{name}-job"
@@ -100,7 +100,7 @@ def measure_model(config: Config, name: str, past: int, tmp: Path) -> dict:
     }
     outputs = {k: bench.flatten_outputs(run()) for k, run in runs.items() if k != "pytorch"}
     fid = bench.fidelity(outputs["tvm"][:1], outputs["onnxruntime"][:1], classifier=False)
-    ms = {k: t["median_ms"] for k, t in bench.measure_interleaved(runs, config.bench_budget_s).items()}
+    ms = {k: t["median_ms"] for k, t in timing.measure_interleaved(runs, config.bench_budget_s).items()}
     return {
         "model": name,
         "past": past,

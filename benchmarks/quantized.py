@@ -12,7 +12,7 @@ machine's sgemm rate measured in the same run (cpu_models.py).
 
 The ratios hold on a shared machine whose speed changes by the minute: the five runtimes (the job's
 fp32 and int8 libraries, loaded here, and ONNX Runtime's three sessions) are timed in turn within one loop
-(webapp/pipeline/stages/bench.measure_interleaved). Chaining ratios from two loops, as this script did before,
+(webapp/pipeline/stages/timing.py). Chaining ratios from two loops, as this script did before,
 let a slow spell in one loop move MobileNetV2's int8 ratio from 0.83x to 1.51x between runs: in that 1.51x
 run TVM int8 took 2.14 ms and ONNX Runtime int8 2.54 ms.
 
@@ -78,7 +78,7 @@ def measure_model(config: Config, name: str, tmp: Path, target: str = "x86-host"
 
     from webapp.cli import compile_locally
     from webapp.jobs.worker import ensure_example_files
-    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages import bench, timing
     from webapp.pipeline.stages.importers import import_model
 
     out = tmp / name
@@ -105,7 +105,7 @@ def measure_model(config: Config, name: str, tmp: Path, target: str = "x86-host"
         outs[variant] = bench.flatten_outputs(runs[variant]())
     ms = {
         variant: t["median_ms"]
-        for variant, t in bench.measure_interleaved(runs, config.bench_budget_s).items()
+        for variant, t in timing.measure_interleaved(runs, config.bench_budget_s).items()
     }
     ort_fid = bench.fidelity(outs["ort int8"], outs["ort fp32"], classifier=False)
     dynamic_fid = bench.fidelity(outs["ort dynamic"], outs["ort fp32"], classifier=False)

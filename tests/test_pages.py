@@ -1398,27 +1398,37 @@ def test_the_benchmark_names_the_cpu_and_says_how_busy_the_machine_was(app, web)
     results = with_facts(crafted_results())
     results["machine"] = {"cpu": "AMD EPYC 9B14", "instruction_sets": ["AVX2", "AVX-512", "AVX-512 VNNI"],
                           "cores": 2, "governor": None}  # fmt: skip
-    first = {"quiet": False, "others_cores": 0.97, "steal_share": 0.0, "seconds": 1.2,
-             "what": "other processes used 0.97 cores on average"}  # fmt: skip
-    results["conditions"] = {"quiet": True, "others_cores": 0.04, "steal_share": 0.0, "seconds": 1.1,
-                             "what": "quiet", "repeated": True, "first": first}  # fmt: skip
+    first = {"quiet": False, "others_cores": 0.97, "steal_share": 0.0, "seconds": 1.2, "spread": 0.31,
+             "what": "other processes used 0.97 cores on average", "waited_s": 0.0}  # fmt: skip
+    first["disturbed"] = f"{first['what']}; its rounds' medians lay 31% apart"
+    second = {"quiet": True, "others_cores": 0.04, "steal_share": 0.0, "seconds": 1.1, "spread": 0.03,
+              "what": "quiet", "waited_s": 3.2, "disturbed": None}  # fmt: skip
+    # timed again once the machine was quiet (stages/timing.py): the headline states its figures plainly
+    results["conditions"] = second | {"kept": 2, "timings": [first, second]}
+    results |= derive(results)
+    assert (
+        results["headline"]["speed"]["uncertain"] is None
+        and "Uncertain" not in results["headline"]["speed"]["text"]
+    )
     page = web.get(f"/r/{write_job(app, results)}").get_data(as_text=True)
-    line = re.sub(
-        r"\s+", " ", re.sub(r"<[^>]+>", "", page.split('id="bench-conditions">')[1].split("</p>")[0])
+    line = unescape(
+        re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page.split('id="bench-conditions">')[1].split("</p>")[0]))
     )
     assert line == (
         "Measured on AMD EPYC 9B14 (AVX2, AVX-512, AVX-512 VNNI), 2 cores. While it timed: quiet (other "
-        "processes used 0.04 cores on average); timed again because the first timing was disturbed (other "
-        "processes used 0.97 cores on average)."
+        "processes used 0.04 cores on average). Timed 2 times, waiting 3.2 s in all for the machine to be "
+        "quiet: 1. other processes used 0.97 cores on average; its rounds' medians lay 31% apart; "
+        "2. undisturbed. The table shows timing 2."
     )
-    # a core busy with other processes when it began: every runtime left it (bench.free_cores)
+    assert "bench-disturbed" not in page and 'class="faster uncertain"' not in page
+    # a core busy with other processes when it began: every runtime left it (timing.free_cores)
     results["fewer_threads"] = {"threads": 1, "of": 2, "busy_cores": 1}
     page = web.get(f"/r/{write_job(app, results)}").get_data(as_text=True)
     line = re.sub(
         r"\s+", " ", re.sub(r"<[^>]+>", "", page.split('id="bench-conditions">')[1].split("</p>")[0])
     )
     assert line.endswith(
-        "(other processes used 0.97 cores on average). Other processes kept 1 of the 2 cores busy when it "
+        "The table shows timing 2. Other processes kept 1 of the 2 cores busy when it "
         "began: every runtime ran on 1 thread instead of 2, leaving them."
     )
 

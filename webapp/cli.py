@@ -410,6 +410,10 @@ def benchmark_table(result: dict) -> str:
         first = conditions.get("first") if conditions.get("repeated") else None
         again = f"; timed again, the first timing was disturbed: {first['what']}" if first else ""
         lines.append(f"  while it timed: {conditions['what']}{again}")
+        timings = conditions.get("timings") or []
+        for n, t in enumerate(timings if len(timings) > 1 else [], 1):
+            kept = " (kept)" if n == conditions.get("kept") else ""
+            lines.append(f"  timing {n}{kept}: {t['disturbed'] or 'undisturbed'}")
     if result.get("fewer_threads"):
         fewer = result["fewer_threads"]
         busy = f"{fewer['busy_cores']} of {fewer['of']} cores were busy"

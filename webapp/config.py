@@ -44,6 +44,9 @@ class Config:
     output_limit_mb: int = 4096  # largest file the job may write
     bench_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     bench_budget_s: float = 2.0  # timing budget per runtime (ResNet-50: ~50 runs, a steady median)
+    # How long a benchmark waits, at most, for the machine to be quiet before it times and before it
+    # times again where other processes disturbed it (webapp/pipeline/stages/timing.py); 0: timed once
+    quiet_wait_s: float = 30.0
     # Time budgets of the stages (seconds; PLAYGROUND_STAGE_BUDGETS, JSON, overrides some): a stage
     # past its budget ends the job, naming the stage and the pass it was in. The tune and benchmark
     # stages keep to budgets of their own (trials, bench_budget_s).
@@ -98,6 +101,7 @@ class Config:
             nice=env_int("PLAYGROUND_JOB_NICE", c.nice),
             process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
             bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
+            quiet_wait_s=float(os.environ.get("PLAYGROUND_QUIET_WAIT_S") or c.quiet_wait_s),
             stage_budgets_s=c.stage_budgets_s
             | json.loads(os.environ.get("PLAYGROUND_STAGE_BUDGETS") or "{}"),
             unsandboxed=os.environ.get("PLAYGROUND_UNSANDBOXED") == "1",

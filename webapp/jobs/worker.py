@@ -60,6 +60,7 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     spec = {
         "options": options.to_json(),
         "bench_budget_s": config.bench_budget_s,
+        "quiet_wait_s": config.quiet_wait_s,
         "stage_budgets_s": config.stage_budgets_s,
     }
     if stored.get("calibration_data"):

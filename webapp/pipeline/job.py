@@ -37,6 +37,7 @@ class Job:
     bench_budget_s: float
     stage_budgets_s: dict  # stage -> its time budget (Config.stage_budgets_s)
     weights: dict | None = None  # an example's: {"trained", "text"} (catalog.Example.weights)
+    quiet_wait_s: float = 0.0  # how long the benchmark may wait for a quiet machine (Config.quiet_wait_s)
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -51,6 +52,7 @@ class Job:
             float(spec.get("bench_budget_s", 3.0)),
             {str(k): float(v) for k, v in (spec.get("stage_budgets_s") or {}).items()},
             spec.get("weights"),
+            float(spec.get("quiet_wait_s", 0.0)),
         )
 
 

@@ -9,6 +9,8 @@ calling it again on its result changes nothing.
 
 from __future__ import annotations
 
+from statistics import median
+
 from webapp.naming import natural_key
 from webapp.pipeline.reports import lint
 
@@ -47,15 +49,54 @@ def derive(results: dict) -> dict:
     return facts
 
 
-def tvm_ms(results: dict, variant: str, tuned: bool) -> float | None:
+def tvm_row(results: dict, variant: str, tuned: bool) -> dict | None:
     return next(
         (
-            b["median_ms"]
+            b
             for b in results.get("benchmarks", [])
-            if b["runtime"] == "tvm" and b["variant"] == variant and b["tuned"] == tuned
+            if b["runtime"] == "tvm"
+            and b["variant"] == variant
+            and b["tuned"] == tuned
+            and b.get("median_ms")
         ),
         None,
     )
+
+
+def tvm_ms(results: dict, variant: str, tuned: bool) -> float | None:
+    row = tvm_row(results, variant, tuned)
+    return row["median_ms"] if row else None
+
+
+def paired_ratio(num: dict, den: dict) -> dict:
+    """num's time over den's from the rounds in which the two were timed side by side (stages/timing.py:
+    round i of each within the same second or two, so a slow spell of the machine falls on both): the
+    median of the rounds' ratios, and the lowest and highest of them; for rows without rounds alike (a
+    board's, a result from before rounds), the ratio of their medians alone."""
+    a, b = num.get("rounds_ms") or [], den.get("rounds_ms") or []
+    if a and len(a) == len(b) and all(b):
+        ratios = [x / y for x, y in zip(a, b, strict=True)]
+        return {"ratio": median(ratios), "low": min(ratios), "high": max(ratios), "rounds": len(ratios)}
+    return {"ratio": num["median_ms"] / den["median_ms"], "low": None, "high": None, "rounds": 0}
+
+
+def uncertainty(results: dict, pair: dict, subject: str, other: str) -> dict | None:
+    """Where the timing was disturbed every time it was timed (stages/timing.py: measure_watched), how
+    uncertain a ratio from it is: half the range of its rounds' ratios, as a share of it, and the words
+    the headline says it in; None for an undisturbed timing."""
+    conditions = results.get("conditions") or {}
+    if not conditions.get("disturbed"):
+        return None
+    times = len(conditions.get("timings") or []) or 1
+    why = f"timed {times} time{'s' if times != 1 else ''}, never undisturbed ({conditions['disturbed']})"
+    if pair["low"] is None:
+        return {"plus_minus": None, "text": f"Uncertain: {why}"}
+    plus_minus = (pair["high"] - pair["low"]) / 2 / pair["ratio"]
+    return {
+        "plus_minus": plus_minus,
+        "text": f"Uncertain by ±{plus_minus:.0%}: {why}; its {pair['rounds']} rounds put {subject} at "
+        f"{pair['low']:.2f}× to {pair['high']:.2f}× {other}'s speed",
+    }
 
 
 def benchmark_summary(results: dict) -> dict:
@@ -219,8 +260,10 @@ def quantization_summary(results: dict) -> dict:
     """The speedup over TVM fp32 (or why there is none), the accuracy change, and the worst layer."""
     q = results["quantization"]
     variant = q["variant"]
-    fp32_ms, quant_ms = tvm_ms(results, "fp32", False), tvm_ms(results, variant, False)
-    speedup = fp32_ms / quant_ms if fp32_ms and quant_ms else None
+    fp32, quant = tvm_row(results, "fp32", False), tvm_row(results, variant, False)
+    fp32_ms, quant_ms = fp32 and fp32["median_ms"], quant and quant["median_ms"]
+    pair = paired_ratio(fp32, quant) if fp32 and quant else None
+    speedup = pair["ratio"] if pair else None
     accuracy = {a["variant"]: a["top1"] for a in results.get("accuracy", []) if not a["tuned"]}
     fp32_top1, quant_top1 = accuracy.get("fp32"), accuracy.get(variant)
     errors = q.get("layer_errors") or []
@@ -228,7 +271,8 @@ def quantization_summary(results: dict) -> dict:
         "variant": variant,
         "fp32_ms": fp32_ms,
         "quant_ms": quant_ms,
-        "speedup": speedup,
+        "speedup": speedup,  # fp32's time over the quantized build's, of rounds timed side by side
+        "uncertain": uncertainty(results, pair, variant, "TVM fp32") if pair else None,
         "why_no_speedup": why_no_speedup(results, variant, fp32_ms, quant_ms)
         if speedup is not None and speedup < NO_SPEEDUP_BELOW
         else None,
@@ -439,7 +483,8 @@ def speed_line(results: dict) -> dict | None:
         text = f"{line['tvm']} {best['median_ms']:.3g} ms on {best.get('device')}; {where}"
         return line | {"peer": None, "peer_ms": None, "peer_over_tvm": None, "text": text}
     peer = min(peers, key=lambda b: b["median_ms"])
-    ratio = peer["median_ms"] / best["median_ms"]
+    pair = paired_ratio(peer, best)
+    ratio = pair["ratio"]
     if 1 / ABOUT_AS_FAST <= ratio <= ABOUT_AS_FAST:
         verdict = "about as fast as"
     elif ratio > 1:
@@ -450,11 +495,13 @@ def speed_line(results: dict) -> dict | None:
         f"{line['tvm']} {verdict} {build_name(peer)}, the fastest other runtime on {best.get('device')}: "
         f"{best['median_ms']:.3g} ms against {peer['median_ms']:.3g} ms"
     )
+    uncertain = uncertainty(results, pair, line["tvm"], build_name(peer))
     return line | {
         "peer": build_name(peer),
         "peer_ms": peer["median_ms"],
         "peer_over_tvm": ratio,
-        "text": text,
+        "uncertain": uncertain,
+        "text": f"{text}. {uncertain['text']}" if uncertain else text,
     }
 
 
@@ -480,7 +527,9 @@ def quantized_line(results: dict, summary: dict | None) -> dict | None:
         parts.append(f"top-1 accuracy {summary['top1_change_points']:+.1f} points")
     if sqnr is not None:
         parts.append(f"SQNR {sqnr:.1f} dB against fp32")
-    return {"variant": variant, "speedup": speedup, "sqnr_db": sqnr, "text": ", ".join(parts)}
+    uncertain = summary.get("uncertain")
+    text = ", ".join(parts) + (f". {uncertain['text']}" if uncertain else "")
+    return {"variant": variant, "speedup": speedup, "sqnr_db": sqnr, "uncertain": uncertain, "text": text}
 
 
 def look_next(results: dict, summary: dict | None, sqnr_db: float | None) -> dict | None:

@@ -18,9 +18,16 @@ import numpy as np
 from webapp import timing_slot
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
-from webapp.pipeline.stages.conditions import Watch, machine
+from webapp.pipeline.stages.conditions import machine
 from webapp.pipeline.stages.importers import TensorSpec
 from webapp.pipeline.stages.profile import profile_builds, timed_kernels
+from webapp.pipeline.stages.timing import (
+    TIMINGS,
+    free_cores,
+    measure_interleaved,
+    measure_watched,
+    wait_quiet,
+)
 
 
 def bench_threads() -> int:
@@ -46,15 +53,6 @@ def sgemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
     finally:
         torch.set_num_threads(before)
     return 2 * n**3 / best / 1e9
-
-
-def free_cores(threads: int, window_s: float = 0.5) -> int:
-    """Of `threads`, how many to use now: the cores no other process keeps busy (the others' CPU use
-    over window_s, rounded to whole cores, taken from all cores), at least 1."""
-    with Watch() as watch:
-        time.sleep(window_s)
-    busy = round(watch.conditions()["others_cores"] or 0)
-    return max(1, min(threads, (os.cpu_count() or 1) - busy))
 
 
 def set_tvm_threads(threads: int) -> None:
@@ -87,77 +85,6 @@ def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]
             high = values.high if values is not None and values.high else 10
             inputs[spec.name] = rng.integers(0, high, spec.shape).astype(dtype)
     return inputs
-
-
-SETTLE_S = 0.05
-
-
-def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, report=lambda f: None) -> dict:
-    """Time each of `runs` ({key: fn}, each already called once) in `rounds` rounds that take every
-    fn in turn, a slice of budget_s / rounds each (at least one call), `budget_s` in all per fn. A
-    slow spell of a shared machine (another tenant on the other core) then falls on every runtime
-    alike, not on whichever ran during it, and the ratios between runtimes hold. Each slice starts
-    after a pause in which the other runtimes' thread pools stop spinning, and lasts a fraction of a
-    second, not a count of calls (measured here on cnn-small, TVM / ONNX Runtime in one process:
-    slices of 40 calls 88 / 38 us; 0.5 s slices without the pause 77 / 53; with it 45 / 38, the
-    figures each gives alone). Returns {key: summarize(...)} of all of each fn's calls, except that its
-    `median_ms` is the median of its fastest round: a spell of the machine that slows every call (on a
-    2-vCPU VM here, both threads of a runtime slow 15-20% for seconds at a time, all runtimes alike:
-    docs/benchmarks.md "The same job three times") slows a round and never speeds one, so the fastest
-    round is the nearest to the machine's unhindered speed (a drift longer than the whole timing moves
-    it all the same, as measured there). `rounds_ms` holds each round's median, and `spread` how far
-    apart they lie, (largest - smallest) / `median_ms`."""
-    times: dict = {key: [] for key in runs}
-    medians: dict = {key: [] for key in runs}  # of each round
-    for done in range(rounds):
-        for key, fn in runs.items():
-            time.sleep(SETTLE_S)  # the other runtimes' idle threads stop spinning and go to sleep
-            fn()  # the warm-up of this slice
-            end = time.perf_counter() + budget_s / rounds
-            first = len(times[key])
-            while True:
-                t0 = time.perf_counter()
-                fn()
-                t1 = time.perf_counter()
-                times[key].append((t1 - t0) * 1e3)
-                if t1 >= end:
-                    break
-            medians[key].append(float(np.median(times[key][first:])))
-        report((done + 1) / rounds)
-    out = {}
-    for key, ts in times.items():
-        fastest = min(medians[key])
-        out[key] = summarize(ts) | {
-            "median_ms": fastest,
-            "rounds_ms": medians[key],
-            "spread": round((max(medians[key]) - fastest) / fastest, 4),
-        }
-    return out
-
-
-def measure_watched(runs: dict, budget_s: float, report) -> tuple[dict, dict]:
-    """measure_interleaved, with how busy the machine was meanwhile (conditions.Watch); measured once
-    more when something else disturbed it (the second measurement is kept, with both conditions)."""
-    with Watch() as watch:
-        timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 * f))
-    conditions = watch.conditions()
-    if conditions["quiet"] is False:
-        with Watch() as again:
-            timings = measure_interleaved(runs, budget_s, report=lambda f: report(0.5 + 0.5 * f))
-        conditions = again.conditions() | {"repeated": True, "first": conditions}
-    report(1.0)
-    return timings, conditions
-
-
-def summarize(times_ms: list[float]) -> dict:
-    """median / p90 / min of timed runs, in ms, as every benchmark row states them."""
-    times = sorted(times_ms)
-    return {
-        "median_ms": float(np.median(times)),
-        "p90_ms": float(np.percentile(times, 90)),
-        "min_ms": times[0],
-        "runs": len(times),
-    }
 
 
 def flatten_outputs(out) -> list[np.ndarray]:
@@ -308,6 +235,7 @@ def benchmark(
     report=lambda f: None,
     dev=None,
     reference_variant: str = "fp32",
+    quiet_wait_s: float = 0.0,
 ) -> dict:
     """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
     ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
@@ -317,13 +245,16 @@ def benchmark(
     is also checked against ONNX Runtime (or PyTorch) on the CPU. It holds the machine's timing slot
     (webapp/timing_slot.py); where other processes still keep cores busy then, every runtime runs on
     the cores left (`fewer_threads`; benchmarks/contention.py measures why: a thread of a static
-    split that shares its core with another process holds up the whole kernel)."""
+    split that shares its core with another process holds up the whole kernel). Before it counts them,
+    and before each timing again where one was disturbed, it waits for the machine to be quiet, up to
+    quiet_wait_s in all (timing.measure_watched)."""
     # the machine's timing slot from the runtimes' loading on: the cores counted free are free of our jobs
     with timing_slot.hold("benchmark"):
         classifier = is_classifier(outputs)
         on_cuda = reference_cuda(dev)
         host_name = cpu_name()
         all_threads = bench_threads()
+        waited = wait_quiet(quiet_wait_s / 2)  # half the wait at most: the rest for timing again
         threads = free_cores(all_threads)  # cores other processes keep busy: every runtime leaves them
         if threads < all_threads:
             set_tvm_threads(threads)
@@ -355,7 +286,14 @@ def benchmark(
                 continue
             outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
             report(0.2 * (i + 1) / len(makers))
-        timings, conditions = measure_watched(runs, budget_s, lambda f: report(0.2 + 0.8 * f))
+        timings, conditions = measure_watched(
+            runs,
+            budget_s,
+            lambda f: report(0.2 + 0.8 * f),
+            quiet_wait_s - waited,
+            TIMINGS if quiet_wait_s else 1,
+        )
+        conditions["waited_s"] = round(conditions["waited_s"] + waited, 2)
         # a CPU build's kernels against this machine's sgemm (the linter's reference), not a GPU's
         on_cpu = dev is None or str(dev).startswith("cpu")
         try:
@@ -522,7 +460,16 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
     dev = target.device()
     reference = "int8" if model.prequantized else "fp32"  # ONNX Runtime runs the quantized file itself
     results = benchmark(
-        executables, inputs, model.outputs, job.references, device, budget, report, dev, reference
+        executables,
+        inputs,
+        model.outputs,
+        job.references,
+        device,
+        budget,
+        report,
+        dev,
+        reference,
+        job.quiet_wait_s,
     )
     results["profiles"] = profile_builds(
         executables, inputs, dev, results["benchmarks"], shown, job.dir / "files"

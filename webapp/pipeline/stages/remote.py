@@ -131,7 +131,7 @@ def board_of(session, key: str, host: str, port: int) -> dict:
 def timed(vm, dev, args, budget_s: float, first_s: float) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
     warm-up call; first_s, the time of the call that fetched the outputs, sizes it."""
-    from webapp.pipeline.stages.bench import summarize
+    from webapp.pipeline.stages.timing import summarize
 
     runs = int(max(3, min(50, budget_s / max(first_s, 1e-6))))
     return summarize([t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results])
