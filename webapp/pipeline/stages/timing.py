@@ -14,10 +14,10 @@ from webapp.pipeline.stages.conditions import Watch
 
 # A timing is disturbed when other processes kept cores busy or the hypervisor stole CPU time meanwhile
 # (conditions.BUSY_CORES, STEAL_SHARE), or when the medians of its rounds lie more than this share of its
-# median apart. Measured with benchmarks/spreads.py over the result.json files of a `make test` run on
-# the 2-vCPU Xeon (AVX-512 VNNI): rows timed while the machine was quiet had spreads p50 4%, p95 15%,
-# max 25% (126 rows), rows timed beside other work p50 7%, p90 27%, p95 42% (463 rows). At 20% about
-# 3 quiet timings in 100 are timed again, which costs one more timing.
+# median apart. Measured with `benchmarks/spreads.py /tmp /work` over this machine's stored results (the
+# 2-vCPU Xeon, AVX-512 VNNI): rows timed while the machine was quiet had spreads p50 4.6%, p95 12.3%,
+# max 18.3% (112 rows); rows timed beside other work p50 10.3%, p90 66%, max 112% (39 rows). No quiet
+# row passes 20%; a timing past it is timed again, which costs one more timing.
 SPREAD_LIMIT = 0.20
 TIMINGS = 3  # at most, a job's first included
 QUIET_WINDOW_S = 0.5  # how long the machine must be quiet before a timing starts again
