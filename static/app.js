@@ -326,7 +326,7 @@ async function setupGraphView(root) {
     bar.style.background = `linear-gradient(to right, ${[0, 0.33, 0.66, 1].map(heat).join(", ")})`;
     if (mode === "share") {
       const top = Math.max(...graph.nodes.map((x) => x.share || 0));
-      legend.append("Share of the kernels' time in a run, per kernel call: 0% ", bar, ` ${pct(top)}`,
+      legend.append("Share of a run, per kernel call: 0% ", bar, ` ${pct(top)}`,
         " (grey: no kernel time, e.g. inputs or ops folded away)");
     } else {
       legend.append(`SQNR against fp32: ${sqnrHi.toFixed(1)} dB `, bar, ` ${sqnrLo.toFixed(1)} dB`,
@@ -361,7 +361,7 @@ async function setupGraphView(root) {
       ["weights", (n.weights || []).map(shapeText).join(", ")], ["kernel", kernelName],
       ["schedule", k && k.schedule], ["kernel calls", k && k.calls],
       ["GFLOP per call", k && k.flop ? (k.flop / 1e9).toPrecision(3) : null],
-      [block ? "time, this block" : "time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of the kernels' time)` : null],
+      [block ? "time, this block" : "time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of a run)` : null],
       ["dtypes", k && k.dtypes],
       ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null],
       ["B against A", diff?.[id] ? [diff[id].state, ...diff[id].why].join("; ") : null],

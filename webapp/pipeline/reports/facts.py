@@ -556,7 +556,7 @@ def look_next(results: dict, summary: dict | None, sqnr_db: float | None) -> dic
     return {
         "section": "code",
         "kernel": k["name"],
-        "text": f"the slowest kernel, {k['name']}: {k['share']:.0%} of the kernels' time, "
+        "text": f"the slowest kernel, {k['name']}: {k['share']:.0%} of a run, "
         f"{k['ms']:.3g} ms a run ({k.get('schedule', 'naive')})",
     }
 

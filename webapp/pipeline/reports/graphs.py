@@ -351,7 +351,7 @@ def overlay_graphs(job_dir: Path, annotate) -> None:
 
 
 def time_graphs(job_dir: Path, kernels: list[dict]) -> None:
-    """Each kernel call of the graphs gains its time (ms) and share of the kernels' time, once the
+    """Each kernel call of the graphs gains its time (ms) and share of a run, once the
     benchmark has timed the kernels: a kernel's figures over its calls (the calls of one kernel are
     alike); an imported node has those of the call computing it, a block (the folded graph) those
     of its kernel calls summed."""

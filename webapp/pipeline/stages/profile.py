@@ -1,9 +1,11 @@
-"""Where a build's run time goes: each compiled kernel's calls timed by the VM's instrument hook
-(`profile_kernels`), the kernel table's times from it, and the same calls as a trace file."""
+"""Where a build's run time goes: each compiled kernel's calls timed by the VM's instrument hook and
+the VM's own work between them (`profile_kernels`), the kernel table's times from it, and the same
+calls as a trace file."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -11,18 +13,29 @@ import numpy as np
 
 from webapp import timing_slot
 
+# The VM reads a value a kernel computed (an If's condition, a shape from a tensor): a run with its
+# kernels skipped would decide on stale memory, so the VM's own work is not measured that way
+DATA_DEPENDENT = re.compile(r"vm\.builtin\.(read_if_cond|tensor_to_shape)\b")
+
 
 def profile_kernels(
     executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5, trace: list | None = None
 ) -> dict:
-    """Where one whole-model run's time goes: the VM's instrument hook times every call of a
-    compiled kernel (TVM 0.27 has no vm.profile). Per kernel: its calls per run, ms per run (the
-    median over `runs` runs), and share of the kernels' time in a run (the shares add up to 1).
-    `run_ms` is a whole run timed by time_evaluator without the hook, `kernels_ms` the kernels'
-    total by the hook: their ratio says how much of a run the kernels are (below 1: the VM's own
-    work, allocations and calls; above 1: the hook's own cost, a few microseconds a call, which
-    shows on a small model). `trace`, where given, gets each timed call: (run, kernel, start s, end s),
-    start and end from the run's start."""
+    """Where one whole-model run's time goes, each part measured: the VM's instrument hook times every
+    call of a compiled kernel (TVM 0.27 has no vm.profile), and runs with every kernel skipped time the
+    VM's own work (allocations, copies, its calls between kernels).
+
+    The hook costs time itself, c per invocation of it: it is called before and after every call the VM
+    makes (its builtins too; only before a call it skips). From a run timed without it (U, `run_ms`,
+    time_evaluator) and hooked runs (W, `hooked_ms`, n calls each): c = (W - U) / 2n (`hook_us`). A
+    kernel's timed span holds about one invocation (the end of the one before, the start of the one
+    after), so each kernel's `ms` is its spans' sum less c a call, the median over `runs` runs
+    (`measured_ms` keeps the spans' own). The VM's own work (`vm_ms`): the median of runs with every
+    kernel skipped, less the invocations they made; None where the VM reads values its kernels compute
+    (DATA_DEPENDENT). `kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and
+    agrees with it within a few percent (benchmarks/kernel_times.py). A kernel's `share` is of
+    kernels_ms + vm_ms (of U where vm_ms is None). `trace`, where given, gets each timed call: (run,
+    kernel, start s, end s), start and end from the run's start."""
     import tvm
     from tvm import relax
 
@@ -31,6 +44,7 @@ def profile_kernels(
     dev = dev or host().device()
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
+    sync = (lambda: None) if on_host else dev.sync
     with timing_slot.hold("kernel profile"):
         plain = relax.VirtualMachine(executable, dev)
         plain.set_input("main", *args)
@@ -44,70 +58,113 @@ def profile_kernels(
         started: dict[str, float] = {}
         run_at: list[float] = []  # when each timed run began
         timeline: list[tuple] = []  # each timed call: (run, kernel, start, end)
+        count = {"all": 0, "skip": False}
 
         def hook(func, symbol, before_run, ret_value, *call_args):
-            if "." not in symbol:  # a compiled kernel (fused_conv2d_add, ...), not a vm.builtin.* call
-                if not on_host:
-                    dev.sync()  # a GPU kernel ends when the device is done
-                if before_run:
-                    started[symbol] = time.perf_counter()
-                elif symbol in started:
-                    begun, ended = started.pop(symbol), time.perf_counter()
-                    seconds[symbol] = seconds.get(symbol, 0.0) + ended - begun
-                    calls[symbol] = calls.get(symbol, 0) + 1
-                    if run_at:
-                        timeline.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
+            count["all"] += before_run
+            if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
+                return relax.VMInstrumentReturnKind.NO_OP
+            if count["skip"]:
+                return relax.VMInstrumentReturnKind.SKIP_RUN
+            sync()  # a GPU kernel ends when the device is done
+            if before_run:
+                started[symbol] = time.perf_counter()
+            elif symbol in started:
+                begun, ended = started.pop(symbol), time.perf_counter()
+                seconds[symbol] = seconds.get(symbol, 0.0) + ended - begun
+                calls[symbol] = calls.get(symbol, 0) + 1
+                if run_at:
+                    timeline.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
             return relax.VMInstrumentReturnKind.NO_OP
 
         vm["main"](*args)  # warm-up, untimed
         vm.set_instrument(hook)
         per_run: dict[str, list[float]] = {}
+        hooked: list[float] = []
         for _ in range(runs):
             seconds.clear()
+            count["all"] = 0
             run_at.append(time.perf_counter())
             vm["main"](*args)
+            sync()
+            hooked.append(time.perf_counter() - run_at[-1])
             for name, t in seconds.items():
                 per_run.setdefault(name, []).append(t)
+        invocations = count["all"]  # the calls of one run, kernels and builtins
+        skipped = None if DATA_DEPENDENT.search(executable.as_text()) else skipped_runs(vm, args, runs, count)
     if trace is not None:  # only a whole profile's calls
         trace.extend(timeline)
-    # each kernel's median over the runs: a run another process interrupted does not count
-    ms = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
-    total = sum(ms.values()) or 1.0
+    kernel_calls = sum(calls.values()) // runs
+    hook_s = max(0.0, (float(np.median(hooked)) - run_ms / 1e3) / (2 * max(invocations, 1)))
+    measured = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
+    ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // runs)) for name, t in measured.items()}
+    vm_ms = None
+    if skipped is not None:  # the builtins' two invocations a call, a skipped kernel's one
+        vm_ms = max(0.0, (skipped - hook_s * (2 * invocations - kernel_calls)) * 1e3)
+    kernels_ms = sum(ms.values())
+    whole = kernels_ms + vm_ms if vm_ms is not None else run_ms
     return {
         "runs": runs,
         "run_ms": run_ms,
-        "kernels_ms": sum(ms.values()),
+        "hooked_ms": float(np.median(hooked)) * 1e3,
+        "hook_us": hook_s * 1e6,
+        "calls": invocations,
+        "vm_calls": invocations - kernel_calls,  # the builtins' calls of a run: allocations, copies
+        "kernels_ms": kernels_ms,
+        "vm_ms": vm_ms,
+        "vm_share": vm_ms / whole if vm_ms is not None and whole else None,
         "kernels": {
-            name: {"calls": calls[name] // runs, "ms": t, "share": t / total}
+            name: {
+                "calls": calls[name] // runs,
+                "ms": t,
+                "measured_ms": measured[name],
+                "share": t / (whole or 1.0),
+            }
             for name, t in sorted(ms.items(), key=lambda kv: -kv[1])
         },
     }
 
 
+def skipped_runs(vm, args: list, runs: int, count: dict) -> float | None:
+    """The median seconds of `runs` runs of `vm` with every kernel skipped (its hook returns SKIP_RUN),
+    or None where such a run fails (a shape the VM checks that a skipped kernel never wrote)."""
+    count["skip"] = True
+    try:
+        times = []
+        for _ in range(runs):
+            begun = time.perf_counter()
+            vm["main"](*args)
+            times.append(time.perf_counter() - begun)
+        return float(np.median(times))
+    except Exception as exc:
+        print(f"the VM's own work not measured: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return None
+    finally:
+        count["skip"] = False
+
+
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
-    """The inspect stage's kernels with each one's share of the kernels' time, from the profile of the
-    build the page shows, and its ms: that share of the build's benchmark median (benchmark_ms), so
-    the kernels' ms add up to the benchmark's figure, and its calls as the profile counted them;
-    slowest first (a kernel the VM never calls, last, with None)."""
+    """The inspect stage's kernels with each one's measured ms a run and share of a run, from the profile
+    of the build the page shows (profile_kernels), and its calls as the profile counted them; slowest
+    first (a kernel the VM never calls, last, with None)."""
     shown = next((p for p in profiles if p.get("shown")), {})
     if "kernels" not in shown:  # the profile failed: the kernels stay as they were
         return kernels
-    times, whole = shown["kernels"], shown.get("benchmark_ms")
     rows = []
     for k in kernels:
-        timed = times.get(k["name"], {})
-        share = timed.get("share")
-        ms = None if share is None else share * whole if whole else timed["ms"]
+        timed = shown["kernels"].get(k["name"], {})
         # calls as the run made them: the graph does not have a repacking of an activation (a
         # matmul's second operand computed by the model), split off its kernel, yet it runs each time
-        rows.append({**k, "calls": timed.get("calls", k["calls"]), "ms": ms, "share": share})
+        rows.append(
+            {**k, "calls": timed.get("calls", k["calls"]), "ms": timed.get("ms"), "share": timed.get("share")}
+        )
     return sorted(rows, key=lambda k: -(k["ms"] or 0))
 
 
 def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned: bool) -> dict:
-    """A profile with its build's benchmark median (benchmark_ms: what its kernels' ms are scaled to)
-    and the share of a run the hooked kernels took (kernels_of_run, their ms over a run's without the
-    hook: below 1 the VM's own work, above 1 the hook's own cost)."""
+    """A profile with its build's benchmark median (benchmark_ms) and how much of it the profile's parts
+    account for (accounted: the kernels' and the VM's own work's measured ms over it; None where the
+    VM's own work could not be measured apart)."""
     if "kernels" not in profile:
         return profile
     median = next(
@@ -118,7 +175,12 @@ def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned
         ),
         None,
     )
-    return profile | {"benchmark_ms": median, "kernels_of_run": profile["kernels_ms"] / profile["run_ms"]}
+    parts = profile["kernels_ms"] + profile["vm_ms"] if profile.get("vm_ms") is not None else None
+    return profile | {
+        "benchmark_ms": median,
+        "accounted_ms": parts,
+        "accounted": parts / median if parts and median else None,
+    }
 
 
 def profile_or_why(executable, inputs: dict[str, np.ndarray], dev, trace: list | None = None) -> dict:
