@@ -6,6 +6,7 @@ output as the job's own library."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import zipfile
@@ -70,6 +71,30 @@ def test_a_kernel_reproducer_runs_alone_and_gives_the_jobs_output(client, tmp_pa
     function(*args)
     np.testing.assert_array_equal(args[-1].numpy(), ours[-1])
     assert callable(script.random_args)
+
+
+def test_a_requantizing_kernel_reproducer_runs_on_the_models_own_scales_and_clip_bounds(client, tmp_path):
+    """An int8 matmul that requantizes its output clips it between two bounds the model passes in: on
+    random values the lower bound could lie above the upper one and the cast to uint8 leave its range
+    (run.py then found outputs 255 apart); the reproducer carries the model's small constants."""
+    job_id = submit(client, {"example": "mlp", "quantize": "int8"}).get_json()["id"]
+    job = wait_for_job(client, job_id)
+    assert job["status"] == "done", job["error"]
+    kernel = next(
+        k["name"] for k in job["results"]["kernels"] if re.match(r"fused_matmul.*minimum.*cast", k["name"])
+    )
+    folder = unpacked(client, job_id, kernel, tmp_path)
+    with np.load(folder / "constants.npz") as given:
+        assert len(given.files) >= 4  # scales, zero point, the two clip bounds
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", RUN, "--runs", "3"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "matches the unscheduled kernel" in run.stdout
 
 
 def test_no_reproducer_for_an_unknown_kernel(client):

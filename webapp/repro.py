@@ -11,7 +11,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from webapp.catalog import PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
+from webapp.catalog import KERNEL_CONSTANTS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
 from webapp.codeviews import safe_job_file
 
 SCRIPT = Path(__file__).with_name("repro_script.py")
@@ -22,6 +22,7 @@ WARNING = (
     "came with the model.\n"
 )
 PREPACK_PY = "prepack.py"
+CONSTANTS_NPZ = "constants.npz"
 
 
 def archive_name(kernel: str) -> str:
@@ -45,11 +46,19 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
     prepack = safe_job_file(job_dir, PREPACK_TIR.format(kernel=file_stem(kernel)))
     if prepack is not None:
         parts[PREPACK_PY] = prepack
+    constants = safe_job_file(job_dir, KERNEL_CONSTANTS.format(kernel=file_stem(kernel)))
+    if constants is not None:
+        parts[CONSTANTS_NPZ] = constants
     folder = archive_name(kernel)
     readme = (
         f"Kernel {kernel} of a TVM Playground job, target {results['target'].get('preset')}.\n"
         "kernel.py: its TIR as the job scheduled it; reference.py: the same kernel before scheduling;\n"
         + ("prepack.py: its weights repacked as kernel.py reads them;\n" if PREPACK_PY in parts else "")
+        + (
+            "constants.npz: the model's small constants it is called with (scales, clip bounds);\n"
+            if CONSTANTS_NPZ in parts
+            else ""
+        )  # fmt: skip
         + "target.json: the job's TVM target.\n\n"
         "    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy\n"
         "    python run.py   # builds, checks against the reference on seeded random inputs, times\n\n"

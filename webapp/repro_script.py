@@ -2,8 +2,9 @@
 the kernel's reproducer, /r/<job>/repro/<kernel>.zip; webapp/repro.py packs it).
 
 The folder holds the kernel's TIR as the job scheduled it (kernel.py), the same kernel before
-scheduling (reference.py), and the job's TVM target (target.json). This script builds both with
-tvm.compile, runs them on the same seeded random inputs, checks that the scheduled kernel computes what
+scheduling (reference.py), the job's TVM target (target.json) and, where the model calls it with them,
+its small constants (constants.npz: scales, clip bounds). This script builds both with tvm.compile, runs
+them on the same seeded random inputs (and those constants), checks that the scheduled kernel computes what
 the unscheduled one does (numpy, within float rounding), and times the scheduled one. For another CPU's
 target (an Arm board's kernel on an x86 machine) it builds and stops: its code cannot run here.
 
@@ -80,6 +81,12 @@ def main() -> int:
 
     dev = tvm.cpu()
     arrays = random_args(reference, args.seed)
+    if (HERE / "constants.npz").exists():  # the model's own scales and clip bounds, where the job wrote them
+        with np.load(HERE / "constants.npz", allow_pickle=False) as given:
+            for key in given.files:
+                i = int(key.removeprefix("arg"))
+                if i < len(arrays) and given[key].shape == arrays[i].shape:
+                    arrays[i] = given[key].astype(arrays[i].dtype)
     packed = list(arrays)  # the scheduled kernel reads its weights repacked: prepack.py makes them
     for i, (mine, theirs) in enumerate(zip(kernel.params, reference.params, strict=True)):
         if [int(d) for d in mine.shape] != [int(d) for d in theirs.shape]:

@@ -11,9 +11,10 @@ import re
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import tvm
 
-from webapp.catalog import CODE_VIEWS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
+from webapp.catalog import CODE_VIEWS, KERNEL_CONSTANTS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
 from webapp.codeviews import filter_asm
 from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
@@ -136,6 +137,9 @@ def inspect_build(
             prepack = lowered[name + PREPACK]
         if prepack is not None:
             (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
+        constants = call_constants(lowered, name)
+        if constants:
+            np.savez(job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)), **constants)
         (job_dir / code_file("llvm", name)).write_text(kernel_ll)
         (job_dir / code_file("asm", name)).write_text(kernel_asm)
         kernels.append(
@@ -303,3 +307,24 @@ def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:
         layer_errors = ctx.results.data["quantization"].get("layer_errors", [])
         error_graphs(ctx.dir, layer_errors, worst, model.layers)
     write_model_explorer(ctx.dir)  # written again with the times after the benchmark
+
+
+SMALL_CONSTANT = 4096  # elements: scales, zero points, clip bounds, a bias; not a weight
+
+
+def call_constants(lowered, name: str) -> dict[str, np.ndarray]:
+    """The small constants the model's main passes kernel `name` at its first call, by parameter
+    (arg<i>): its reproducer runs the kernel on them rather than on random values, which would put a
+    requantization's lower clip bound above its upper one (and a cast out of its type's range)."""
+    from tvm import relax
+
+    for block in lowered["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if isinstance(call, relax.Call) and getattr(call.op, "name_hint", None) == name:
+                return {
+                    f"arg{i}": arg.value.numpy()
+                    for i, arg in enumerate(call.args)
+                    if isinstance(arg, tvm.ir.Constant) and int(np.prod(arg.value.shape)) <= SMALL_CONSTANT
+                }
+    return {}

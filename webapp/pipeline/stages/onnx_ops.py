@@ -53,7 +53,7 @@ def constant_lengths(lengths, seq: int, op: str) -> None:
     """sequence_lens: accepted where every sequence is the whole input (the unrolled steps)."""
     if lengths is None:
         return
-    if isinstance(lengths, relax.Constant) and (lengths.data.numpy() == seq).all():
+    if isinstance(lengths, tvm.ir.Constant) and (lengths.value.numpy() == seq).all():
         return
     raise StageError(f"{op} with sequence_lens shorter than the input ({seq} steps) is not supported.")
 
