@@ -265,6 +265,7 @@ def compare(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> dict:
         "a": a,
         "b": b,
         "speedup": speedup,  # a's time / b's: above 1, b is faster
+        "speed_words": speed_words(speedup),
         "differences": model_differences(job_a, job_b, dir_a, dir_b),  # of the models: [] if the same
         "options": options,
         "benchmarks": benchmarks,
@@ -308,3 +309,13 @@ def code_diff(
         "kernel_b": kernel_b,
         "missing": [not t for t in texts],
     }
+
+
+def speed_words(speedup: float | None) -> str | None:
+    """How B's speed compares with A's, in the headline's words: "1.67× slower than", "about as fast as"."""
+    if speedup is None:
+        return None
+    if 1 / 1.05 <= speedup <= 1.05:  # as the headline's ABOUT_AS_FAST
+        return "about as fast as"
+    return f"{speedup:.2f}× faster than" if speedup > 1 else f"{1 / speedup:.2f}× slower than"
+
