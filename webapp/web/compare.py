@@ -318,4 +318,3 @@ def speed_words(speedup: float | None) -> str | None:
     if 1 / 1.05 <= speedup <= 1.05:  # as the headline's ABOUT_AS_FAST
         return "about as fast as"
     return f"{speedup:.2f}× faster than" if speedup > 1 else f"{1 / speedup:.2f}× slower than"
-
