@@ -32,6 +32,8 @@ function setupTabs(root) {
   });
 }
 
+const MIN_LABEL_PX = 9, READABLE_PX = 12, ZOOM_STEP = 1.5; // a fitted graph's labels; a click of + or −
+
 // Pan and zoom on an SVG drawn inline (svg-pan-zoom, vendored): wheel and drag, +/−/fit buttons, and
 // the view fitted once the picture is shown (a graph in a hidden tab has no size until its tab opens).
 // onChange(pz) runs after every pan and zoom; the returned object answers "where is what".
@@ -42,19 +44,33 @@ function panZoom(view, svg, onChange = () => {}) {
   view.prepend(svg);
   const state = { pz: null, W, H, pending: null };
   const changed = () => state.pz && onChange(state);
+  // labels at least MIN_LABEL_PX tall whenever the view is fitted: a graph whose whole would show them
+  // smaller opens at READABLE_PX, at its top (its first node in the middle across), to scroll from there
+  const fontSize = parseFloat(svg.querySelector("g.node text")?.getAttribute("font-size")) || 14;
   const start = () => {
     if (state.pz || !view.clientWidth) return;
     state.pz = svgPanZoom(svg, {
       zoomEnabled: true, panEnabled: true, mouseWheelZoomEnabled: true, dblClickZoomEnabled: false,
-      controlIconsEnabled: false, fit: true, center: true, minZoom: 0.5, maxZoom: 1000, zoomScaleSensitivity: 0.2,
+      controlIconsEnabled: false, fit: true, center: true, minZoom: 0.1, maxZoom: 1000, zoomScaleSensitivity: 0.2,
       onPan: changed, onZoom: changed,
     });
+    readable();
     changed();
     if (state.pending) { const [gx, gy, z] = state.pending; state.pending = null; state.centre(gx, gy, z); }
   };
+  const readable = () => {
+    const s = state.pz.getSizes();
+    if (fontSize * s.realZoom >= MIN_LABEL_PX) return;
+    const z = READABLE_PX / fontSize, first = svg.querySelector("g.node");
+    let gx = W / 2;
+    if (first) { const r = first.getBoundingClientRect(); gx = state.toGraph((r.left + r.right) / 2, r.top)[0]; }
+    state.pz.zoom(state.pz.getZoom() * (z / s.realZoom));
+    state.pz.pan({ x: s.width / 2 - gx * z, y: 8 });
+  };
   // graph units -> the view's pixels: x * realZoom + pan.x
   state.zoom = () => (state.pz ? state.pz.getSizes().realZoom : 1);
-  state.fit = () => { if (!state.pz) return; state.pz.resize(); state.pz.fit(); state.pz.center(); };
+  state.fit = () => { if (!state.pz) return; state.pz.resize(); state.pz.fit(); state.pz.center(); readable(); };
+  state.zoomBy = (f) => state.pz?.zoomBy(f);
   state.centre = (gx, gy, realZoom) => { // put graph point (gx, gy) in the middle, at least at realZoom
     start();
     if (!state.pz) { state.pending = [gx, gy, realZoom]; return; }
@@ -75,7 +91,7 @@ function panZoom(view, svg, onChange = () => {}) {
   start();
   const buttons = document.createElement("div");
   buttons.className = "zoom-buttons";
-  [["+", () => state.pz?.zoomIn()], ["−", () => state.pz?.zoomOut()], ["fit", state.fit]].forEach(([label, action]) => {
+  [["+", () => state.zoomBy(ZOOM_STEP)], ["−", () => state.zoomBy(1 / ZOOM_STEP)], ["fit", state.fit]].forEach(([label, action]) => {
     const b = document.createElement("button"); b.type = "button"; b.textContent = label;
     b.addEventListener("click", action); buttons.appendChild(b);
   });
@@ -104,18 +120,21 @@ function setup(root) {
   markScrollable();
 }
 
-// A card wider than the window scrolls sideways inside itself: the keyboard can reach it (a tab stop,
-// named by its heading) to scroll it with the arrow keys. Checked again when the window is resized.
+// A card or table wider than the window scrolls sideways inside itself: the keyboard can reach it (a
+// tab stop, named by its heading) to scroll it with the arrow keys. Checked again when the window is
+// resized. A table keeps its role (its rows and cells stay a table to a screen reader).
 function markScrollable() {
-  document.querySelectorAll(".card").forEach((card) => {
-    const wide = card.scrollWidth > card.clientWidth + 1;
-    if (wide && !card.hasAttribute("tabindex")) {
-      card.tabIndex = 0;
-      card.setAttribute("role", "region");
-      card.setAttribute("aria-label", (card.querySelector("h2")?.textContent || "section").trim() + ", scrolls sideways");
-      card.dataset.scrollMarked = "1";
-    } else if (!wide && card.dataset.scrollMarked) {
-      ["tabindex", "role", "aria-label", "data-scroll-marked"].forEach((a) => card.removeAttribute(a));
+  document.querySelectorAll(".card, table.grid").forEach((box) => {
+    const wide = box.scrollWidth > box.clientWidth + 1;
+    if (wide && !box.hasAttribute("tabindex")) {
+      const card = box.closest(".card");
+      box.tabIndex = 0;
+      if (box.matches(".card")) box.setAttribute("role", "region");
+      box.setAttribute("aria-label", (card?.querySelector("h2")?.textContent || "section").trim() +
+        (box.matches("table") ? ", a table that scrolls sideways" : ", scrolls sideways"));
+      box.dataset.scrollMarked = "1";
+    } else if (!wide && box.dataset.scrollMarked) {
+      ["tabindex", "role", "aria-label", "data-scroll-marked"].forEach((a) => box.removeAttribute(a));
     }
   });
 }
@@ -230,17 +249,19 @@ async function setupGraphView(root) {
     if (hit && nodes[hit.id]) select(hit.id, false);
   });
 
-  // the keyboard: each node is a tab stop (Enter or space opens its details, as a click does; a node
-  // that takes the focus out of view is brought into it); on the graph, the arrows pan, + and − zoom,
-  // 0 fits the whole graph
-  svg.querySelectorAll("g.node").forEach((g) => {
+  // the keyboard: the graph is one tab stop, its current node (a roving tab index): the arrow keys move
+  // to the next or previous node (in the graph's order, top to bottom), Home and End to the first and
+  // last, Enter or space opens its details as a click does, + and − zoom, 0 fits; a node that takes the
+  // focus out of view is brought into it. The view itself (not a tab stop) pans with the arrows.
+  const order = [...svg.querySelectorAll("g.node")].filter((g) => nodes[g.id]);
+  order.forEach((g, i) => {
     const n = nodes[g.id];
-    if (!n) return;
-    g.setAttribute("tabindex", "0");
+    g.setAttribute("tabindex", i ? "-1" : "0");
     g.setAttribute("role", "button");
     const drawn = [...g.querySelectorAll("text")].map((t) => t.textContent.trim()).filter(Boolean).join(" ");
     g.setAttribute("aria-label", `${drawn || n.label}: open its details`); // what it shows, then what it does
     g.addEventListener("focus", () => {
+      order.forEach((o) => o.setAttribute("tabindex", o === g ? "0" : "-1"));
       const r = g.getBoundingClientRect(), v = view.getBoundingClientRect();
       if (r.left < v.left || r.right > v.right || r.top < v.top || r.bottom > v.bottom) {
         const [x0, y0] = pz.toGraph(r.left, r.top), [x1, y1] = pz.toGraph(r.right, r.bottom);
@@ -248,6 +269,12 @@ async function setupGraphView(root) {
       }
     });
     g.addEventListener("keydown", (e) => {
+      const to = { ArrowDown: i + 1, ArrowRight: i + 1, ArrowUp: i - 1, ArrowLeft: i - 1, Home: 0, End: order.length - 1 }[e.key];
+      if (to !== undefined) {
+        e.preventDefault(); e.stopPropagation();
+        order[Math.max(0, Math.min(order.length - 1, to))].focus();
+        return;
+      }
       if (e.key !== "Enter" && e.key !== " ") return;
       e.preventDefault();
       select(g.id, false);
@@ -257,8 +284,8 @@ async function setupGraphView(root) {
     if (!pz.pz || e.target.closest("button") || e.altKey || e.ctrlKey || e.metaKey) return;
     const pan = { ArrowLeft: [60, 0], ArrowRight: [-60, 0], ArrowUp: [0, 60], ArrowDown: [0, -60] }[e.key];
     if (pan) pz.pz.panBy({ x: pan[0], y: pan[1] });
-    else if (e.key === "+" || e.key === "=") pz.pz.zoomIn();
-    else if (e.key === "-" || e.key === "−") pz.pz.zoomOut();
+    else if (e.key === "+" || e.key === "=") pz.zoomBy(ZOOM_STEP);
+    else if (e.key === "-" || e.key === "−") pz.zoomBy(1 / ZOOM_STEP);
     else if (e.key === "0") pz.fit();
     else return;
     e.preventDefault();

@@ -562,6 +562,28 @@ RUN_AXE = """async () => (await axe.run(document, {resultTypes: ['violations']})
   .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', ')}`)"""
 
 
+# wide tables whose time column must be in view without scrolling: table -> its header
+TIME_COLUMNS = {
+    "#bench-table": "median ms",
+    "#kernel-table": "ms / run",
+    "#compare-kernel-table": "B: ms / run",
+}
+CARDS_WIDER_THAN_THEY_ARE = """[...document.querySelectorAll('.card')]
+  .filter((c) => c.scrollWidth > c.clientWidth + 1)
+  .map((c) => `${c.id}: ${c.scrollWidth} in ${c.clientWidth}`)"""
+COLUMN_IN_VIEW = """([table, column]) => {
+  const t = document.querySelector(table);
+  if (!t || !t.offsetParent) return null;
+  const th = [...t.querySelectorAll('th')].find((h) => h.textContent.trim() === column);
+  return th.getBoundingClientRect().right <= t.getBoundingClientRect().left + t.clientWidth + 1;
+}"""
+SMALLEST_TEXT_PX = """(selector) => {
+  const sizes = [...document.querySelectorAll(selector)].filter((t) => t.getClientRects().length)
+    .map((t) => parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a);
+  return sizes.length ? Math.min(...sizes) : null;
+}"""
+
+
 def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(page, live_server):
     fp32, int8 = run_example(page, live_server, {}), run_example(page, live_server, {"quantize": "int8"})
     a, b = fp32.rsplit("/", 1)[1], int8.rsplit("/", 1)[1]
@@ -593,6 +615,23 @@ def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(pa
                 name,
                 scheme,
             )
+            # every card fits its width: a wide table scrolls inside itself, its time column in view
+            assert view.evaluate(CARDS_WIDER_THAN_THEY_ARE) == [], f"{name} at {width} px"
+            for table, column in TIME_COLUMNS.items():
+                assert view.evaluate(COLUMN_IN_VIEW, [table, column]) is not False, (
+                    name,
+                    width,
+                    table,
+                    column,
+                )
+            # every chart and graph label readable: at least 9 px tall, as drawn
+            smallest = view.evaluate(
+                SMALLEST_TEXT_PX, "#bench-chart text, .tab-panel.active .graph-view g.node text"
+            )
+            assert smallest is None or smallest >= 9, f"{name} at {width} px: text {smallest:.1f} px tall"
+            if scheme == "dark" and name == "result":  # the graph's canvas dark too
+                canvas = view.evaluate("getComputedStyle(document.querySelector('.panzoom')).backgroundColor")
+                assert canvas != "rgb(255, 255, 255)", canvas
             if width != 1024:  # axe-core, vendored: no serious or critical violation, light and dark
                 view.add_script_tag(path=str(AXE))
                 assert view.evaluate(RUN_AXE) == [], f"{name} at {width} px, {scheme}"
@@ -610,20 +649,32 @@ def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(pa
     shown = page.locator("#graph .tab-panel.active")
     graph = shown.locator(".graph-view .panzoom")
     expect(graph.locator("svg g.node").first).to_be_visible()
+    # the graph is one tab stop (its current node), the arrow keys move between its nodes
+    assert shown.evaluate("v => [...v.querySelectorAll('g.node')].filter((g) => g.tabIndex >= 0).length") == 1
     graph.focus()
     page.keyboard.press("Tab")
     label = page.evaluate(
         "document.activeElement.matches('g.node') && document.activeElement.getAttribute('aria-label')"
     )
     assert label and label.endswith("open its details"), label
+    first = page.evaluate("document.activeElement.id")
+    page.keyboard.press("ArrowDown")
+    assert page.evaluate("document.activeElement.matches('g.node') && document.activeElement.id") not in (
+        first,
+        False,
+    )
+    assert shown.evaluate("v => [...v.querySelectorAll('g.node')].filter((g) => g.tabIndex >= 0).length") == 1
     page.keyboard.press("Enter")
     expect(shown.locator(".node-details h3")).to_be_visible()
     assert page.evaluate("document.activeElement.classList.contains('selected')")  # the node opened
     viewport = shown.locator("g.svg-pan-zoom_viewport")
     before = viewport.get_attribute("transform")
     graph.focus()
+    label_px = "v => Math.min(...[...v.querySelectorAll('g.node text')].map((t) => t.getScreenCTM().a))"
+    scale = shown.evaluate(label_px)
     page.keyboard.press("+")
     expect(viewport).not_to_have_attribute("transform", before)
+    assert shown.evaluate(label_px) == pytest.approx(1.5 * scale, rel=0.02)  # a step of 1.5x
     zoomed = viewport.get_attribute("transform")
     page.keyboard.press("ArrowLeft")
     expect(viewport).not_to_have_attribute("transform", zoomed)
