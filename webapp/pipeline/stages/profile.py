@@ -30,9 +30,9 @@ def profile_kernels(
     time_evaluator) and hooked runs (W, `hooked_ms`, n calls each): c = (W - U) / 2n (`hook_us`). A
     kernel's timed span holds about one invocation (the end of the one before, the start of the one
     after), so each kernel's `ms` is its spans' sum less c a call, the median over `runs` runs
-    (`measured_ms` keeps the spans' own). The VM's own work (`vm_ms`): the median of runs with every
-    kernel skipped, less the invocations they made; None where the VM reads values its kernels compute
-    (DATA_DEPENDENT). `kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and
+    (`measured_ms` keeps the spans' own). The VM's own work (`vm_ms`), at most: the median of runs with
+    every kernel skipped, the hook's invocations in it; None where the VM reads values its kernels
+    compute (DATA_DEPENDENT). `kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and
     agrees with it within a few percent (benchmarks/kernel_times.py). A kernel's `share` is of
     kernels_ms + vm_ms (of U where vm_ms is None). `trace`, where given, gets each timed call: (run,
     kernel, start s, end s), start and end from the run's start."""
@@ -98,9 +98,9 @@ def profile_kernels(
     hook_s = max(0.0, (float(np.median(hooked)) - run_ms / 1e3) / (2 * max(invocations, 1)))
     measured = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
     ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // runs)) for name, t in measured.items()}
-    vm_ms = None
-    if skipped is not None:  # the builtins' two invocations a call, a skipped kernel's one
-        vm_ms = max(0.0, (skipped - hook_s * (2 * invocations - kernel_calls)) * 1e3)
+    # at most: the hook's own calls are in it too (about 1 us each when the kernels are skipped; the
+    # hooked runs' extra time, c, is mostly the kernels' own, slowed by a pause in Python before each)
+    vm_ms = skipped * 1e3 if skipped is not None else None
     kernels_ms = sum(ms.values())
     whole = kernels_ms + vm_ms if vm_ms is not None else run_ms
     return {
