@@ -59,7 +59,7 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
             if CONSTANTS_NPZ in parts
             else ""
         )  # fmt: skip
-        + "target.json: the job's TVM target.\n\n"
+        + "target.json: the job's TVM target; run.json: the threads its benchmark ran on.\n\n"
         "    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy\n"
         "    python run.py   # builds, checks against the reference on seeded random inputs, times\n\n"
         + WARNING
@@ -71,6 +71,8 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
                 return None
             z.writestr(f"{folder}/{name}", path.read_bytes())
         z.writestr(f"{folder}/target.json", json.dumps(target, indent=2) + "\n")
+        if results.get("threads"):  # the job's benchmark threads: run.py times the kernel on as many
+            z.writestr(f"{folder}/run.json", json.dumps({"threads": results["threads"]}) + "\n")
         z.writestr(f"{folder}/run.py", SCRIPT.read_text())
         z.writestr(f"{folder}/README.txt", readme)
     return buffer.getvalue()

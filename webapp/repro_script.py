@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -69,7 +70,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=20, help="timed runs of the scheduled kernel")
     parser.add_argument("--out", type=Path, help="write the scheduled kernel's arrays after the call (.npz)")
+    job = json.loads((HERE / "run.json").read_text()) if (HERE / "run.json").exists() else {}
+    parser.add_argument("--threads", type=int, default=job.get("threads"),
+                        help="TVM's threads (default: as the job's benchmark, run.json)")  # fmt: skip
     args = parser.parse_args()
+    if args.threads:  # as many threads as the job timed on, each free to run on any core
+        os.environ["TVM_BIND_THREADS"] = "0"
+        tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
 
     target = tvm.target.Target(json.loads((HERE / "target.json").read_text()))
     kernel, reference = load("kernel.py"), load("reference.py")
@@ -113,7 +120,8 @@ def main() -> int:
     timer = module.time_evaluator("main", dev, number=1, repeat=args.runs, min_repeat_ms=10)
     ms = float(np.median(timer(*tensors).results)) * 1e3
     print(f"matches the unscheduled kernel (largest difference {worst:.3g})")
-    print(f"{ms:.4f} ms a call, the median of {args.runs} runs")
+    threads = f" on {args.threads} threads" if args.threads else ""
+    print(f"{ms:.4f} ms a call, the median of {args.runs} runs{threads}")
     if args.out:
         np.savez(args.out, *ours)
     return 0

@@ -149,7 +149,9 @@ def repacks_weights(func) -> bool:
 
 
 PREPACK = "_weight_prepack"  # a kernel's weight repacking, split off by split_weight_repacking
-PREPACKS_ATTR = "playground.prepacks"  # the lowered module's {repacking: its PrimFunc}, for reproducers
+PREPACKS_ATTR = (
+    "playground.prepacks"  # the lowered module's {kernel: its repacking's PrimFunc}, for reproducers
+)
 
 
 def split_weight_repacking(mod: tvm.IRModule) -> tvm.IRModule:
@@ -180,6 +182,32 @@ def split_weight_repacking(mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             bb.update_func(gv, rename_calls(func, renamed))
     return bb.get()
+
+
+def prepacks_by_kernel(mod: tvm.IRModule) -> dict[str, tirx.PrimFunc]:
+    """Each kernel's weight repacking ({kernel: the repacking's PrimFunc}), from the calls: kernels whose
+    weights are alike share one repacking function, named after one of them."""
+    made: dict = {}  # the var a repacking's call binds -> that repacking
+    out: dict[str, tirx.PrimFunc] = {}
+    for func in (f for _, f in mod.functions_items() if isinstance(f, relax.Function)):
+        for block in getattr(func.body, "blocks", []):
+            for binding in block.bindings:
+                call = binding.value
+                if not (
+                    isinstance(call, relax.Call)
+                    and len(call.args) >= 2
+                    and isinstance(call.args[0], tvm.ir.GlobalVar)
+                ):
+                    continue
+                callee = call.args[0].name_hint
+                if callee.endswith(PREPACK):
+                    made[binding.var] = mod[callee]
+                    continue
+                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else []
+                repack = next((made[a] for a in args if a in made), None)
+                if repack is not None:
+                    out[callee] = repack
+    return out
 
 
 def rename_calls(func: relax.Function, renamed: dict) -> relax.Function:

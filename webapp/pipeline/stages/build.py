@@ -53,7 +53,7 @@ def schedule(
             mod = schedules.default_schedules(mod, target)
             # Weight repacking blocks become their own kernels, which FoldConstant runs once, here.
             mod = schedules.split_weight_repacking(mod)
-            prepacks = {g.name_hint: f for g, f in mod.functions_items() if PREPACK in g.name_hint}
+            prepacks = schedules.prepacks_by_kernel(mod)
             mod = relax.transform.FoldConstant()(mod)
             mod = relax.transform.DeadCodeElimination()(mod)
             # What is left of the repacking runs at every call (its operand is not a constant): it

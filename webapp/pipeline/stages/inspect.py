@@ -132,7 +132,7 @@ def inspect_build(
         # counted on the kernel before scheduling: the counter cannot read tensorized code
         executed[name] = executed_flop(unscheduled)
         direct = direct_flop(unscheduled)
-        prepack = prepacks.get(name + PREPACK)  # printed here, for the shown build only
+        prepack = prepacks.get(name)  # printed here, for the shown build only
         if prepack is None and name + PREPACK in lowered_names:
             prepack = lowered[name + PREPACK]
         if prepack is not None:
