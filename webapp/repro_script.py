@@ -22,9 +22,23 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tvm
 
 HERE = Path(__file__).resolve().parent
+
+
+def threads_asked(argv: list[str]) -> int | None:
+    """--threads N, else the job's benchmark threads (run.json), else None (TVM's own default)."""
+    if "--threads" in argv[:-1]:
+        return int(argv[argv.index("--threads") + 1])
+    job = json.loads((HERE / "run.json").read_text()) if (HERE / "run.json").exists() else {}
+    return job.get("threads")
+
+
+# TVM reads its thread count once, when it starts its thread pool: set before it is imported
+THREADS = threads_asked(sys.argv)
+if THREADS:
+    os.environ["TVM_NUM_THREADS"] = str(THREADS)
+import tvm  # noqa: E402
 
 
 def load(name: str):
@@ -70,13 +84,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=int, default=20, help="timed runs of the scheduled kernel")
     parser.add_argument("--out", type=Path, help="write the scheduled kernel's arrays after the call (.npz)")
-    job = json.loads((HERE / "run.json").read_text()) if (HERE / "run.json").exists() else {}
-    parser.add_argument("--threads", type=int, default=job.get("threads"),
+    parser.add_argument("--threads", type=int, default=THREADS,
                         help="TVM's threads (default: as the job's benchmark, run.json)")  # fmt: skip
     args = parser.parse_args()
-    if args.threads:  # as many threads as the job timed on, each free to run on any core
-        os.environ["TVM_BIND_THREADS"] = "0"
-        tvm.get_global_func("runtime.config_threadpool")(1, args.threads)
 
     target = tvm.target.Target(json.loads((HERE / "target.json").read_text()))
     kernel, reference = load("kernel.py"), load("reference.py")
