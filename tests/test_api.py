@@ -117,7 +117,8 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert unlisted == ["transpose"], unlisted
     assert any("Conv" in layer for layer in results["kernels"][0]["layers"])
     times = [k["ms"] for k in results["kernels"] if k["ms"] is not None]
-    assert times == sorted(times, reverse=True) and all(ms > 0 for ms in times)
+    # a kernel shorter than the hook's measured cost a call reads 0 (profile.py: spans less that cost)
+    assert times == sorted(times, reverse=True) and all(ms >= 0 for ms in times) and times[0] > 0
     # a kernel the VM never calls (reshape: the VM makes it a view of its input) comes last, untimed
     assert [k["ms"] for k in results["kernels"][len(times) :]] == [None] * (
         len(results["kernels"]) - len(times)
