@@ -158,7 +158,7 @@ def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
         rows.append(
             {**k, "calls": timed.get("calls", k["calls"]), "ms": timed.get("ms"), "share": timed.get("share")}
         )
-    return sorted(rows, key=lambda k: -(k["ms"] or 0))
+    return sorted(rows, key=lambda k: (k["ms"] is None, -(k["ms"] or 0)))  # untimed last
 
 
 def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned: bool) -> dict:
