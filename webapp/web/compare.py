@@ -12,6 +12,7 @@ from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
 from webapp.codeviews import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
 from webapp.jobs.storage import file_digest
 from webapp.jobs.store import read_untrusted_json
+from webapp.naming import speed_words
 from webapp.options import JobOptions
 
 OPTION_DEFAULTS = {f.name: f.default for f in fields(JobOptions)}
@@ -265,7 +266,7 @@ def compare(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> dict:
         "a": a,
         "b": b,
         "speedup": speedup,  # a's time / b's: above 1, b is faster
-        "speed_words": speed_words(speedup),
+        "speed_words": speed_words(speedup) if speedup is not None else None,
         "differences": model_differences(job_a, job_b, dir_a, dir_b),  # of the models: [] if the same
         "options": options,
         "benchmarks": benchmarks,
@@ -309,12 +310,3 @@ def code_diff(
         "kernel_b": kernel_b,
         "missing": [not t for t in texts],
     }
-
-
-def speed_words(speedup: float | None) -> str | None:
-    """How B's speed compares with A's, in the headline's words: "1.67× slower than", "about as fast as"."""
-    if speedup is None:
-        return None
-    if 1 / 1.05 <= speedup <= 1.05:  # as the headline's ABOUT_AS_FAST
-        return "about as fast as"
-    return f"{speedup:.2f}× faster than" if speedup > 1 else f"{1 / speedup:.2f}× slower than"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from webapp.naming import natural_key
+from webapp.naming import natural_key, speed_words
 from webapp.pipeline.reports import lint
 
 # Below this speedup a quantized build is "no faster" than fp32, and the page says why.
@@ -447,7 +447,6 @@ def kernel_summary(results: dict) -> dict:
 # ---------------------------------------------------------------- the headline: the page's first lines
 
 RUNTIME_NAMES = {"tvm": "TVM", "onnxruntime": "ONNX Runtime", "pytorch": "PyTorch"}
-ABOUT_AS_FAST = 1.05  # two times within 5% of each other are "about as fast"
 # A quantized build whose accuracy fell this much sends the reader to its worst layer first
 ACCURACY_FELL_POINTS, LOW_SQNR_DB = -1.0, 30.0
 
@@ -485,12 +484,7 @@ def speed_line(results: dict) -> dict | None:
     peer = min(peers, key=lambda b: b["median_ms"])
     pair = paired_ratio(peer, best)
     ratio = pair["ratio"]
-    if 1 / ABOUT_AS_FAST <= ratio <= ABOUT_AS_FAST:
-        verdict = "about as fast as"
-    elif ratio > 1:
-        verdict = f"{ratio:.2f}× faster than"
-    else:
-        verdict = f"{1 / ratio:.2f}× slower than"
+    verdict = speed_words(ratio)
     text = (
         f"{line['tvm']} {verdict} {build_name(peer)}, the fastest other runtime on {best.get('device')}: "
         f"{best['median_ms']:.3g} ms against {peer['median_ms']:.3g} ms"

@@ -120,6 +120,7 @@ def inspect_build(
     prepacks = dict((lowered.attrs or {}).get(PREPACKS_ATTR, {}))  # the repackings folded at build
     texts: dict[str, tuple[str, str]] = {}  # kernel -> (its TIR, its assembly as the page shows it)
     executed: dict[str, float] = {}  # kernel -> the operations it executes (Winograd: its own)
+    small_constants = call_constants(lowered)
     for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
@@ -137,7 +138,7 @@ def inspect_build(
             prepack = lowered[name + PREPACK]
         if prepack is not None:
             (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
-        constants = call_constants(lowered, name)
+        constants = small_constants.get(name)
         if constants:
             np.savez(job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)), **constants)
         (job_dir / code_file("llvm", name)).write_text(kernel_ll)
@@ -312,19 +313,21 @@ def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:
 SMALL_CONSTANT = 4096  # elements: scales, zero points, clip bounds, a bias; not a weight
 
 
-def call_constants(lowered, name: str) -> dict[str, np.ndarray]:
-    """The small constants the model's main passes kernel `name` at its first call, by parameter
-    (arg<i>): its reproducer runs the kernel on them rather than on random values, which would put a
+def call_constants(lowered) -> dict[str, dict[str, np.ndarray]]:
+    """{kernel: the small constants the model's main passes it at its first call, by parameter (arg<i>)}:
+    its reproducer runs the kernel on them rather than on random values, which would put a
     requantization's lower clip bound above its upper one (and a cast out of its type's range)."""
     from tvm import relax
 
+    out: dict[str, dict[str, np.ndarray]] = {}
     for block in lowered["main"].body.blocks:
         for binding in block.bindings:
             call = binding.value
-            if isinstance(call, relax.Call) and getattr(call.op, "name_hint", None) == name:
-                return {
+            name = getattr(call.op, "name_hint", None) if isinstance(call, relax.Call) else None
+            if name is not None and name not in out:
+                out[name] = {
                     f"arg{i}": arg.value.numpy()
                     for i, arg in enumerate(call.args)
                     if isinstance(arg, tvm.ir.Constant) and int(np.prod(arg.value.shape)) <= SMALL_CONSTANT
                 }
-    return {}
+    return out

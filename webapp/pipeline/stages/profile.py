@@ -95,7 +95,8 @@ def profile_kernels(
     if trace is not None:  # only a whole profile's calls
         trace.extend(timeline)
     kernel_calls = sum(calls.values()) // runs
-    hook_s = max(0.0, (float(np.median(hooked)) - run_ms / 1e3) / (2 * max(invocations, 1)))
+    hooked_s = float(np.median(hooked))
+    hook_s = max(0.0, (hooked_s - run_ms / 1e3) / (2 * max(invocations, 1)))
     measured = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
     ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // runs)) for name, t in measured.items()}
     # at most: the hook's own calls are in it too (about 1 us each when the kernels are skipped; the
@@ -106,7 +107,7 @@ def profile_kernels(
     return {
         "runs": runs,
         "run_ms": run_ms,
-        "hooked_ms": float(np.median(hooked)) * 1e3,
+        "hooked_ms": hooked_s * 1e3,
         "hook_us": hook_s * 1e6,
         "calls": invocations,
         "vm_calls": invocations - kernel_calls,  # the builtins' calls of a run: allocations, copies

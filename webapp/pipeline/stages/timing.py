@@ -78,10 +78,10 @@ def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, repo
     return out
 
 
-def disturbance(conditions: dict, timings: dict) -> str | None:
-    """What disturbed a timing (other processes, stolen time, rounds far apart), or None."""
+def disturbance(conditions: dict, spread: float) -> str | None:
+    """What disturbed a timing (other processes, stolen time, rounds far apart: `spread`, its rows'
+    largest), or None."""
     why = [conditions["what"]] if conditions["quiet"] is False else []
-    spread = max((t["spread"] for t in timings.values()), default=0.0)
     if spread > SPREAD_LIMIT:
         why.append(f"its rounds' medians lay up to {spread:.0%} apart")
     return "; ".join(why) or None
@@ -114,7 +114,7 @@ def measure_watched(
             timed = measure_interleaved(runs, budget_s, report=lambda f, n=n: report((n + f) / timings))
         conditions = watch.conditions()
         spread = max((t["spread"] for t in timed.values()), default=0.0)
-        conditions |= {"spread": spread, "disturbed": disturbance(conditions, timed), "waited_s": waited}
+        conditions |= {"spread": spread, "disturbed": disturbance(conditions, spread), "waited_s": waited}
         tried.append(conditions)
         if kept is None or not conditions["disturbed"] or spread < kept[1]["spread"]:
             kept = (timed, conditions | {"kept": n + 1})
