@@ -53,7 +53,11 @@ def test_a_kernel_reproducer_runs_alone_and_gives_the_jobs_output(client, tmp_pa
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "matches the unscheduled kernel" in run.stdout and "ms a call" in run.stdout
+    assert "matches the unscheduled kernel" in run.stdout
+    warm = re.search(r"([\d.]+) ms a call, the median of 3 runs.*in the caches", run.stdout)
+    cold = re.search(r"([\d.]+) ms a call cold: each call on other copies .*\((\d+) copies", run.stdout)
+    assert warm and cold, run.stdout
+    assert float(warm.group(1)) > 0 and int(cold.group(2)) >= 2
 
     # the same kernel in the job's library, on the same arrays, gives the same output bit for bit
     sys.path.insert(0, str(folder))

@@ -5,7 +5,8 @@ The folder holds the kernel's TIR as the job scheduled it (kernel.py), the same 
 scheduling (reference.py), the job's TVM target (target.json) and, where the model calls it with them,
 its small constants (constants.npz: scales, clip bounds). This script builds both with tvm.compile, runs
 them on the same seeded random inputs (and those constants), checks that the scheduled kernel computes what
-the unscheduled one does (numpy, within float rounding), and times the scheduled one. For another CPU's
+the unscheduled one does (numpy, within float rounding), and times the scheduled one twice: warm, called
+again and again on the same arguments, and cold, each call on other copies of them. For another CPU's
 target (an Arm board's kernel on an x86 machine) it builds and stops: its code cannot run here.
 
     pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy
@@ -19,6 +20,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +81,33 @@ def call(func, target, arrays: list[np.ndarray], dev):
     return [a.numpy() for a in args], module, args
 
 
+COLD_BYTES = 64 << 20  # the copies a cold timing rotates over: 32 of this machine's 2 MB L2 caches
+COLD_COPIES = 1024
+
+
+def loop_ms(module, sets, runs: int) -> float:
+    """ms a call of `module` called once on each argument set in turn: the median of `runs` passes."""
+    main, passes = module["main"], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for tensors in sets:
+            main(*tensors)
+        passes.append((time.perf_counter() - start) / len(sets))
+    return float(np.median(passes)) * 1e3
+
+
+def cold_ms(module, arrays: list[np.ndarray], dev, warm: float, runs: int) -> tuple[float, int, float]:
+    """The kernel's ms a call with its arguments read from beyond the caches, as a model's kernel reads
+    weights another kernel's data has pushed out: calls rotated over copies of every argument, COLD_BYTES
+    in all, less Python's own cost of a call (one set called as often, against `warm`, TVM's timer).
+    (ms, copies, MB rotated over)."""
+    size = max(sum(a.nbytes for a in arrays), 1)
+    copies = max(2, min(COLD_COPIES, -(-COLD_BYTES // size)))
+    sets = [[tvm.runtime.tensor(a, dev) for a in arrays] for _ in range(copies)]
+    python = max(loop_ms(module, [sets[0]] * copies, runs) - warm, 0.0)
+    return max(loop_ms(module, sets, runs) - python, 0.0), copies, copies * size / 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
@@ -129,9 +158,14 @@ def main() -> int:
             worst = max(worst, float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()))
     timer = module.time_evaluator("main", dev, number=1, repeat=args.runs, min_repeat_ms=10)
     ms = float(np.median(timer(*tensors).results)) * 1e3
+    cold, copies, mb = cold_ms(module, packed, dev, ms, max(3, args.runs // 4))
     print(f"matches the unscheduled kernel (largest difference {worst:.3g})")
     threads = f" on {args.threads} threads" if args.threads else ""
-    print(f"{ms:.4f} ms a call, the median of {args.runs} runs{threads}")
+    print(f"{ms:.4f} ms a call, the median of {args.runs} runs{threads}, its arguments in the caches")
+    print(
+        f"{cold:.4f} ms a call cold: each call on other copies of its arguments"
+        f" ({copies} copies, {mb:.0f} MB)"
+    )
     if args.out:
         np.savez(args.out, *ours)
     return 0
