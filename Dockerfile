@@ -10,6 +10,7 @@ ARG PIP_ARGS=""
 ARG CA_FILE=""
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap graphviz g++ llvm-19 procps \
     g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static \
+    g++-riscv64-linux-gnu libc6-dev-riscv64-cross \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /venv
 ENV PATH=/venv/bin:$PATH

@@ -10,7 +10,9 @@ TEST_PROCESSES ?= 2
 # The Raspberry Pi targets: g++-aarch64-linux-gnu cross-compiles, mmdebstrap (+ arch-test) builds the
 # emulated boards' arm64 root file system, qemu-user-static runs them.
 PI_DEBS := g++-aarch64-linux-gnu mmdebstrap arch-test qemu-user-static
-SERVE_DEBS := bubblewrap graphviz g++ llvm-19 $(PI_DEBS)
+# riscv64: built and shown, not run (no board): its cross compiler links the library
+CROSS_DEBS := g++-riscv64-linux-gnu libc6-dev-riscv64-cross
+SERVE_DEBS := bubblewrap graphviz g++ llvm-19 $(PI_DEBS) $(CROSS_DEBS)
 # The tests start real Redis and PostgreSQL servers (the queue and store of several machines).
 TEST_DEBS := $(SERVE_DEBS) chromium redis-server postgresql fonts-dejavu-core
 

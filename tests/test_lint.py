@@ -9,7 +9,7 @@ import tvm
 from tvm.script import tirx as T
 
 from tests.test_mca import conv_model
-from webapp.codeviews import filter_asm
+from webapp.asm import filter_asm
 from webapp.pipeline.reports import lint
 from webapp.pipeline.stages.build import build, schedule
 from webapp.pipeline.stages.inspect import inspect_build

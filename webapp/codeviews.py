@@ -23,10 +23,11 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
+from webapp.asm import filter_asm, kept_lines
 from webapp.catalog import CODE_VIEWS, code_file
 from webapp.jsonfile import kept
 from webapp.naming import natural_key
-from webapp.targets import KINDS
+from webapp.targets import device_lexers
 
 # longer texts are cut on the page (highlighted HTML is ~8x larger; the browser lays out ~1 MB of it a
 # second): the link under the text downloads the whole; a whole module's text shows its start
@@ -41,7 +42,7 @@ KERNEL_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.per_kernel)
 DEVICE_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.device)
 WHOLE_MODULE = {name: v.whole for name, v in CODE_VIEWS.items() if v.whole}
 # the device code's language -> its lexer's name, as each GPU kind of target says (webapp.targets)
-DEVICE_LEXERS = {kind.language: kind.lexer for kind in KINDS if kind.gpu}
+DEVICE_LEXERS = device_lexers()
 
 
 def available_views(results: dict) -> dict[str, str]:
@@ -186,65 +187,6 @@ LINE_ID = re.compile(r'<span id="L-\d+">')
 PLAIN_TOKEN = re.compile(r'<span class="(?:w|p)">([^<]*)</span>')
 
 
-# ---------------------------------------------------------------- assembly as Compiler Explorer shows it
-
-ASM_LABEL = re.compile(r"^([.\w$]+):")
-ASM_DIRECTIVE = re.compile(r"^\s*\.[a-zA-Z_]\w*\b")
-ASM_LOCAL_LABEL = re.compile(r"\.L[\w$.]+")
-ASM_JUMP = re.compile(r"^\s+\S+\s+(\.L[\w$.]+)\s*(?:#.*)?$")  # an instruction whose operand is a label alone
-ASM_VECTOR = re.compile(r"\b(?:[xyz]mm\d+|v\d+\.\d*[bhsd]|q\d+)\b")
-
-
-def filter_asm(text: str) -> str:
-    """The assembly without assembler directives (.cfi_*, .p2align, .type, ...) and without the local
-    labels nothing jumps to (.Ltmp*, .Lfunc_end*): what Compiler Explorer shows by default."""
-    lines = text.splitlines()
-    code = [line for line in lines if not ASM_LABEL.match(line) and not ASM_DIRECTIVE.match(line)]
-    used = {label for line in code for label in ASM_LOCAL_LABEL.findall(line)}
-    out = []
-    for line in lines:
-        label = ASM_LABEL.match(line)
-        if label:
-            if label.group(1).startswith(".L") and label.group(1) not in used:
-                continue
-        elif ASM_DIRECTIVE.match(line):
-            continue
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
-def inner_loops(text: str) -> list[tuple[int, int]]:
-    """The innermost loops of an assembly text: (first, last) line indexes (0-based) of a label and the
-    last jump back up to it, with no other such loop inside."""
-    lines = text.splitlines()
-    last_jump = {}  # label -> the last line that jumps to it
-    for j, line in enumerate(lines):
-        jump = ASM_JUMP.match(line)
-        if jump:
-            last_jump[jump.group(1)] = j
-    loops = []
-    for i, line in enumerate(lines):
-        label = ASM_LABEL.match(line)
-        if label and label.group(1).startswith(".L") and last_jump.get(label.group(1), -1) > i:
-            loops.append((i, last_jump[label.group(1)]))
-    return [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
-
-
-def hot_loop(text: str, weight=None) -> tuple[int, int] | None:
-    """The lines (1-based, inclusive) of the kernel's hot loop: of its innermost loops, the one with the
-    most vector instructions, or the greatest `weight(lines)` where given (webapp.pipeline.reports.mca
-    weighs the multiply-adds first); None when the code has no loop with vector instructions."""
-    lines = text.splitlines()
-
-    def vectors(span) -> int:
-        return sum(1 for line in lines[span[0] : span[1] + 1] if ASM_VECTOR.search(line.split("#")[0]))
-
-    inner = [span for span in inner_loops(text) if vectors(span)]
-    key = (lambda span: weight(lines[span[0] : span[1] + 1])) if weight else vectors
-    best = max(inner, key=key, default=None)
-    return (best[0] + 1, best[1] + 1) if best else None
-
-
 def code_view(
     job_dir: Path,
     results: dict,
@@ -300,19 +242,8 @@ def code_view(
     row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
-        analysed = row.get("mca")
-        # the loop llvm-mca analysed (webapp.pipeline.reports.mca), in the filtered text it numbered
-        if view == "asm":
-            lines = (analysed or {}).get("lines")  # the sandbox wrote them: checked before use
-            count = text.count("\n") + 1
-            by_mca = (
-                not asm_all
-                and isinstance(lines, list)
-                and len(lines) == 2
-                and all(isinstance(n, int) and 1 <= n <= count for n in lines)
-                and lines[0] <= lines[1]
-            )
-            loop = tuple(lines) if by_mca else hot_loop(text)
+    if view == "asm" and kernel != MODULE and text:
+        loop, by_mca = hot_loop_shown(row.get("hot_loop"), text, asm_all)
     numbered = view in KERNEL_VIEWS
     kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
     marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()
@@ -342,6 +273,23 @@ def code_view(
         "views": views,
         "module": MODULE,
     }
+
+
+def hot_loop_shown(found, text: str, asm_all: bool) -> tuple[tuple[int, int] | None, bool]:
+    """The lines to mark of the hot loop the job found in the filtered assembly (the kernel row's
+    "hot_loop", webapp.asm), in `text` as shown (the whole assembly where `asm_all`), and whether
+    llvm-mca analysed it: (None, False) where the job found none, or its lines do not fit the text."""
+    lines = (found or {}).get("lines") if isinstance(found, dict) else None
+    if not (isinstance(lines, list) and len(lines) == 2 and all(isinstance(n, int) for n in lines)):
+        return None, False
+    if asm_all:  # the filtered text's lines, counted in the whole text
+        kept = kept_lines(text)
+        if not 1 <= lines[0] <= lines[1] <= len(kept):
+            return None, False
+        lines = [kept[lines[0] - 1] + 1, kept[lines[1] - 1] + 1]
+    if not 1 <= lines[0] <= lines[1] <= text.count("\n") + 1:
+        return None, False
+    return (lines[0], lines[1]), found.get("by") == "mca"
 
 
 # what a kept highlighted text depends on besides itself: this file and Pygments

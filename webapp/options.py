@@ -92,29 +92,11 @@ class JobOptions:
             if not 0 < scale < 1e6:
                 raise SubmitError("global_scale must be above 0 (the clipping threshold, e.g. 8.0).")
         target = choice("target", tuple(TARGETS))
-        if trials and TARGETS[target].board:
-            raise SubmitError(
-                f"Tuning runs its measurements where the code runs; for {target} that is a board of the "
-                "device pool, which tuning does not use yet. Submit with tune_trials 0."
-            )
-        if trials and not TARGETS[target].gpu and not TARGETS[target].can_run_here:
-            raise SubmitError(
-                f"Tuning measures the code where it runs: {TARGETS[target].runs_on}. "
-                "Submit with tune_trials 0."
-            )
+        if trials and TARGETS[target].tune_refusal():
+            raise SubmitError(TARGETS[target].tune_refusal())
         quantize = choice("quantize", QUANTIZE_MODES)
         if quantize != "none" and TARGETS[target].no_quantization:
             raise SubmitError(TARGETS[target].no_quantization)
-        if trials and TARGETS[target].gpu:
-            raise SubmitError(
-                f"Tuning runs its measurements where the code runs; for {target} that is "
-                + (
-                    "this server's GPU, which tuning does not use yet."
-                    if TARGETS[target].can_run_here
-                    else f"{TARGETS[target].a_device}, and this server has none."
-                )
-                + " Submit with tune_trials 0: the GPU default rules schedule every kernel."
-            )
         return cls(
             target=target,
             quantize=quantize,

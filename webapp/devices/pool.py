@@ -32,13 +32,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from webapp import targets
 from webapp.config import Config
 from webapp.devices import tracker as tracker_protocol
 from webapp.devices.rootfs import LIBRARY_PATH, RootfsError, ensure_rootfs
 from webapp.devices.status import read_status
 from webapp.jsonfile import write_json_atomic
 from webapp.sandbox import SandboxUnavailable, check_bubblewrap
-from webapp.targets import TARGETS
 
 BOARD_SCRIPT = Path(__file__).with_name("board.py")
 BOARD_UID = 65500  # + the board's index: not the job sandbox's `nobody`, not each other's
@@ -67,9 +67,9 @@ class Board:
 
 
 def emulated_boards() -> list[Board]:
-    presets = [t for t in TARGETS.values() if t.board and hasattr(t, "core")]
+    presets = targets.emulated_boards()
     return [
-        Board(f"{t.board} (emulated: QEMU {t.core})", t.board, t.core, BOARD_UID + i)
+        Board(f"{t.timed_on_board} (emulated: QEMU {t.core})", t.timed_on_board, t.core, BOARD_UID + i)
         for i, t in enumerate(presets)
     ]
 

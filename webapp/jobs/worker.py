@@ -233,8 +233,9 @@ def run_prepared_job(
         return None
     merge_back(config, target, job_dir / "tuning")
     paused = outcome.paused_s
-    if outcome.returncode == 0 and not outcome.limit and targets.get(target).board:
-        outcome = run_remote_stage(config, job_dir, targets.get(target).board, stop)
+    board = targets.get(target).timed_on_board
+    if outcome.returncode == 0 and not outcome.limit and board:
+        outcome = run_remote_stage(config, job_dir, board, stop)
         if stop is not None and stop():
             return None
         paused += outcome.paused_s

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
-from webapp.pipeline.stages.bench import benchmark_stage, untimed
+from webapp.pipeline.stages.bench import benchmark_stage
 from webapp.pipeline.stages.build import build_stage
 from webapp.pipeline.stages.importers import import_stage
 from webapp.pipeline.stages.inspect import inspect_stage
@@ -31,10 +31,10 @@ def run(job_dir: Path) -> None:
     ctx.stage("tune", tune_stage, optimized, quantized, skip=None if tunes(ctx) else no_tune)
     built = ctx.stage("build", build_stage, model, optimized, quantized)
     ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
-    if ctx.target.board:  # timed on a board: the worker runs the remote stage next
+    if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage next
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
     else:  # a benchmark that cannot run is marked failed; the job is done with its build and views
-        why = untimed(ctx.target)
+        why = ctx.target.why_not_timed()
         if why:  # built for a device this server lacks: said in the benchmark section too
             ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
         ctx.stage("benchmark", benchmark_stage, model, built, skip=why, required=False)

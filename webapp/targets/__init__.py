@@ -36,6 +36,22 @@ def host() -> Target:
     return TARGETS[HOST]
 
 
+def tir_rewrites(tvm_target) -> tuple[str, ...]:
+    """The TIR rewrites (Target.tir_rewrites) of the kind whose code a TVM target builds, by its triple."""
+    triple = str(tvm_target.attrs.get("mtriple", ""))
+    return next((k.tir_rewrites for k in KINDS if k.mca_triple and triple.startswith(k.mca_triple)), ())
+
+
+def device_lexers() -> dict[str, str]:
+    """A device module's language -> the Pygments lexer that colours it, as each GPU kind says."""
+    return {k.language: k.lexer for k in KINDS if getattr(k, "lexer", None)}
+
+
+def emulated_boards() -> list[Target]:
+    """The presets whose boards the device pool emulates (those that name a QEMU core)."""
+    return [t for t in TARGETS.values() if t.board and hasattr(t, "core")]
+
+
 def target_json(tvm_target) -> dict:
     """The TVM target as the plain JSON dict the result page shows."""
     import tvm

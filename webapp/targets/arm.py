@@ -3,12 +3,51 @@ the device pool (webapp/devices): Raspberry Pi 4 and 5, emulated here under QEMU
 
 from __future__ import annotations
 
+import re
+
+from webapp.asm import Dialect
 from webapp.targets.base import LLVMCPU, has_feature
+
+OPS = {  # mnemonic -> operations per destination lane (its arrangement: .4s, 4 lanes)
+    "fmla": 2,
+    "fmls": 2,
+    "sdot": 8,
+    "udot": 8,
+    "smmla": 16,  # 2x8 by 8x2 into 2x2: 8 multiply-adds per int32 lane
+    "ummla": 16,
+    "smull": 2,
+    "smull2": 2,
+    "smlal": 2,
+    "smlal2": 2,
+    "umull": 2,
+    "umlal": 2,
+}
+
+
+def ops(instructions: list[tuple[str, str]]) -> float:
+    total = 0.0
+    for mnemonic, operands in instructions:
+        lanes = re.match(r"\s*v\d+\.(\d+)[bhsd]", operands)
+        total += OPS.get(mnemonic, 0) * int(lanes.group(1)) if lanes else 0
+    return total
+
+
+DIALECT = Dialect(
+    "aarch64",
+    "//",
+    vector=re.compile(r"\b(?:v\d+\.\d*[bhsd]|q\d+)\b"),
+    call=re.compile(r"\s+(bl|blr|br|ret)\b"),
+    packed=re.compile(r"\bv\d+\.\d+[bhsd]\b"),  # a NEON register with an arrangement (v1.4s)
+    ops=ops,
+)
 
 
 class Arm(LLVMCPU):
     kind = "arm"
     arch = "aarch64"
+    dialect = DIALECT
+    mca_triple = "aarch64-linux-gnu"
+    tir_rewrites = ("floor_to_int",)  # fcvtms: floor and convert in one instruction
     cross_compiler = "aarch64-linux-gnu-g++"
     activation_dtype = "int8"  # sdot multiplies int8 by int8
     converts_saturating = True  # fcvtzs and fcvtms saturate

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 from typing import ClassVar
+
+from webapp.asm import Dialect
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,50 @@ class Target:
     # int64 (integer vector instructions) rather than in float32 (Realizer.fixed_point_multiply)
     requantizes_fixed_point: ClassVar[bool] = False
 
+    # the project's TIR rewrites its host code gets before TVM lowers it, by name
+    # (webapp.pipeline.passes.lowering.TIR_REWRITES)
+    tir_rewrites: ClassVar[tuple[str, ...]] = ()
+    reproducible: ClassVar[bool] = True  # a kernel's TIR runs alone (a reproducer, webapp/repro.py)
+    # its assembly is the kernels' own: their loops are there to analyse (a GPU's is its host's)
+    kernels_in_assembly: ClassVar[bool] = True
+    # the assembly as llvm-mca and the hot-loop finder read it (webapp.asm); None: not analysed
+    dialect: ClassVar[Dialect | None] = None
+    mca_triple: ClassVar[str] = ""  # llvm-mca's -mtriple for its code
+
     # --- what the web process may ask (no TVM) ---
     @property
     def can_run_here(self) -> bool:
         return platform.machine() == self.arch and not self.board
+
+    @property
+    def runs_cpu_code_here(self) -> bool:
+        """Whether this server's CPU runs its code: its builds, layers and own inputs timed here."""
+        return self.can_run_here
+
+    @property
+    def timed_on_board(self) -> str | None:
+        """The device pool's board kind that runs and times its code; None: timed here, or nowhere."""
+        return self.board
+
+    @property
+    def form_group(self) -> tuple[int, str]:
+        """Where the form lists it: (its group's place, the group's heading)."""
+        if self.can_run_here:
+            return 0, "Run on this server"
+        if self.board:
+            return 1, "Run on a board of the device pool (TVM RPC)"
+        return 3, "Compile only: not run here"
+
+    def tune_refusal(self) -> str | None:
+        """Why tuning trials are refused for it (tuning measures where the code runs), or None."""
+        if self.board:
+            return (
+                f"Tuning runs its measurements where the code runs; for {self.name} that is a board of "
+                "the device pool, which tuning does not use yet. Submit with tune_trials 0."
+            )
+        if not self.can_run_here:
+            return f"Tuning measures the code where it runs: {self.runs_on}. Submit with tune_trials 0."
+        return None
 
     @property
     def runs_on(self) -> str:
@@ -69,6 +112,16 @@ class Target:
             "runs_on": self.runs_on,
         }
 
+    def analysis_threads(self, here: int) -> int:
+        """The threads its kernels' predicted times assume: the cores its preset names (a board's), else
+        `here` (this server's benchmark threads)."""
+        return int(self.spec.get("num-cores") or here)
+
+    def mca_cpu(self) -> tuple[str, float | None, str]:
+        """llvm-mca's -mcpu for its code, the clock its predicted times assume (None: none) and where
+        that clock comes from, in words."""
+        return str(self.spec.get("mcpu", "generic")), self.clock_ghz, "the board's nominal clock"
+
     def database_key(self) -> str:
         """The shared tuning database this preset's records go to."""
         return self.name
@@ -86,6 +139,20 @@ class Target:
     def int8_pair_limit(self) -> int | None:
         """The most two neighbouring int8 weights may add up to, in magnitude, where the target's int8
         kernels sum pairs of products in 16 bits (LLVMCPU: x86 without VNNI); None: any pair fits."""
+        return None
+
+    def why_not_timed(self) -> str | None:
+        """Why its code cannot be timed by this server's pipeline (another CPU's code, a device this server
+        lacks), or None: timed here, or on a board (the remote stage)."""
+        return None if self.can_run_here or self.board else self.no_device_line()
+
+    def no_device_line(self) -> str:
+        """The benchmark stage's one line where the code cannot run here."""
+        where = self.runs_on.removeprefix("nowhere here: ")
+        return f"compiled for {self.name}; {where}, so nothing was timed"
+
+    def device_module(self, host):
+        """The device module its host module imports (GPUs); None: the code is all in the host's."""
         return None
 
     def register_tensor_intrinsics(self) -> None:
@@ -217,3 +284,20 @@ def has_feature(tvm_target, feature: str) -> bool:
     from tvm.target.codegen import target_has_features
 
     return bool(target_has_features(feature, tvm_target))
+
+
+MAX_FREQ = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
+
+
+def host_clock_ghz() -> float | None:
+    """This machine's clock: its cores' top frequency where the kernel says it (cpufreq), else
+    /proc/cpuinfo's first `cpu MHz` (the current one; a virtual machine reports its nominal clock)."""
+    try:
+        return int(Path(MAX_FREQ).read_text()) / 1e6
+    except (OSError, ValueError):
+        pass
+    try:
+        m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return None
+    return float(m.group(1)) / 1000 if m else None

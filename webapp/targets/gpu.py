@@ -19,6 +19,8 @@ from webapp.targets.base import Target
 class GPU(Target):
     gpu: ClassVar[bool] = True
     rule_family = "gpu"
+    reproducible = False
+    kernels_in_assembly = False  # the LLVM IR and assembly are the host side's, which launches them
     runtime: ClassVar[str] = ""  # TVM's target kind and device name ("cuda", "opencl", ...)
     language: ClassVar[str] = ""  # what the device module is written in
     lexer: ClassVar[str] = ""  # the Pygments lexer that colours it (webapp.codeviews)
@@ -47,9 +49,41 @@ class GPU(Target):
             return f"this server's {self.device_word}"
         return f"{self.a_device} (built here, not run: this server has none)"
 
+    @property
+    def runs_cpu_code_here(self) -> bool:
+        return False
+
+    @property
+    def form_group(self) -> tuple[int, str]:
+        if self.can_run_here:  # a CUDA GPU here: its presets come first
+            return -1, "Run on this server"
+        return 2, "GPU code: compiled and shown here, run only where such a GPU exists"
+
+    def tune_refusal(self) -> str | None:
+        where = (
+            "this server's GPU, which tuning does not use yet."
+            if self.can_run_here
+            else f"{self.a_device}, and this server has none."
+        )
+        return (
+            f"Tuning runs its measurements where the code runs; for {self.name} that is {where}"
+            " Submit with tune_trials 0: the GPU default rules schedule every kernel."
+        )
+
     def no_device_line(self) -> str:
         """The benchmark stage's one line where the code cannot run here."""
         return f"compiled for {self.name}; this server has no {self.device_word}, so nothing was timed"
+
+    def why_not_timed(self) -> str | None:
+        """Why its code is not timed: None where TVM's runtime sees its device here."""
+        try:
+            present = bool(self.device().exist)
+        except Exception:  # a runtime TVM was built without (OpenCL, Metal, WebGPU)
+            present = False
+        return None if present else self.no_device_line()
+
+    def device_module(self, host):
+        return next((m for m in host.imports if m.kind == self.runtime), None)
 
     # --- what the sandboxed pipeline asks ---
     def tvm_target(self):

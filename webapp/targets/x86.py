@@ -9,11 +9,48 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 
-from webapp.targets.base import LLVMCPU, cpu_flags, has_feature
+from webapp.asm import Dialect
+from webapp.targets.base import LLVMCPU, cpu_flags, has_feature, host_clock_ghz
 
 HOST_PRESET_VARIABLE = "PLAYGROUND_HOST_PRESET"
+
+# Operations per instruction (a multiply-add counts as two), by its vector register's width
+OPS = {  # mnemonic pattern -> (element bits, operations per element)
+    r"vf(n)?m(add|sub)\d+p[s]": (32, 2),
+    r"vf(n)?m(add|sub)\d+p[d]": (64, 2),
+    r"vf(n)?m(add|sub)\d+s[s]": (None, 2),
+    r"vpdpbusds?": (32, 8),  # 4 uint8 x int8 multiply-adds per int32 lane
+    r"vpdpwssds?": (32, 4),
+    r"vpmaddubsw": (8, 2),  # u8 x s8 products summed in pairs: one multiply-add per byte
+}
+WIDTH = {"xmm": 128, "ymm": 256, "zmm": 512}
+
+
+def ops(instructions: list[tuple[str, str]]) -> float:
+    total = 0.0
+    for mnemonic, operands in instructions:
+        for pattern, (bits, per_element) in OPS.items():
+            if re.fullmatch(pattern, mnemonic):
+                register = re.findall(r"%([xyz]mm)\d+", operands)
+                width = WIDTH[register[-1]] if register else 128
+                total += per_element * (width // bits if bits else 1)
+                break
+    return total
+
+
+DIALECT = Dialect(
+    "x86_64",
+    "#",
+    vector=re.compile(r"%[xyz]mm\d+\b"),
+    call=re.compile(r"\s+(callq?|retq?)\b"),
+    # packed instructions (vpaddd, vmulps, vmovdqu, vbroadcastss...), not those on one element in xmm
+    # registers (vmulss, vfmadd231sd)
+    packed=re.compile(r"^\s+(v?p[a-z]\w*|\w+p[sd]|vmovdq\w*|vbroadcast\w*|vperm\w*)\s.*%[xyz]mm"),
+    ops=ops,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +59,8 @@ class X86(LLVMCPU):
 
     kind = "x86"
     arch = "x86_64"
+    dialect = DIALECT
+    mca_triple = "x86_64-linux-gnu"
     activation_dtype = "uint8"  # vpdpbusd multiplies uint8 activations by int8 weights
     dot_instructions = (
         ("VNNI", 16, "uint8", "llvm.x86.avx512.vpdpbusd.512", "avx512vnni"),  # vpdpbusd zmm
@@ -58,10 +97,14 @@ class X86(LLVMCPU):
             return f"nowhere here: this server's CPU lacks {', '.join(missing)} (built, not run)"
         return super().runs_on
 
-    def no_device_line(self) -> str:
-        """The benchmark stage's one line where this CPU cannot run the code."""
-        where = self.runs_on.removeprefix("nowhere here: ")
-        return f"compiled for {self.name}; {where}, so nothing was timed"
+    def mca_cpu(self) -> tuple[str, float | None, str]:
+        """This machine's CPU for x86-host, the preset's named one; this machine's clock (its code runs
+        here)."""
+        return (
+            str(self.tvm.attrs.get("mcpu", "generic")),
+            host_clock_ghz(),
+            "this machine's, as Linux reports it",
+        )
 
     def vector_shape(self) -> tuple[int, int]:
         if has_feature(self.tvm, "avx512f"):

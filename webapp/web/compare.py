@@ -8,8 +8,9 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+from webapp.asm import filter_asm
 from webapp.catalog import CODE_VIEWS, OPTION_LABELS, code_file, option_text
-from webapp.codeviews import KERNEL_VIEWS, available_views, filter_asm, read_text, safe_job_file
+from webapp.codeviews import KERNEL_VIEWS, available_views, read_text, safe_job_file
 from webapp.jobs.storage import file_digest
 from webapp.jobs.store import read_untrusted_json
 from webapp.naming import speed_words

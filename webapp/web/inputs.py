@@ -35,7 +35,7 @@ def why_not(job: dict) -> str | None:
     r, target = job.get("results") or {}, targets.TARGETS.get(job["options"].get("target", ""))
     if job["status"] != "done" or job.get("expired") or "model.so" not in (r.get("files") or []):
         return "The result has no library kept to run."
-    if target is None or target.board or ((r.get("target") or {}).get("tvm") or {}).get("kind") != "llvm":
+    if target is None or not target.runs_cpu_code_here:
         where = target.name if target else "?"
         return f"Own inputs run on this server's CPU; this result's code is for {where}."
     if r.get("not_timed"):

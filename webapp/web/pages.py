@@ -166,22 +166,12 @@ def server_error(e):
 # ---------------------------------------------------------------- the form
 
 
-def where_it_runs(t) -> str:
-    if t.can_run_here:
-        return "Run on this server"
-    if t.board:
-        return "Run on a board of the device pool (TVM RPC)"
-    if t.gpu:
-        return "GPU code: compiled and shown here, run only where such a GPU exists"
-    return "Compile only: not run here"
-
-
 def target_groups() -> list[tuple[str, list]]:
     """The presets grouped by where their code runs: this server first, then the pool's boards, then
     the GPUs (with a CUDA GPU here, its presets come first)."""
     groups: dict[str, list] = {}
-    for t in sorted(TARGETS.values(), key=lambda t: (not t.can_run_here, t.board is None, not t.gpu)):
-        groups.setdefault(where_it_runs(t), []).append(t)
+    for t in sorted(TARGETS.values(), key=lambda t: t.form_group[0]):
+        groups.setdefault(t.form_group[1], []).append(t)
     return list(groups.items())
 
 

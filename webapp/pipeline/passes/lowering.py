@@ -20,6 +20,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from webapp.targets import tir_rewrites
+
 PIPELINE = "playground"
 STACK_LIMIT_BYTES = 64 * 1024  # a larger local buffer stays in the workspace pool (threads' stacks are 8 MB)
 
@@ -77,12 +79,17 @@ def fcvtms(cast: tirx.Cast) -> tirx.PrimExpr:
     return tirx.Let(var, x, quarters[0] if dtype.lanes == 4 else lanes(quarters, range(dtype.lanes)))
 
 
-@tirx.transform.prim_func_pass(opt_level=0, name="FloorToIntOnArm")
-def floor_to_int_on_arm(func, _mod, _ctx):
+# The rewrites a kind of target names (Target.tir_rewrites), by name
+TIR_REWRITES = {"floor_to_int": lambda func: tvm_ffi.structural_map(func, [(tirx.Cast, fcvtms)])}
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="TargetRewrites")
+def target_rewrites(func, _mod, _ctx):
+    """The TIR rewrites the kernel's target names (webapp.targets.tir_rewrites)."""
     target = func.attrs.get("target") if func.attrs else None
-    if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
-        return func
-    return tvm_ffi.structural_map(func, [(tirx.Cast, fcvtms)])
+    for name in tir_rewrites(target) if target is not None else ():
+        func = TIR_REWRITES[name](func)
+    return func
 
 
 def _pipeline():
@@ -91,7 +98,7 @@ def _pipeline():
     pipeline, finalize_host, finalize_device = default_s_tir_pipeline()
 
     def host_passes():
-        return tvm.transform.Sequential([local_buffers_on_stack, floor_to_int_on_arm, finalize_host()])
+        return tvm.transform.Sequential([local_buffers_on_stack, target_rewrites, finalize_host()])
 
     return pipeline, host_passes, finalize_device
 

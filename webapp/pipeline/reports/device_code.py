@@ -21,13 +21,6 @@ from webapp.targets import Target
 TOOL_TIMEOUT_S = 300
 
 
-def device_module(host, target: Target):
-    """The device module a GPU build's host module imports (None for a CPU build)."""
-    if host is None or not target.gpu:
-        return None
-    return next((m for m in host.imports if m.kind == target.runtime), None)
-
-
 def functions(source: str) -> dict[str, str]:
     """Device function name -> its text. OpenCL, Metal and WGSL sources come as one part per
     function, each headed "// Function: <name>"; CUDA C is one file of `__global__` functions."""
@@ -152,7 +145,7 @@ def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -
     """files/device.<suffix> (and for CUDA device.ptx, device.sass), views/kernels/<k>.device (.ptx,
     .sass); returns results["device_code"]: the language, the files, and per kernel its device
     functions and (CUDA) ptxas resources. None for a CPU build."""
-    module = device_module(host, target)
+    module = target.device_module(host) if host is not None else None
     if module is None:
         return None
     source = module.inspect_source()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from webapp.asm import inner_loops
+
 HAZARDS = {
     "naive": "left on TVM's naive schedule",
     "scalar loop": "no vector instructions in its loops",
@@ -47,25 +49,25 @@ def finding(hazard: str, evidence: str, view: str | None = None, line: int | Non
 def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
     """The hazards a kernel's build shows. `asm` is its assembly as the page shows it (filtered), so
     that a finding's line is the page's line; `kernel` its kernel-table row."""
-    from webapp.codeviews import inner_loops
-
     lines = asm.splitlines()
     loops = inner_loops(asm)
     arithmetic = bool(kernel.get("flop"))
     out = []
     if kernel.get("schedule") == "naive" and arithmetic:
         out.append(finding("naive", "no schedule rule took it: TVM's default, serial, unvectorized", "tir"))
-    if arithmetic and loops and not target.gpu and not any(has_vectors(lines, span) for span in loops):
+    dialect = target.dialect
+    if arithmetic and loops and dialect and not any(has_vectors(lines, span, dialect) for span in loops):
         first, last = max(loops, key=lambda span: span[1] - span[0])
         evidence = f"no vector register in its innermost loops; the longest: lines {first + 1}-{last + 1}"
         out.append(finding("scalar loop", evidence, "asm", first + 1))
-    mnemonic = None if target.gpu or not asm.strip() else target.int8_mnemonic()  # a GPU's asm is its host's
+    # a GPU's assembly is its host's
+    mnemonic = target.int8_mnemonic() if target.kernels_in_assembly and asm.strip() else None
     # a depthwise (grouped) convolution reduces over no input channels: a dot product has nothing to add up
     int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir) and "group_conv2d" not in tir
     if mnemonic and int8 and not re.search(rf"^\s+{mnemonic}\b", asm, re.M):
         evidence = f"no {mnemonic} in its {len(lines):,} lines of assembly, though {target.name} has it"
         out.append(finding("int8 without the dot product", evidence, "asm"))
-    if target.gpu:  # the assembly is the host side's, which launches the kernels: no hot loops there
+    if not target.kernels_in_assembly:  # the host side's, which launches the kernels: no hot loops there
         loops, lines = [], []
     alloc = allocation_in_lambda(lines)
     if alloc:
@@ -86,14 +88,9 @@ def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
     return out
 
 
-# x86's packed instructions (ps, pd, packed integers, broadcasts): scalar float math also runs in xmm
-# registers (vmulss, vfmadd231sd), which is no vector code
-X86_PACKED = re.compile(r"^\s+(v?p[a-z]\w*|\w+p[sd]|vmovdq\w*|vbroadcast\w*|vperm\w*)\s.*%[xyz]mm")
-ARM_VECTOR = re.compile(r"\bv\d+\.\d+[bhsd]\b")  # a NEON register with an arrangement (v1.4s)
-
-
-def has_vectors(lines: list[str], span: tuple[int, int]) -> bool:
-    return any(X86_PACKED.match(line) or ARM_VECTOR.search(line) for line in lines[span[0] : span[1] + 1])
+def has_vectors(lines: list[str], span: tuple[int, int], dialect) -> bool:
+    """Whether the lines of `span` hold an instruction on whole vectors (the dialect's `packed`)."""
+    return any(dialect.packed.search(line) for line in lines[span[0] : span[1] + 1])
 
 
 def allocation_in_lambda(lines: list[str]) -> tuple[int, int] | None:

@@ -1,12 +1,12 @@
 """Static analysis of each kernel's hot loop with llvm-mca, LLVM's Machine Code Analyzer (Debian's
-llvm-19): the loop's assembly (webapp.codeviews.hot_loop: the innermost loop with the most vector
-instructions) simulated on the scheduling model of the target's CPU (its `mcpu`: znver4, haswell,
-cortex-a72, cortex-a76 ...), 100 iterations. From its report: cycles per iteration, instructions per
+llvm-19): the loop's assembly (webapp.asm.loop_body: the innermost loop with the most arithmetic)
+simulated on the scheduling model of the target's CPU (its `mcpu`: znver4, haswell, cortex-a72,
+cortex-a76, sifive-x280 ...), 100 iterations. From its report: cycles per iteration, instructions per
 cycle, and the bottleneck (the busiest execution port, data dependencies, or the dispatch width).
 
 The kernel's predicted time: its operations (counted on the TIR as it executes them) divided by those
-of one iteration of the hot loop (its multiply-add instructions, counted by their vector width: OPS
-below), times the cycles per iteration, at the CPU's clock (this machine's for x86, the board's
+of one iteration of the hot loop (its multiply-add instructions, counted by their vector width: the
+target's dialect), times the cycles per iteration, at the CPU's clock (this machine's for x86, the board's
 nominal clock for an Arm board), shared among the threads as if they scaled perfectly. It assumes the
 hot loop does all of the kernel's arithmetic from the L1 cache, and knows only the model's clock, not a
 turbo: an estimate from the loop alone (ResNet-18 on this 2-core EPYC: 0.96-2.1x the measured times).
@@ -22,88 +22,16 @@ import subprocess
 import time
 from pathlib import Path
 
+from webapp.asm import Dialect, loop_body, loop_ops
 from webapp.catalog import code_file
-from webapp.codeviews import hot_loop
 
 ITERATIONS = 100
 TIMEOUT_S = 20  # a loop
 BUDGET_S = 90  # all the kernels of a job: the rest are left unanalysed, said in their view
-MAX_FREQ = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
-
-# Operations per instruction (a multiply-add counts as two, as the kernel's flop count does), by the
-# instruction and its vector: x86 by the register (xmm, ymm, zmm bits / element bits), Arm by the
-# destination's arrangement (.4s: 4 lanes). An int8 dot product counts its 4 multiply-adds per lane.
-X86_OPS = {  # mnemonic pattern -> (element bits, operations per element)
-    r"vf(n)?m(add|sub)\d+p[s]": (32, 2),
-    r"vf(n)?m(add|sub)\d+p[d]": (64, 2),
-    r"vf(n)?m(add|sub)\d+s[s]": (None, 2),
-    r"vpdpbusds?": (32, 8),
-    r"vpdpwssds?": (32, 4),
-    r"vpmaddubsw": (8, 2),  # u8 x s8 products summed in pairs: one multiply-add per byte
-}
-ARM_OPS = {  # mnemonic -> operations per destination lane
-    "fmla": 2,
-    "fmls": 2,
-    "sdot": 8,
-    "udot": 8,
-    "smmla": 16,  # 2x8 by 8x2 into 2x2: 8 multiply-adds per int32 lane
-    "ummla": 16,
-    "smull": 2,
-    "smull2": 2,
-    "smlal": 2,
-    "smlal2": 2,
-    "umull": 2,
-    "umlal": 2,
-}
-X86_WIDTH = {"xmm": 128, "ymm": 256, "zmm": 512}
 
 
 def tool() -> str | None:
     return shutil.which("llvm-mca-19") or shutil.which("llvm-mca")
-
-
-def loop_body(text: str, arch: str) -> tuple[str, tuple[int, int]] | None:
-    """The hot loop's instructions (labels, directives and comments left out), and its lines (1-based)
-    in the kernel's assembly as the page shows it (`text`, filtered by codeviews.filter_asm); None when
-    the kernel has no loop with vector instructions, or the span found holds a call or a return (error
-    paths, not a loop)."""
-    comment = "//" if arch == "aarch64" else "#"
-
-    def instructions(lines: list[str]) -> list[str]:
-        body = [line.split(comment)[0].rstrip() for line in lines]
-        return [line for line in body if line[:1] in (" ", "\t") and line.strip()[:1] not in ("", ".")]
-
-    # the loop with the most multiply-adds (a conv's, not its padding copy's), then the most lines
-    span = hot_loop(text, lambda lines: (loop_ops("\n".join(instructions(lines)), arch), len(lines)))
-    if span is None:
-        return None
-    body = instructions(text.splitlines()[span[0] - 1 : span[1]])
-    if any(re.match(r"\s+(callq?|retq?|bl|blr|br)\b", line) for line in body):
-        return None
-    return "\n".join(body) + "\n", span
-
-
-def loop_ops(body: str, arch: str) -> float:
-    """The arithmetic operations of one iteration of the loop (OPS above); 0 when it has none counted."""
-    total = 0.0
-    for line in body.splitlines():
-        parts = line.split(None, 1)
-        if not parts:
-            continue
-        mnemonic, operands = parts[0], parts[1] if len(parts) > 1 else ""
-        if arch == "aarch64":
-            per_lane = ARM_OPS.get(mnemonic)
-            lanes = re.match(r"\s*v\d+\.(\d+)[bhsd]", operands)
-            if per_lane and lanes:
-                total += per_lane * int(lanes.group(1))
-            continue
-        for pattern, (bits, per_element) in X86_OPS.items():
-            if re.fullmatch(pattern, mnemonic):
-                register = re.findall(r"%([xyz]mm)\d+", operands)
-                width = X86_WIDTH[register[-1]] if register else 128
-                total += per_element * (width // bits if bits else 1)
-                break
-    return total
 
 
 def parse(report: str) -> dict:
@@ -148,18 +76,17 @@ def bottleneck(report: str, figures: dict) -> tuple[str, str]:
     return "none found", "none that llvm-mca finds: the loop issues below the core's width, no port busy"
 
 
-def analyse(asm: str, triple: str, cpu: str) -> tuple[dict | None, str]:
+def analyse(asm: str, dialect: Dialect, triple: str, cpu: str) -> tuple[dict | None, str]:
     """(figures, llvm-mca's report with its timeline) of the hot loop of a kernel's assembly as the page
     shows it (filtered); (None, why) when it has none or llvm-mca cannot read it."""
     mca = tool()
     if mca is None:
         return None, "llvm-mca is not installed on this server (Debian: apt-get install llvm-19)"
-    arch = "aarch64" if triple.startswith("aarch64") else "x86_64"
-    found = loop_body(asm, arch)
+    found = loop_body(asm, dialect)
     if found is None:
         return None, "no loop with vector instructions in this kernel's assembly: nothing to analyse"
     body, span = found
-    if not loop_ops(body, arch) and loop_ops(asm, arch):
+    if not loop_ops(body, dialect) and loop_ops(asm, dialect):
         return None, "its multiply-adds are in no loop (unrolled whole): no loop holds its arithmetic"
     command = [mca, f"-mtriple={triple}", f"-mcpu={cpu}", f"-iterations={ITERATIONS}", "-bottleneck-analysis"]
     command += ["-timeline", "-timeline-max-iterations=2", "-timeline-max-cycles=120"]
@@ -174,7 +101,7 @@ def analyse(asm: str, triple: str, cpu: str) -> tuple[dict | None, str]:
     figures = parse(run.stdout)
     if figures["cycles_per_iteration"] is None:
         return None, "llvm-mca gave no cycle count for this loop"
-    figures |= {"lines": list(span), "ops_per_iteration": loop_ops(body, arch)}
+    figures |= {"lines": list(span), "ops_per_iteration": loop_ops(body, dialect)}
     shown = " ".join([Path(mca).name, *command[1:]])
     header = f"{shown} <lines {span[0]}-{span[1]} of the kernel's assembly (the Assembly view marks them)\n\n"
     return figures, header + run.stdout
@@ -191,20 +118,6 @@ def predicted_ms(figures: dict, flop: float, calls: int, clock: float | None, th
     return flop / ops * figures["cycles_per_iteration"] / (clock * 1e9) * calls * 1e3 / max(threads, 1)
 
 
-def host_clock_ghz() -> float | None:
-    """This machine's clock: its cores' top frequency where the kernel says it (cpufreq), else
-    /proc/cpuinfo's first `cpu MHz` (the current one; a virtual machine reports its nominal clock)."""
-    try:
-        return int(Path(MAX_FREQ).read_text()) / 1e6
-    except (OSError, ValueError):
-        pass
-    try:
-        m = re.search(r"^cpu MHz\s*:\s*([\d.]+)", Path("/proc/cpuinfo").read_text(), re.M)
-    except OSError:
-        return None
-    return float(m.group(1)) / 1000 if m else None
-
-
 def analyse_kernels(
     kernels: list[dict], texts: dict, job_dir: Path, target, flop: dict, threads: int
 ) -> dict | None:
@@ -213,11 +126,9 @@ def analyse_kernels(
     `flop`: the operations each executes (a Winograd kernel's own, not the direct convolution's that
     the table counts); `threads`: the threads its runs use. Returns what the page says above the
     table (tool, cpu, clock, threads), None for a target llvm-mca does not model."""
-    if getattr(target, "arch", None) not in ("x86_64", "aarch64"):
+    if target.dialect is None:
         return None
-    triple = "aarch64-linux-gnu" if target.arch == "aarch64" else "x86_64-linux-gnu"
-    cpu = str(target.tvm.attrs.get("mcpu", "generic"))
-    clock = target.clock_ghz or (host_clock_ghz() if target.arch == "x86_64" else None)
+    cpu, clock, clock_source = target.mca_cpu()
     mca = tool()
     deadline = time.monotonic() + BUDGET_S
     for k in kernels:
@@ -225,7 +136,7 @@ def analyse_kernels(
             figures, text = None, f"not analysed: llvm-mca's {BUDGET_S} s for this job's kernels were spent"
         else:
             try:
-                figures, text = analyse(texts[k["name"]][1], triple, cpu)
+                figures, text = analyse(texts[k["name"]][1], target.dialect, target.mca_triple, cpu)
             except Exception as exc:  # an analysis that fails leaves the kernel unanalysed, never the job
                 figures, text = None, f"llvm-mca's analysis failed: {type(exc).__name__}: {exc}"
         if figures is not None:
@@ -238,8 +149,6 @@ def analyse_kernels(
         "cpu": cpu,
         "clock_ghz": clock,
         "threads": threads,
-        "clock_source": "the board's nominal clock"
-        if target.clock_ghz
-        else "this machine's, as Linux reports it",
+        "clock_source": clock_source,
         "analysed": sum(1 for k in kernels if "mca" in k),
     }

@@ -82,14 +82,14 @@ def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
     schedule, or a bug of the rule's own), leaves the kernel to the next rule, and the label says so,
     e.g. "default rule: elementwise (matmul rule failed: IndexError: ...)": it never fails the build.
     A kernel TVM bound to GPU threads itself (its sort, scan) keeps TVM's schedule."""
-    if target.gpu and gpu_rules.bound_already(func):
+    if gpu_rules.bound_already(func):
         return func.with_attrs({"tirx.is_scheduled": True, SCHEDULE_ATTR: TVM_KERNEL})
     try:
         probe = s_tir.Schedule(func)
         probe.get_sblock("root")
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
-    serial = serial_kernel.set(not target.gpu and small(probe))
+    serial = serial_kernel.set(small(probe))
     try:
         return first_rule(func, target, FAMILIES[target.rule_family])
     finally:

@@ -439,19 +439,11 @@ def benchmark_stage(ctx, report, model, built) -> None:
     ctx.results.save(**measured, kernels=kernels)
 
 
-def untimed(target) -> str | None:
-    """Why the target's code cannot be timed here (a GPU target without its GPU, another CPU's code),
-    or None."""
-    if (target.gpu and not device_present(target)) or (not target.gpu and not target.can_run_here):
-        return target.no_device_line()
-    return None
-
-
 def benchmark_job(executables: dict, model, job, target, report, shown=None) -> dict:
     """The builds against the frameworks' references on the target's device, on a random input (a
     held-out image for an example with a dataset), accuracy on the dataset where there is one, and
     each build's kernel profile; `shown`, the build whose kernels the page lists (model.so)."""
-    why = untimed(target)
+    why = target.why_not_timed()
     if why:
         return {"benchmarks": [], "fidelity": [], "not_timed": why}
     inputs = job_inputs(model, job)
@@ -477,14 +469,6 @@ def benchmark_job(executables: dict, model, job, target, report, shown=None) -> 
     if job.dataset:
         results["accuracy"] = accuracy(executables, job.dataset, dev)
     return results
-
-
-def device_present(target) -> bool:
-    """Whether the target's device exists here, as TVM's runtime sees it."""
-    try:
-        return bool(target.device().exist)
-    except Exception:  # a runtime TVM was built without (OpenCL, Metal, WebGPU)
-        return False
 
 
 # ---------------------------------------------------------------- whole builds of one model compared

@@ -276,7 +276,7 @@ def build_job(
                     lambda q: fallback.Build(q, *build_quantized(q, target, tuning_dir, layer_of)),
                 )
                 q, qfused, variant, fusion = checked.quantized, checked.fused, checked.built, checked.fusion
-            elif shown is None and target.board and float_fusion is not None:
+            elif shown is None and target.timed_on_board and float_fusion is not None:
                 built.board_plan = fallback.board_plan(
                     fallback.Build(q, qfused, variant, fusion),
                     fallback.Build(None, fused, built, float_fusion),

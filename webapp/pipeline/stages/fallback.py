@@ -47,7 +47,7 @@ class Build:
 def measures(target, float_fusion: Fusion | None) -> bool:
     """Whether the layers can be timed here: a CPU target whose code this machine runs, and the
     float build's fusion traced (which kernel computes each layer)."""
-    return float_fusion is not None and not target.gpu and not target.board and target.can_run_here
+    return float_fusion is not None and target.runs_cpu_code_here
 
 
 def per_layer_ms(layers: list, fusion: Fusion, profile: dict) -> dict[str, tuple[str, float]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from webapp.asm import filter_asm, hot_loop
 from webapp.catalog import CODE_VIEWS, KERNEL_CONSTANTS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
-from webapp.codeviews import filter_asm
 from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
@@ -153,18 +153,23 @@ def inspect_build(
                 "dtypes": kernel_dtypes(func),
                 "layers": layers.get(name.removesuffix(PREPACK), []),
                 "blocks": blocks.get(name.removesuffix(PREPACK), []),
-                "reproducer": not target.gpu,  # its texts written: /r/<id>/repro/<name>.zip (webapp/repro.py)
+                "reproducer": target.reproducible,  # its texts written: /r/<id>/repro/<name>.zip (repro.py)
             }
         )
     report(0.8)
     # a board's kernels are predicted for the board's own cores, a server's at the threads its runs use
-    threads = int(target.tvm.attrs.get("num-cores", 1)) if target.board else bench_threads()
     static = None
     try:
-        if not target.gpu:
+        if target.kernels_in_assembly:
+            threads = target.analysis_threads(bench_threads())
             static = mca.analyse_kernels(kernels, texts, job_dir, target, executed, threads)
     except Exception as exc:  # llvm-mca's view is an extra: a job never fails of it
         print(f"llvm-mca's analysis left out: {type(exc).__name__}: {exc}")
+    for k in kernels:  # the loop the Assembly view marks: llvm-mca's, else the one with the most vectors
+        span = (k.get("mca") or {}).get("lines")
+        if not span and target.kernels_in_assembly and target.dialect:
+            span = hot_loop(texts[k["name"]][1], target.dialect)
+        k["hot_loop"] = {"lines": list(span), "by": "mca" if "mca" in k else "vectors"} if span else None
     device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
