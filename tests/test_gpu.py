@@ -45,7 +45,7 @@ def build_example(config, example: str, target_name: str):
     model = import_model(config.examples_dir / f"{example}.onnx")
     lowered, labels = build.schedule(fuse(canonical(model.mod), target), target)
     executable = build.build(lowered, target, None)
-    source = device_code.device_module(host_code_module(executable), target).inspect_source()
+    source = target.device_module(host_code_module(executable)).inspect_source()
     return labels, source, sorted(labels)
 
 

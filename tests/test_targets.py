@@ -4,6 +4,7 @@ cross-compiles, and the web process lists targets without loading TVM or the pip
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -185,3 +186,81 @@ def test_arm_board_presets_name_their_board_core_and_features():
         assert preset.int8_mnemonic() == ("smmla" if i8mm else "sdot" if dotprod else "smull")
     with pytest.raises(SubmitError, match="board of the device pool"):
         JobOptions.parse({"target": "rpi5", "tune_trials": "8"})
+
+
+# What a target answers for itself (webapp/targets): no module elsewhere asks which kind it is
+KIND_TESTS = {"gpu", "board", "can_run_here", "arch", "clock_ghz"}
+ARCH_NAMES = {"aarch64", "x86_64", "riscv64", "cuda", "opencl", "metal", "webgpu"}
+# the device pool's emulation (QEMU for aarch64, its wheels) and the reproducer's standalone script
+OUTSIDE_THE_RULE = {"webapp/devices/rootfs.py", "webapp/devices/board.py", "webapp/repro_script.py"}
+
+
+def test_no_module_outside_targets_tests_a_targets_kind_or_architecture():
+    """Callers ask a target its answers (where it is timed, why it is not tuned, its llvm-mca CPU, its
+    assembly's dialect...), never `.gpu`, `.board` or an architecture's name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(targets.__file__).parents[2]
+    found = []
+    for path in sorted((root / "webapp").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("webapp/targets/") or rel in OUTSIDE_THE_RULE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in KIND_TESTS:
+                if not (
+                    isinstance(node.value, ast.Name) and node.value.id == "dlight"
+                ):  # dlight.gpu: a module
+                    found.append(f"{rel}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.Compare):
+                names = [
+                    n.value
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                ]
+                found += [f"{rel}:{node.lineno} '{n}'" for n in names if any(a in n for a in ARCH_NAMES)]
+    assert not found, found
+
+
+def test_riscv64_is_a_kind_of_its_own_built_shown_and_analysed_by_llvm_mca_not_timed(client):
+    """The RISC-V kind (webapp/targets/riscv.py, its module alone): a job builds RVV code for the X280,
+    says where it runs and why it is not timed, refuses tuning and int8 with the reason, and llvm-mca
+    reads its hot loops in its dialect."""
+    from tests.conftest import wait_for_job
+    from tests.test_api import submit
+
+    preset = targets.get("riscv64")
+    assert preset.kind == "riscv" and not preset.can_run_here and preset.timed_on_board is None
+    refused = submit(client, {"example": "mlp", "target": "riscv64", "tune_trials": "8"})
+    assert (
+        refused.status_code == 400 and "Tuning measures the code where it runs" in refused.get_json()["error"]
+    )
+    refused = submit(client, {"example": "mlp", "target": "riscv64", "quantize": "int8"})
+    assert refused.status_code == 400 and "int8 kernels for RISC-V" in refused.get_json()["error"]
+
+    job = wait_for_job(client, submit(client, {"example": "mlp", "target": "riscv64"}).get_json()["id"])
+    assert job["status"] == "done", job["error"]
+    r = job["results"]
+    assert r["benchmarks"] == [] and r["not_timed"] == (
+        f"compiled for riscv64; this server is {platform.machine()}, the code is riscv64 (built, not run), "
+        "so nothing was timed"
+    )
+    assert r["mca"]["cpu"] == "sifive-x280" and r["mca"]["clock_ghz"] is None and r["mca"]["threads"] == 8
+    matmuls = [k for k in r["kernels"] if "matmul" in k["name"]]
+    assert matmuls and r["mca"]["analysed"] >= len(matmuls)
+    for k in matmuls:  # the loop llvm-mca read: float multiply-adds on 512-bit vectors
+        assert k["hot_loop"]["by"] == "mca" and k["mca"]["ops_per_iteration"] >= 2 * 16
+        assert k["mca"]["cycles_per_iteration"] > 0 and k["mca"]["predicted_ms"] is None
+    base = f"/r/{job['id']}"
+    asm = client.get(f"{base}/code?view=asm&kernel={matmuls[0]['name']}").get_data(as_text=True)
+    assert "vfmacc.v" in asm and 'id="hot-loop-link"' in asm
+    report = client.get(f"{base}/code?view=mca&kernel={matmuls[0]['name']}").get_data(as_text=True)
+    assert "-mcpu=sifive-x280" in report
+    page = client.get(base).get_data(as_text=True)
+    assert "nothing was timed" in page and "the X280 comes at several clocks" in page
+    with open(
+        client.application.extensions["playground"]["store"].job_dir(job["id"]) / "files" / "model.so", "rb"
+    ) as f:
+        header = f.read(20)
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 0xF3  # EM_RISCV
