@@ -23,7 +23,6 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from record import record_run
+from record import keep, script_parser
 
 from webapp.config import Config
 
@@ -121,13 +120,10 @@ def scenario(paths: dict, name: str, budget_s: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "contention")
     parser.add_argument("--models", default="resnet50")
     parser.add_argument("--budget", type=float, default=4.0, help="timing seconds per runtime and scenario")
     parser.add_argument("--runs", type=int, default=3, help="of each scenario")
-    parser.add_argument("--record", action="store_true", help="append to benchmarks/results/contention.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,9 +141,7 @@ def main() -> int:
                     + f"  int8 {ms['tvm int8'] / ms['ort int8']:.2f}",
                     flush=True,
                 )
-    if args.record:
-        data = {"budget_s": args.budget, "rows": rows}
-        print(f"recorded in {record_run('contention', os.cpu_count() or 1, data)}")
+    keep(args, "contention", os.cpu_count() or 1, rows, budget_s=args.budget)
     return 0
 
 

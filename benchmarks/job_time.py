@@ -11,7 +11,6 @@ into docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from record import record_run
+from record import keep, script_parser
 
 from webapp.cli import compile_locally
 from webapp.config import Config
@@ -39,17 +38,11 @@ def time_job(config: Config, model: str, target: str, out: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "job_time")
     parser.add_argument("--models", default="resnet50")
     parser.add_argument("--target", default="x86-host")
     parser.add_argument("--runs", type=int, default=1, help="jobs per model; medians are printed")
-    parser.add_argument("--json", type=Path, help="also write every run as JSON here")
     parser.add_argument("--keep", type=Path, help="keep the job folders here (a new or empty folder)")
-    parser.add_argument(
-        "--record", action="store_true", help="append this run to benchmarks/results/job_time.json"
-    )
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +65,7 @@ def main() -> int:
                 f"(median of {len(mine)}); stages, s: {stages}",
                 flush=True,
             )
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1))
-    if args.record:
-        data = {"target": args.target, "jobs": runs}
-        print(f"recorded in {record_run('job_time', config.bench_threads, data)}")
+    keep(args, "job_time", config.bench_threads, runs, key="jobs", target=args.target)
     return 0
 
 

@@ -66,7 +66,8 @@ def model_table(config: Config, model: str, quantize: str, top: int, share: floa
             f"  kernels {profile['kernels_ms']:.3f} ms (measured, less the hook's "
             f"{profile['hook_us']:.1f} us a call) + the VM's own work {vm:.3f} ms = "
             f"{profile['accounted_ms']:.3f} ms: {100 * profile['accounted']:.1f}% of the median; "
-            f"a run without the hook {profile['run_ms']:.3f} ms"
+            f"{100 * profile['accounted_ms'] / profile['run_ms']:.1f}% of a run without the hook "
+            f"({profile['run_ms']:.3f} ms, timed in the profile just before)"
         )
     print(
         "| kernel | share of a run | calls | in the run, ms a call | reproducer warm | run / warm "

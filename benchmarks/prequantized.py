@@ -19,7 +19,6 @@ the SQNR of TVM int8 against ONNX Runtime (or why it has none: a constant output
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from corpus import fmt, median  # the corpus table's cells and its benchmark rows
-from record import host_cpu
+from record import host_cpu, keep, script_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' corpus list
 
@@ -160,16 +159,13 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     light = sorted(p.stem.removeprefix("light_") for p in LIGHT.glob("light_*.onnx"))
     parser.add_argument("--models", default=",".join(light + CNN_EXAMPLES + CNN_CORPUS))
     parser.add_argument("--forms", default="QDQ,QOperator,dynamic")
     parser.add_argument(
         "--dynamic", default=",".join(DYNAMIC), help="the models quantize_dynamic's form runs"
     )
-    parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
     config = Config.from_env()
     forms = args.forms.split(",")
@@ -182,8 +178,7 @@ def main() -> int:
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(f"measured on {host_cpu()}, {config.bench_threads} threads")
     print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    keep(args, None, config.bench_threads, rows)
     return 0
 
 

@@ -25,7 +25,6 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from cpu_models import sgemm_peak_gflops
-from record import record_run
+from record import keep, script_parser
 
 from webapp.config import Config
 
@@ -130,18 +129,12 @@ def measure_model(config: Config, name: str, tmp: Path, target: str = "x86-host"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "quantized")
     parser.add_argument("--models", default="resnet18,resnet50,mobilenet-v2,transformer-block")
     parser.add_argument(
         "--target", default="x86-host", help="the x86 preset TVM builds for (its code must run on this CPU)"
     )
     parser.add_argument("--budget", type=float, default=5.0, help="timing seconds per runtime and model")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument(
-        "--record", action="store_true", help="append this run to benchmarks/results/quantized.json"
-    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,11 +165,8 @@ def main() -> int:
                 f"{r['tvm_fp32_peak_pct']:9.1f}% {r['tvm_int8_peak_pct']:9.1f}%",
                 flush=True,
             )
-    if args.json:
-        args.json.write_text(json.dumps({"sgemm_peak_gflops": peak, "rows": rows}, indent=1))
-    if args.record:
-        data = {"budget_s": args.budget, "target": args.target, "sgemm_peak_gflops": peak, "rows": rows}
-        print(f"recorded in {record_run('quantized', config.bench_threads, data)}")
+    about = {"budget_s": args.budget, "target": args.target, "sgemm_peak_gflops": peak}
+    keep(args, "quantized", config.bench_threads, rows, **about)
     return 0
 
 

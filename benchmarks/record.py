@@ -10,10 +10,12 @@ webapp, TVM or torch import): the scripts call it after measuring.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,3 +62,31 @@ def record_run(script: str, threads: int, data: dict, results: Path = RESULTS) -
     tmp.write_text(json.dumps(runs, indent=1) + "\n")
     tmp.replace(path)
     return path
+
+
+def script_parser(doc: str | None, record: str | None = None) -> argparse.ArgumentParser:
+    """A benchmark script's arguments: its docstring as the help, --json, and --record where the script
+    keeps its runs in results/<record>.json."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    if record:
+        parser.add_argument(
+            "--record", action="store_true", help=f"append this run to benchmarks/results/{record}.json"
+        )
+    return parser
+
+
+def keep(
+    args: argparse.Namespace, record: str | None, threads: int, rows: list, key: str = "rows", **about
+) -> None:
+    """What --json and --record ask of a finished run: its rows (under `key`, beside `about`: the
+    options that made them) written to the --json file, and appended to results/<record>.json."""
+    data = {**about, key: rows}
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=1))
+    if not getattr(args, "record", False):
+        return
+    if not rows:
+        print("nothing was measured: nothing recorded", file=sys.stderr)
+        return
+    print(f"recorded in {record_run(record or '', threads, data)}")

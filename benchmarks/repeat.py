@@ -16,14 +16,13 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 from statistics import median
 
-from record import record_run
+from record import keep, script_parser
 from tables import spread
 
 from webapp.cli import compile_locally
@@ -31,12 +30,9 @@ from webapp.config import Config
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__, "repeat")
     parser.add_argument("--models", default="resnet50:none,mobilenet-v2:int8,bert:none")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--record", action="store_true", help="append to benchmarks/results/repeat.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,9 +70,7 @@ def main() -> int:
                     + f"  rounds' {100 * row['round_spread']:5.1f}%",
                     flush=True,
                 )
-    if args.record:
-        data = {"runs": args.runs, "rows": rows}
-        print(f"recorded in {record_run('repeat', config.bench_threads, data)}")
+    keep(args, "repeat", config.bench_threads, rows, runs=args.runs)
     return 0
 
 

@@ -107,8 +107,12 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     median = next(b["median_ms"] for b in job["results"]["benchmarks"] if b["runtime"] == "tvm")
     assert profile["benchmark_ms"] == median
     assert profile["accounted_ms"] == pytest.approx(profile["kernels_ms"] + profile["vm_ms"])
+    assert profile["accounted_of_run"] == pytest.approx(profile["accounted_ms"] / profile["run_ms"])
     assert sum(k["ms"] for k in job["results"]["kernels"] if k["ms"]) == pytest.approx(profile["kernels_ms"])
     page = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    hint = re.search(r'<p class="hint" id="kernel-profile">.*?</p>', page, re.S).group(0)
+    assert f"{100 * profile['accounted_of_run']:.0f}% of a run without the hook" in hint
+    assert f"{100 * profile['accounted']:.0f}% of this build's benchmark median ({median:.3f} ms" in hint
     vm_row = re.search(r'<tr id="kernel-vm-row".*?</tr>', page, re.S).group(0)
     assert f"{profile['vm_ms']:.3f}" in vm_row and f"<td>{profile['vm_calls']}</td>" in vm_row
     # each kernel names the source layers fused into it (ONNX node names)
@@ -128,6 +132,8 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert results["mca"]["tool"].startswith("llvm-mca") and results["mca"]["analysed"] >= 1
     slowest = results["kernels"][0]
     assert slowest["mca"]["cycles_per_iteration"] > 0 and slowest["mca"]["predicted_ms"] > 0
+    # the loop the Assembly view marks is the one llvm-mca read, found in the sandbox
+    assert slowest["hot_loop"] == {"lines": slowest["mca"]["lines"], "by": "mca"}
     view = client.get(f"/r/{created['id']}?view=mca&kernel={slowest['name']}")
     assert view.status_code == 200 and b"Total Cycles" in view.data
     # the worker renders the long kernel views once after the job (webapp/codeviews.py: prerender),

@@ -7,6 +7,7 @@ pipeline turns them into models and TVM targets.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webapp.targets import TARGETS  # noqa: F401  (the target presets, one module per kind)
@@ -132,7 +133,8 @@ GRAPHS = {"layers": "By layer", "imported": "Before fusion", "fused": "After fus
 class CodeView:
     """A text the code panel shows: written by the inspect stage (webapp/pipeline/stages/inspect.py,
     the device code by webapp/pipeline/reports/device_code.py) at `path` in the job folder, read and
-    coloured by webapp/codeviews.py, listed by the compare page and the graph viewer's kernel links."""
+    coloured by webapp/codeviews.py, listed by the compare page and the graph viewer's kernel links.
+    Adding a view is its entry in CODE_VIEWS and the code that writes its file."""
 
     title: str
     lexer: str  # the Pygments lexer's name (a device view's lexer is its target kind's)
@@ -140,26 +142,94 @@ class CodeView:
     whole: str | None = None  # the file of the whole module, where it has one
     device: bool = False  # a GPU build's device code (results["device_code"]["views"] says which)
     graph_link: str | None = None  # the graph viewer links a kernel to this view, under this word
+    # whether a result has the view, besides what every view needs (a per-kernel view: kernels; a device
+    # view: a device code that lists it); None: always
+    needs: Callable[[dict], bool] | None = None
+    # its title for a result, where that depends on the result (a GPU build's device code); None: title
+    titled: Callable[[dict], str | None] | None = None
 
     @property
     def per_kernel(self) -> bool:
         return bool(self.path and "{kernel}" in self.path)
 
+    def shown(self, name: str, results: dict) -> bool:
+        """Whether the result has this view (`name`, its key in CODE_VIEWS)."""
+        device = results.get("device_code") or {}
+        if self.per_kernel and not results.get("kernels"):  # the inspect stage wrote none: a failed job
+            return False
+        if self.device and name not in device.get("views", ()):
+            return False
+        return self.needs is None or self.needs(results)
+
+    def title_for(self, results: dict) -> str:
+        return (self.titled(results) if self.titled else None) or self.title
+
+
+def host_side(title: str):
+    """A GPU build's LLVM IR and assembly are its host side's, which launches the kernels."""
+    return lambda r: f"{title}, host side (kernel launches)" if r.get("device_code") else None
+
+
+def device_title(text: str):
+    """A device view's title from its device code's facts: `text` formatted with them."""
+    return lambda r: text.format(**r["device_code"]) if r.get("device_code") else None
+
+
+def has(key: str) -> Callable[[dict], bool]:
+    return lambda r: bool(r.get(key))
+
 
 # The code views, in the order the page offers them.
 CODE_VIEWS = {
     "relax-imported": CodeView("Relax IR, imported", "python", "views/imported.py"),
-    "relax-quantized": CodeView("Relax IR, quantized (integer layers)", "python", "views/quantized.py"),
-    "relax-optimized": CodeView("Relax IR, optimized", "python", "views/optimized.py"),
-    "passes": CodeView("IR after each pass", "python", None),
+    "relax-quantized": CodeView(
+        "Relax IR, quantized (integer layers)", "python", "views/quantized.py", needs=has("quantization")
+    ),
+    "relax-optimized": CodeView("Relax IR, optimized", "python", "views/optimized.py", needs=has("kernels")),
+    # a job that failed before optimize's end has none
+    "passes": CodeView("IR after each pass", "python", None, needs=has("passes")),
     "tir": CodeView("TIR of a kernel", "python", "views/kernels/{kernel}.tir.py", graph_link="TIR"),
-    "llvm": CodeView("LLVM IR", "llvm", "views/kernels/{kernel}.ll", "files/module.ll", graph_link="LLVM IR"),
-    "asm": CodeView("Assembly", "gas", "views/kernels/{kernel}.s", "files/module.s", graph_link="assembly"),
-    "mca": CodeView("llvm-mca: the hot loop on the CPU's model", "text", "views/kernels/{kernel}.mca.txt"),
-    "device": CodeView("Device code", "cuda", "views/kernels/{kernel}.device", device=True),
-    "ptx": CodeView("PTX", "ptx", "views/kernels/{kernel}.ptx", device=True),
-    "sass": CodeView("SASS", "gas", "views/kernels/{kernel}.sass", device=True),
-    "bytecode": CodeView("VM bytecode", "text", "views/bytecode.txt"),
+    "llvm": CodeView(
+        "LLVM IR",
+        "llvm",
+        "views/kernels/{kernel}.ll",
+        "files/module.ll",
+        graph_link="LLVM IR",
+        titled=host_side("LLVM IR"),
+    ),
+    "asm": CodeView(
+        "Assembly",
+        "gas",
+        "views/kernels/{kernel}.s",
+        "files/module.s",
+        graph_link="assembly",
+        titled=host_side("Assembly"),
+    ),
+    # not for a GPU build, nor a job from before llvm-mca
+    "mca": CodeView(
+        "llvm-mca: the hot loop on the CPU's model",
+        "text",
+        "views/kernels/{kernel}.mca.txt",
+        needs=has("mca"),
+    ),
+    "device": CodeView(
+        "Device code",
+        "cuda",
+        "views/kernels/{kernel}.device",
+        device=True,
+        titled=device_title("Device code ({language})"),
+    ),
+    "ptx": CodeView(
+        "PTX", "ptx", "views/kernels/{kernel}.ptx", device=True, titled=device_title("PTX ({sm})")
+    ),
+    "sass": CodeView(
+        "SASS",
+        "gas",
+        "views/kernels/{kernel}.sass",
+        device=True,
+        titled=device_title("SASS ({sm}, from ptxas)"),
+    ),
+    "bytecode": CodeView("VM bytecode", "text", "views/bytecode.txt", needs=has("kernels")),
 }
 
 

@@ -46,32 +46,8 @@ DEVICE_LEXERS = device_lexers()
 
 
 def available_views(results: dict) -> dict[str, str]:
-    """View name -> its title, for the views this result has: the quantized IR with quantization,
-    the device code views of a GPU build (the LLVM IR and assembly are then its host side)."""
-    device = results.get("device_code") or {}
-    out = {}
-    for name, code_view in CODE_VIEWS.items():
-        title = code_view.title
-        if name == "relax-quantized" and not results.get("quantization"):
-            continue
-        if name == "passes" and not results.get("passes"):  # a job that failed before optimize's end
-            continue
-        if (code_view.per_kernel or name in ("relax-optimized", "bytecode")) and not results.get("kernels"):
-            continue  # written by the inspect stage, which a failed job did not reach
-        if name in DEVICE_VIEWS and name not in device.get("views", ()):
-            continue
-        if name == "mca" and not results.get("mca"):  # a GPU build, or a job from before llvm-mca
-            continue
-        if name == "device" and device:
-            title = f"Device code ({device['language']})"
-        elif name == "ptx" and device:
-            title = f"PTX ({device['sm']})"
-        elif name == "sass" and device:
-            title = f"SASS ({device['sm']}, from ptxas)"
-        elif name in ("llvm", "asm") and device:
-            title = f"{title}, host side (kernel launches)"
-        out[name] = title
-    return out
+    """View name -> its title, for the views this result has (each view's entry says: catalog.CodeView)."""
+    return {name: view.title_for(results) for name, view in CODE_VIEWS.items() if view.shown(name, results)}
 
 
 def whole_module(results: dict) -> dict[str, str]:

@@ -112,8 +112,9 @@ class JobOptions:
         )
 
 
-def flag(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "on", "yes")
+def flag(value) -> bool:
+    """A form's or an API body's yes: 1, true, on, yes (any case), or True."""
+    return str(value or "").strip().lower() in ("1", "true", "on", "yes")
 
 
 MAX_RANK = 8

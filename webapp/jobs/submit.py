@@ -21,7 +21,7 @@ from webapp.config import Config
 from webapp.jobs.queue import JobQueue
 from webapp.jobs.storage import store_once
 from webapp.jobs.store import JobStore, new_job_id
-from webapp.options import Busy, JobOptions, SubmitError
+from webapp.options import Busy, JobOptions, SubmitError, flag
 
 # First byte of a serialized onnx.ModelProto: the tag of one of its fields (ir_version, producer_name,
 # producer_version, domain, model_version, doc_string, graph, opset_import, metadata_props).
@@ -181,10 +181,6 @@ def admit(config: Config, store: JobStore, client: str) -> None:
             "Try again in a few minutes.",
             retry_after=120,
         )
-
-
-def flag(value) -> bool:
-    return str(value or "").strip().lower() in ("1", "true", "on", "yes")
 
 
 @lru_cache(maxsize=1)

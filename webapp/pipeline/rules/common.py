@@ -34,6 +34,19 @@ def iter_kinds(block: tirx.SBlock) -> str:
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
 
 
+def one_matmul_block(sch: s_tir.Schedule):
+    """The kernel's one matmul block, C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k]): its
+    spatial loops then one reduction, two operands; None where the kernel has none or several."""
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
+    if len(blocks) != 1:
+        return None
+    stmt = sch.get(blocks[0])
+    kinds = iter_kinds(stmt)
+    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
+        return None
+    return blocks[0]
+
+
 def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
     return any(p.same_as(buffer) for p in func.params)
 

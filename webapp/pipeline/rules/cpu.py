@@ -40,6 +40,7 @@ from webapp.pipeline.rules.common import (
     iter_kinds,
     largest_divisor,
     loops_below,
+    one_matmul_block,
     parallel,
     parallel_outer,
     register_tile,
@@ -310,14 +311,10 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     154 MB weight is streamed once, not once per row tile). Rows and columns that do not divide into
     tiles are padded (GPT-2's 50,257-word vocabulary, ViT's 197 tokens): the padded weight is made
     with the repacking, the padded rows of A copied per call, the extra results never written."""
-    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
-    if len(blocks) != 1:
+    block = one_matmul_block(sch)
+    if block is None:
         return None
-    block = blocks[0]
     stmt = sch.get(block)
-    kinds = iter_kinds(stmt)
-    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
-        return None
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
     a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
     # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
@@ -329,7 +326,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     transposed = b_idx[-1].same_as(k_var)
     lanes, registers = simd(target)
     loops = sch.get_loops(block)
-    if len(loops) != len(kinds) or any(extent(sch, loop) < 1 for loop in loops):
+    if len(loops) != len(stmt.iter_vars) or any(extent(sch, loop) < 1 for loop in loops):
         return None
     m, n = extent(sch, loops[-3]), extent(sch, loops[-2])
     width = lanes if n >= lanes else vector_width(n, lanes) or lanes

@@ -15,9 +15,9 @@ from webapp.pipeline.rules.common import (
     extent,
     inline_epilogue,
     inner_split,
-    iter_kinds,
     largest_divisor,
     loops_below,
+    one_matmul_block,
     parallel,
     parallel_outer,
     simd,
@@ -141,18 +141,27 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
     else:
         sch.reorder(n_loop, h_loop, w_o, oc_o, kh_loop, kw_loop, ic_o, w_i, oc_v, oc_i, ic_i)
     tile = sch.fuse(*sch.get_loops(conv)[:4])
+    finish_dot_tile(sch, conv, epilogue, tile, kh_loop, (w_i, oc_v), oc_i, kind)
+    return f"default rule: int8 conv2d NHWC ({kind})"
+
+
+def finish_dot_tile(
+    sch: s_tir.Schedule, block, epilogue, tile, reduction, unrolled: tuple, dot, kind: str
+) -> None:
+    """The int8 rules' common end: the tiles' loop in parallel, the epilogue computed in each tile, the
+    accumulators zeroed in vectors before `reduction`, the register tile's loops `unrolled`, the `dot`
+    loop made the target's dot-product instruction, and the epilogue's innermost loop vectorized."""
     parallel(sch, tile)
     sch.reverse_compute_at(epilogue, tile)
-    init = sch.decompose_reduction(conv, kh_loop)
+    init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.unroll(w_i)
-    sch.unroll(oc_v)
-    sch.tensorize(oc_i, register_dot(kind))
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.tensorize(dot, register_dot(kind))
     tail = loops_below(sch, epilogue, tile)
     width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
     if width:
         sch.vectorize(sch.split(tail[-1], [None, width])[-1])
-    return f"default rule: int8 conv2d NHWC ({kind})"
 
 
 def mmla_fits(sch: s_tir.Schedule, conv, ic: int) -> bool:
@@ -287,14 +296,10 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     into tiles are padded as the float rule pads them (cpu.padded_operands: GPT-2's 50,257 words,
     ViT's 197 tokens), and the column panels are outside the rows, so that an LM head's weight is
     streamed from memory once, not once per row tile."""
-    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
-    if len(blocks) != 1:
+    block = one_matmul_block(sch)
+    if block is None:
         return None
-    block = blocks[0]
     stmt = sch.get(block)
-    kinds = iter_kinds(stmt)
-    if not kinds.endswith("SSR") or "R" in kinds[:-1] or len(stmt.reads) != 2:
-        return None
     if not multiplies_for_dot(stmt, target):
         return None
     b = stmt.reads[1].source
@@ -339,17 +344,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     k_o, k_i = sch.split(k_loop, [None, 4])
     sch.reorder(*batch_loops, j_o, i_o, k_o, i_i, j_v, j_l, k_i)
     tile = sch.fuse(*batch_loops, j_o, i_o)
-    parallel(sch, tile)
-    sch.reverse_compute_at(epilogue, tile)
-    init = sch.decompose_reduction(block, k_o)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.unroll(i_i)
-    sch.unroll(j_v)
-    sch.tensorize(j_l, register_dot(kind))
-    tail = loops_below(sch, epilogue, tile)
-    width = vector_width(extent(sch, tail[-1]), 16) if tail else 0
-    if width:
-        sch.vectorize(sch.split(tail[-1], [None, width])[-1])
+    finish_dot_tile(sch, block, epilogue, tile, k_o, (i_i, j_v), j_l, kind)
     return f"default rule: int8 matmul ({kind})"
 
 

@@ -44,15 +44,20 @@ def sgemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
     torch.set_num_threads(threads)
     try:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            best = min(best, time.perf_counter() - start)
+        return 2 * n**3 / best_seconds(lambda: torch.mm(a, b), repeats) / 1e9
     finally:
         torch.set_num_threads(before)
-    return 2 * n**3 / best / 1e9
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn`, after one untimed."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def set_tvm_threads(threads: int) -> None:

@@ -163,9 +163,10 @@ def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
 
 
 def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned: bool) -> dict:
-    """A profile with its build's benchmark median (benchmark_ms) and how much of it the profile's parts
-    account for (accounted: the kernels' and the VM's own work's measured ms over it; None where the
-    VM's own work could not be measured apart)."""
+    """A profile with its build's benchmark median (benchmark_ms: its fastest round's) and how much of it
+    the profile's parts account for (accounted: the kernels' and the VM's own work's measured ms over it;
+    None where the VM's own work could not be measured apart), and of the profile's own run without the
+    hook, timed a moment before the hooked runs (accounted_of_run)."""
     if "kernels" not in profile:
         return profile
     median = next(
@@ -181,6 +182,7 @@ def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned
         "benchmark_ms": median,
         "accounted_ms": parts,
         "accounted": parts / median if parts and median else None,
+        "accounted_of_run": parts / profile["run_ms"] if parts and profile.get("run_ms") else None,
     }
 
 
