@@ -28,16 +28,16 @@ def run(job_dir: Path) -> None:
         "quantize", quantize_stage, model, skip=None if quantizes(ctx, model) else no_quantize
     )
     no_tune = f"no tuning trials asked, and no shared tuning records for {ctx.target.name}"
-    ctx.stage("tune", tune_stage, optimized, quantized, skip=None if tunes(ctx) else no_tune)
-    built = ctx.stage("build", build_stage, model, optimized, quantized)
-    ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
+    tuned = ctx.stage("tune", tune_stage, optimized, quantized, skip=None if tunes(ctx) else no_tune)
+    built = ctx.stage("build", build_stage, model, optimized, quantized, tuned)
+    inspected = ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
     if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage next
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
     else:  # a benchmark that cannot run is marked failed; the job is done with its build and views
         why = ctx.target.why_not_timed()
         if why:  # built for a device this server lacks: said in the benchmark section too
             ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
-        ctx.stage("benchmark", benchmark_stage, model, built, skip=why, required=False)
+        ctx.stage("benchmark", benchmark_stage, model, built, inspected, skip=why, required=False)
         ctx.skip("remote", "timed on this server, not on a board of the device pool")
 
 

@@ -432,13 +432,13 @@ def job_inputs(model, job) -> dict[str, np.ndarray]:
     return make_inputs(model.inputs)
 
 
-def benchmark_stage(ctx, report, model, built) -> None:
+def benchmark_stage(ctx, report, model, built, inspected) -> None:
     """The benchmark stage of a job whose code runs here: its builds against the frameworks'
     references on the target's device, each build's kernel profile (the kernel table's times, and
     the graphs coloured by them)."""
     shown = next(key for key, ex in built.executables.items() if ex is built.executable)
     measured = benchmark_job(built.executables, model, ctx.job, ctx.target, report, shown)
-    kernels = timed_kernels(ctx.results.data.get("kernels", []), measured.get("profiles", []))
+    kernels = timed_kernels(inspected.kernels, measured.get("profiles", []))
     time_graphs(ctx.dir, kernels)
     write_model_explorer(ctx.dir)
     ctx.results.save(**measured, kernels=kernels)

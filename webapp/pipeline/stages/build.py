@@ -362,8 +362,10 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None) -> Built
     return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {}, checked, memory=memory)
 
 
-def build_stage(ctx, report, model, optimized, quantized) -> Built:
-    records = ctx.dir / "tuning" if "tuning" in ctx.results.data else None
+def build_stage(ctx, report, model, optimized, quantized, tuned) -> Built:
+    """The job's builds (webapp/pipeline/stages/build.py: build_job), on the tune stage's records where it
+    ran (`tuned`: None where it was skipped)."""
+    records = ctx.dir / "tuning" if tuned is not None else None
     try:
         built = build_job(
             optimized.fused, quantized, ctx.target, records, ctx.dir, report, model.layers, optimized.fusion

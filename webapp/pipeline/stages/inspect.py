@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from webapp.catalog import CODE_VIEWS, KERNEL_CONSTANTS, PREPACK_TIR, UNSCHEDULE
 from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
+from webapp.pipeline.reports.facts import worst_layer
 from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.rules.schedules import PREPACK, PREPACKS_ATTR
@@ -290,10 +292,15 @@ def write_ir_zip(job_dir: Path) -> None:
                 z.write(job_dir / view.whole, Path(view.whole).name)
 
 
-def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:
+@dataclass
+class Inspected:
+    kernels: list[dict]  # the kernel table's rows, as result.json keeps them (the benchmark adds times)
+
+
+def inspect_stage(ctx, report, model, optimized, built, quantized) -> Inspected:
     """The code views and kernel table; for a quantized job the graphs coloured by each quantized
     layer's error against fp32 (the page then shows the quantized model's fused graph)."""
-    graphs = None if quantized else ctx.results.data.get("graphs")
+    graphs = None if quantized else optimized.graphs
     fusion = built.fusion or optimized.fusion
     found = inspect_build(
         model.mod,
@@ -309,10 +316,11 @@ def inspect_stage(ctx, report, model, optimized, built, quantized) -> None:
     )
     ctx.results.save(**found)
     if quantized:
-        worst = ((ctx.results.data.get("quantization_summary") or {}).get("worst_layer") or {}).get("layer")
-        layer_errors = ctx.results.data["quantization"].get("layer_errors", [])
+        layer_errors = quantized.to_json()["quantization"].get("layer_errors", [])
+        worst = (worst_layer(layer_errors) or {}).get("layer")
         error_graphs(ctx.dir, layer_errors, worst, model.layers)
     write_model_explorer(ctx.dir)  # written again with the times after the benchmark
+    return Inspected(found["kernels"])
 
 
 SMALL_CONSTANT = 4096  # elements: scales, zero points, clip bounds, a bias; not a weight

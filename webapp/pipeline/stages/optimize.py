@@ -42,6 +42,7 @@ class Optimized:
     fused: tvm.IRModule  # after operator fusion, before lowering to the VM: the graph after fusion
     passes: list[PassRecord]
     fusion: Fusion  # which kernel each binding of the imported model went into
+    graphs: dict | None = None  # the graphs drawn of it (reports/graphs.py), as result.json keeps them
 
 
 def relax_script(mod: tvm.IRModule) -> str:
@@ -420,6 +421,6 @@ def optimize_stage(ctx, report, model) -> Optimized:
         name = f"{model.folded['tool']}: shape arithmetic folded (ONNX, before import)"
         folded = [PassRecord(0, name, model.folded["seconds"], "error" not in model.folded, file, onnx=True)]
     optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers, first=len(folded))
-    graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion, model.modules)
-    ctx.results.save(passes=[vars(p) for p in folded + optimized.passes], graphs=graphs)
+    optimized.graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion, model.modules)
+    ctx.results.save(passes=[vars(p) for p in folded + optimized.passes], graphs=optimized.graphs)
     return optimized
