@@ -263,34 +263,8 @@ def benchmark(
         threads = free_cores(all_threads)  # cores other processes keep busy: every runtime leaves them
         if threads < all_threads:
             set_tvm_threads(threads)
-        makers = {
-            ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
-            for (variant, tuned), ex in sorted(executables.items())
-        }
-        if "pytorch" in references:
-            makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(
-                references["pytorch"], inputs, threads, on_cuda["pytorch"]
-            )
-        if "onnxruntime" in references:
-            makers[("onnxruntime", reference_variant, False)] = lambda: onnxruntime_runner(
-                references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
-            )
-
-        runs, outs, unavailable = {}, {}, []
-        for i, (key, make) in enumerate(makers.items()):
-            runtime = key[0]
-            try:
-                runs[key] = make()
-                out = runs[key]()
-            except Exception as exc:
-                if runtime == "tvm":
-                    raise
-                # A reference runtime that cannot run the model is reported, not fatal.
-                unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
-                runs.pop(key, None)
-                continue
-            outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
-            report(0.2 * (i + 1) / len(makers))
+        makers = runners(executables, inputs, references, threads, dev, on_cuda, reference_variant)
+        runs, outs, unavailable = first_runs(makers, report)
         timings, conditions = measure_watched(
             runs,
             budget_s,
@@ -300,12 +274,7 @@ def benchmark(
         )
         conditions["waited_s"] = round(conditions["waited_s"] + waited, 2)
         # a CPU build's kernels against this machine's sgemm (the linter's reference), not a GPU's
-        on_cpu = dev is None or str(dev).startswith("cpu")
-        try:
-            sgemm = {"gflops": sgemm_gflops(threads), "threads": threads} if on_cpu else None
-        except Exception as exc:  # the linter's reference only: the measurements stand without it
-            print(f"sgemm reference left out: {type(exc).__name__}: {exc}")
-            sgemm = None
+        sgemm = sgemm_reference(threads) if dev is None or str(dev).startswith("cpu") else None
     rows = [
         {
             "runtime": runtime,
@@ -318,6 +287,77 @@ def benchmark(
         for runtime, variant, tuned in runs
     ]
 
+    fid = fidelities(executables, outs, references, inputs, threads, on_cuda, classifier)
+    return {
+        "benchmarks": rows,
+        "fidelity": fid,
+        "threads": threads,
+        "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
+        "conditions": conditions,
+        # fewer threads than configured, every runtime alike, where other processes kept cores busy
+        "fewer_threads": {"threads": threads, "of": all_threads, "busy_cores": all_threads - threads}
+        if threads < all_threads
+        else None,
+        "machine": machine(),
+        "sgemm": sgemm,
+        "classifier": classifier,
+        "unavailable_runtimes": unavailable,
+    }
+
+
+def runners(
+    executables, inputs, references, threads: int, dev, on_cuda: dict, reference_variant: str
+) -> dict:
+    """(runtime, variant, tuned) -> a function that makes that runtime's run of the model: each TVM
+    build, and the references the job has (PyTorch, ONNX Runtime), on the GPU where they can."""
+    makers = {
+        ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
+        for (variant, tuned), ex in sorted(executables.items())
+    }
+    if "pytorch" in references:
+        makers[("pytorch", "fp32", False)] = lambda: pytorch_runner(
+            references["pytorch"], inputs, threads, on_cuda["pytorch"]
+        )
+    if "onnxruntime" in references:
+        makers[("onnxruntime", reference_variant, False)] = lambda: onnxruntime_runner(
+            references["onnxruntime"], inputs, threads, on_cuda["onnxruntime"]
+        )
+    return makers
+
+
+def first_runs(makers: dict, report) -> tuple[dict, dict, list[dict]]:
+    """Each runtime made and run once: (its run, by key; its outputs; the reference runtimes that
+    could not run the model, with why: reported, not fatal). A TVM build that fails raises."""
+    runs, outs, unavailable = {}, {}, []
+    for i, (key, make) in enumerate(makers.items()):
+        runtime = key[0]
+        try:
+            runs[key] = make()
+            out = runs[key]()
+        except Exception as exc:
+            if runtime == "tvm":
+                raise
+            unavailable.append({"runtime": runtime, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            runs.pop(key, None)
+            continue
+        outs[key] = torch_outputs(out) if runtime == "pytorch" else flatten_outputs(out)
+        report(0.2 * (i + 1) / len(makers))
+    return runs, outs, unavailable
+
+
+def sgemm_reference(threads: int) -> dict | None:
+    """This machine's sgemm rate at `threads`, the linter's reference; None where it cannot be measured
+    (the measurements stand without it)."""
+    try:
+        return {"gflops": sgemm_gflops(threads), "threads": threads}
+    except Exception as exc:
+        print(f"sgemm reference left out: {type(exc).__name__}: {exc}")
+        return None
+
+
+def fidelities(executables, outs: dict, references, inputs, threads: int, on_cuda: dict, classifier) -> list:
+    """Each build's outputs against each reference's (and a quantized build's against TVM fp32's); with
+    references on a GPU, against the float model on the CPU too."""
     references_out = {
         f"{ref} (CUDA)" if on_cuda[ref] else ref: out for (ref, _, _), out in outs.items() if ref != "tvm"
     }
@@ -336,21 +376,7 @@ def benchmark(
         for ref, ref_out in references_out.items()
         if not (ref == "tvm fp32" and variant == "fp32")
     ]
-    return {
-        "benchmarks": rows,
-        "fidelity": fid,
-        "threads": threads,
-        "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
-        "conditions": conditions,
-        # fewer threads than configured, every runtime alike, where other processes kept cores busy
-        "fewer_threads": {"threads": threads, "of": all_threads, "busy_cores": all_threads - threads}
-        if threads < all_threads
-        else None,
-        "machine": machine(),
-        "sgemm": sgemm,
-        "classifier": classifier,
-        "unavailable_runtimes": unavailable,
-    }
+    return fid
 
 
 def reference_cuda(dev) -> dict[str, bool]:

@@ -104,8 +104,6 @@ def inspect_build(
     files.mkdir(parents=True, exist_ok=True)
 
     graphs = graphs or draw_graphs(imported, fused, job_dir, fusion)
-    layers = fusion.layers() if fusion else {}
-    blocks = kernel_blocks(job_dir)
     report(0.4)
 
     host = host_code_module(executable)
@@ -115,63 +113,11 @@ def inspect_build(
     (job_dir / CODE_VIEWS["asm"].whole).write_text(asm)
     report(0.6)
 
-    kernels = []
-    code = CodeIndex(ll, asm)
-    names = {gv.name_hint for gv in fused.get_global_vars()}
-    lowered_names = {gv.name_hint for gv in lowered.get_global_vars()}
-    prepacks = dict((lowered.attrs or {}).get(PREPACKS_ATTR, {}))  # the repackings folded at build
-    texts: dict[str, tuple[str, str]] = {}  # kernel -> (its TIR, its assembly as the page shows it)
-    executed: dict[str, float] = {}  # kernel -> the operations it executes (Winograd: its own)
-    small_constants = call_constants(lowered)
-    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        name = gv.name_hint
-        kernel_ll, kernel_asm = code.kernel_code(name)
-        texts[name] = (func.script(), filter_asm(kernel_asm))
-        (job_dir / code_file("tir", name)).write_text(texts[name][0])
-        unscheduled = fused[name] if name in names else func  # a weight repacking has no other form
-        (job_dir / UNSCHEDULED_TIR.format(kernel=file_stem(name))).write_text(unscheduled.script())
-        # counted on the kernel before scheduling: the counter cannot read tensorized code
-        executed[name] = executed_flop(unscheduled)
-        direct = direct_flop(unscheduled)
-        prepack = prepacks.get(name)  # printed here, for the shown build only
-        if prepack is None and name + PREPACK in lowered_names:
-            prepack = lowered[name + PREPACK]
-        if prepack is not None:
-            (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
-        constants = small_constants.get(name)
-        if constants:
-            np.savez(job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)), **constants)
-        (job_dir / code_file("llvm", name)).write_text(kernel_ll)
-        (job_dir / code_file("asm", name)).write_text(kernel_asm)
-        kernels.append(
-            {
-                "name": name,
-                "schedule": labels.get(name, "naive"),
-                "asm_lines": kernel_asm.count("\n"),
-                "calls": graphs["fused"]["ops"].get(name, 0),
-                "flop": direct if direct is not None else executed[name],
-                "dtypes": kernel_dtypes(func),
-                "layers": layers.get(name.removesuffix(PREPACK), []),
-                "blocks": blocks.get(name.removesuffix(PREPACK), []),
-                "reproducer": target.reproducible,  # its texts written: /r/<id>/repro/<name>.zip (repro.py)
-            }
-        )
+    kernels, texts, executed = kernel_rows(
+        lowered, fused, CodeIndex(ll, asm), labels, graphs["fused"]["ops"], fusion, job_dir, target
+    )
     report(0.8)
-    # a board's kernels are predicted for the board's own cores, a server's at the threads its runs use
-    static = None
-    try:
-        if target.kernels_in_assembly:
-            threads = target.analysis_threads(bench_threads())
-            static = mca.analyse_kernels(kernels, texts, job_dir, target, executed, threads)
-    except Exception as exc:  # llvm-mca's view is an extra: a job never fails of it
-        print(f"llvm-mca's analysis left out: {type(exc).__name__}: {exc}")
-    for k in kernels:  # the loop the Assembly view marks: llvm-mca's, else the one with the most vectors
-        span = (k.get("mca") or {}).get("lines")
-        if not span and target.kernels_in_assembly and target.dialect:
-            span = hot_loop(texts[k["name"]][1], target.dialect)
-        k["hot_loop"] = {"lines": list(span), "by": "mca" if "mca" in k else "vectors"} if span else None
+    static = hot_loops(kernels, texts, executed, job_dir, target)
     device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
@@ -200,6 +146,80 @@ def inspect_build(
         | ({"device_code": device} if device else {})
         | ({"mca": static} if static else {})
     )
+
+
+def kernel_rows(lowered, fused, code, labels: dict, calls: dict, fusion, job_dir: Path, target: Target):
+    """The kernel table's rows of the build, each kernel's code views and reproducer files written:
+    (rows, each kernel's (TIR, assembly as the page shows it), the operations each executes)."""
+    kernels = []
+    layers = fusion.layers() if fusion else {}
+    blocks = kernel_blocks(job_dir)
+    names = {gv.name_hint for gv in fused.get_global_vars()}
+    lowered_names = {gv.name_hint for gv in lowered.get_global_vars()}
+    prepacks = dict((lowered.attrs or {}).get(PREPACKS_ATTR, {}))  # the repackings folded at build
+    texts: dict[str, tuple[str, str]] = {}  # kernel -> (its TIR, its assembly as the page shows it)
+    executed: dict[str, float] = {}  # kernel -> the operations it executes (Winograd: its own)
+    small_constants = call_constants(lowered)
+    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        name = gv.name_hint
+        kernel_ll, kernel_asm = code.kernel_code(name)
+        texts[name] = (func.script(), filter_asm(kernel_asm))
+        unscheduled = fused[name] if name in names else func  # a weight repacking has no other form
+        # counted on the kernel before scheduling: the counter cannot read tensorized code
+        executed[name] = executed_flop(unscheduled)
+        direct = direct_flop(unscheduled)
+        prepack = prepacks.get(name)  # printed here, for the shown build only
+        if prepack is None and name + PREPACK in lowered_names:
+            prepack = lowered[name + PREPACK]
+        kernel_files = {"tir": texts[name][0], "llvm": kernel_ll, "asm": kernel_asm}
+        write_kernel_files(job_dir, name, kernel_files, unscheduled, prepack, small_constants.get(name))
+        kernels.append(
+            {
+                "name": name,
+                "schedule": labels.get(name, "naive"),
+                "asm_lines": kernel_asm.count("\n"),
+                "calls": calls.get(name, 0),
+                "flop": direct if direct is not None else executed[name],
+                "dtypes": kernel_dtypes(func),
+                "layers": layers.get(name.removesuffix(PREPACK), []),
+                "blocks": blocks.get(name.removesuffix(PREPACK), []),
+                "reproducer": target.reproducible,  # its texts written: /r/<id>/repro/<name>.zip (repro.py)
+            }
+        )
+    return kernels, texts, executed
+
+
+def write_kernel_files(job_dir: Path, name: str, texts: dict, unscheduled, prepack, constants) -> None:
+    """A kernel's code views (`texts`: view -> its text), and its reproducer's files: its TIR before
+    scheduling, its weights' repacking, the small constants the model passes it."""
+    for view, text in texts.items():
+        (job_dir / code_file(view, name)).write_text(text)
+    (job_dir / UNSCHEDULED_TIR.format(kernel=file_stem(name))).write_text(unscheduled.script())
+    if prepack is not None:
+        (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
+    if constants:
+        np.savez(job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)), **constants)
+
+
+def hot_loops(kernels: list[dict], texts: dict, executed: dict, job_dir: Path, target: Target) -> dict | None:
+    """Each kernel's hot loop (the loop the Assembly view marks, its row's "hot_loop"): llvm-mca's,
+    analysed (reports/mca.py, its summary returned), else the one with the most vector instructions.
+    A board's kernels are predicted for the board's own cores, a server's at the threads its runs use."""
+    static = None
+    try:
+        if target.kernels_in_assembly:
+            threads = target.analysis_threads(bench_threads())
+            static = mca.analyse_kernels(kernels, texts, job_dir, target, executed, threads)
+    except Exception as exc:  # llvm-mca's view is an extra: a job never fails of it
+        print(f"llvm-mca's analysis left out: {type(exc).__name__}: {exc}")
+    for k in kernels:
+        span = (k.get("mca") or {}).get("lines")
+        if not span and target.kernels_in_assembly and target.dialect:
+            span = hot_loop(texts[k["name"]][1], target.dialect)
+        k["hot_loop"] = {"lines": list(span), "by": "mca" if "mca" in k else "vectors"} if span else None
+    return static
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2

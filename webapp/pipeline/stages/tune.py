@@ -207,6 +207,49 @@ def tune_contexts(tasks, target: Target, work_dir: Path, strategy) -> tuple[list
     return contexts, weights
 
 
+class Search:
+    """What the search has found so far, kept by its measure callback: each task's best measured seconds,
+    the estimated model latency after each batch (`curve`), each task's improvements (`history`)."""
+
+    def __init__(self, best: dict, weights: dict, trials: int, report, cancelled):
+        self.best, self.weights, self.trials = best, weights, trials
+        self.report, self.cancelled = report, cancelled
+        self.curve: list[dict] = []
+        # per task, each trial count at which its best measured time improved (the first one included)
+        self.history: dict[int, list[dict]] = {}
+        self.done = 0
+        self.stop_requested = False
+
+    def measured(self, task_id: int, count: int, runner_results) -> None:
+        self.done += count
+        for trial, r in enumerate(runner_results, self.done - count + 1):
+            if r.run_secs:
+                secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
+                if self.best.get(task_id) is None or secs < self.best[task_id]:
+                    self.best[task_id] = secs
+                steps = self.history.setdefault(task_id, [])
+                if not steps or secs * 1e6 < steps[-1]["us"]:
+                    steps.append({"trials": trial, "us": round(secs * 1e6, 3)})
+        total = estimated_total_ms(self.best, self.weights)
+        if total is not None:
+            self.curve.append({"trials": self.done, "ms": round(total, 4)})
+        detail = {"trials": self.done, "budget": self.trials, "best_ms": total, "curve": self.curve[-200:]}
+        self.report(min(self.done / self.trials, 1.0), detail)
+        if self.cancelled():
+            self.stop_requested = True
+            raise TuningCancelled()
+
+    def callback(self):
+        search = self
+
+        @derived_object
+        class Progress(ms.measure_callback.PyMeasureCallback):
+            def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+                search.measured(task_id, len(measure_candidates), runner_results)
+
+        return Progress()
+
+
 def tune(
     fused: tvm.IRModule,
     target: Target,
@@ -227,86 +270,58 @@ def tune(
         raise StageError("This model has no kernels that MetaSchedule can tune.")
     db, unreadable = open_database(work_dir)
     before = {i: best_seconds(db, t.dispatched[0]) for i, t in enumerate(tasks)}
-    pretuned = sum(1 for v in before.values() if v is not None)
     weights = {i: int(t.weight) for i, t in enumerate(tasks)}
-    best = dict(before)
-    curve: list[dict] = []
-    # per task, each trial count at which its best measured time improved (the first one included)
-    history: dict[int, list[dict]] = {}
-    done = 0
-    stop = {"requested": False}
+    search = Search(dict(before), weights, trials, report, cancelled)
+    was_cancelled = run_search(tasks, target, work_dir, db, search) if trials > 0 else False
+    return Tuned(
+        kernels=len(tasks),
+        pretuned=sum(1 for v in before.values() if v is not None),
+        trials=search.done,
+        budget=trials,
+        cancelled=was_cancelled,
+        seconds=time.monotonic() - started,
+        tasks=task_table(variants, work_dir, weights, before, search.history),
+        curve=search.curve,
+        unreadable_records=unreadable,
+    )
 
-    @derived_object
-    class Progress(ms.measure_callback.PyMeasureCallback):
-        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-            nonlocal done
-            done += len(measure_candidates)
-            for trial, r in enumerate(runner_results, done - len(measure_candidates) + 1):
-                if r.run_secs:
-                    secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
-                    if best.get(task_id) is None or secs < best[task_id]:
-                        best[task_id] = secs
-                    steps = history.setdefault(task_id, [])
-                    if not steps or secs * 1e6 < steps[-1]["us"]:
-                        steps.append({"trials": trial, "us": round(secs * 1e6, 3)})
-            total = estimated_total_ms(best, weights)
-            if total is not None:
-                curve.append({"trials": done, "ms": round(total, 4)})
-            report(
-                min(done / trials, 1.0),
-                {"trials": done, "budget": trials, "best_ms": total, "curve": curve[-200:]},
-            )
-            if cancelled():
-                stop["requested"] = True
-                raise TuningCancelled()
 
-    was_cancelled = False
-    if trials > 0:
-        watcher = watch_dispatch(work_dir, trials, report, lambda: done)
-        report(
-            0.0,
-            {
-                "trials": 0,
-                "budget": trials,
-                "best_ms": estimated_total_ms(best, weights),
-                "note": f"preparing the search over {len(tasks)} kernels (about 30 s)",
-            },
+def run_search(tasks: list, target: Target, work_dir: Path, db, search: Search) -> bool:
+    """MetaSchedule's evolutionary search over `tasks`, `search.trials` measurements in all, its records
+    in `db`; whether the user cancelled it."""
+    trials = search.trials
+    watcher = watch_dispatch(work_dir, trials, search.report, lambda: search.done)
+    note = f"preparing the search over {len(tasks)} kernels (about 30 s)"
+    best_ms = estimated_total_ms(search.best, search.weights)
+    search.report(0.0, {"trials": 0, "budget": trials, "best_ms": best_ms, "note": note})
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32)
+    contexts, task_weights = tune_contexts(tasks, target, work_dir, WithinBudget(strategy, [trials]))
+    evaluator = ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    try:
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=task_weights,
+            work_dir=str(work_dir),
+            max_trials_global=trials,
+            num_trials_per_iter=min(16, max(2, trials // max(1, len(tasks)))),
+            builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=120, f_build=fast_build),
+            runner=InTimingSlot(ms.runner.LocalRunner(timeout_sec=60, evaluator_config=evaluator)),
+            database=db,
+            cost_model="xgb",
+            measure_callbacks=ms.MeasureCallback.create("default") + [search.callback()],
         )
-        contexts, task_weights = tune_contexts(
-            tasks,
-            target,
-            work_dir,
-            WithinBudget(
-                ms.search_strategy.EvolutionarySearch(population_size=64, init_min_unmeasured=32), [trials]
-            ),
-        )
-        try:
-            ms.tune_tasks(
-                tasks=contexts,
-                task_weights=task_weights,
-                work_dir=str(work_dir),
-                max_trials_global=trials,
-                num_trials_per_iter=min(16, max(2, trials // max(1, len(tasks)))),
-                builder=ms.builder.LocalBuilder(max_workers=2, timeout_sec=120, f_build=fast_build),
-                runner=InTimingSlot(
-                    ms.runner.LocalRunner(
-                        timeout_sec=60,
-                        evaluator_config=ms.runner.EvaluatorConfig(
-                            number=3, repeat=1, min_repeat_ms=20, enable_cpu_cache_flush=False
-                        ),
-                    )
-                ),
-                database=db,
-                cost_model="xgb",
-                measure_callbacks=ms.MeasureCallback.create("default") + [Progress()],
-            )
-        except Exception:
-            if not stop["requested"]:  # TuningCancelled arrives as a bare RuntimeError through TVM's FFI
-                raise
-            was_cancelled = True
-        finally:
-            watcher.set()
+    except Exception:
+        if not search.stop_requested:  # TuningCancelled arrives as a bare RuntimeError through TVM's FFI
+            raise
+        return True
+    finally:
+        watcher.set()
+    return False
 
+
+def task_table(variants: list, work_dir: Path, weights: dict, before: dict, history: dict) -> list[dict]:
+    """The tuning table's rows: each task's best time in the database as it is on disk now (what
+    counts), its rate, whether it had records before the job, and this job's search's improvements."""
     db, _ = open_database(work_dir)  # re-read: what is on disk is what counts
     table = []
     for i, (variant, t) in enumerate(variants):
@@ -325,17 +340,7 @@ def tune(
                 "curve": history.get(i, []),
             }
         )
-    return Tuned(
-        kernels=len(tasks),
-        pretuned=pretuned,
-        trials=done,
-        budget=trials,
-        cancelled=was_cancelled,
-        seconds=time.monotonic() - started,
-        tasks=table,
-        curve=curve,
-        unreadable_records=unreadable,
-    )
+    return table
 
 
 def watch_dispatch(work_dir: Path, trials: int, report, measured: Callable[[], int]) -> threading.Event:
