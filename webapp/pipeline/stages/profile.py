@@ -37,7 +37,6 @@ def profile_kernels(
     kernels_ms + vm_ms (of U where vm_ms is None). `trace`, where given, gets each timed call: (run,
     kernel, start s, end s), start and end from the run's start."""
     import tvm
-    from tvm import relax
 
     from webapp.targets import host
 
@@ -46,58 +45,17 @@ def profile_kernels(
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     sync = (lambda: None) if on_host else dev.sync
     with timing_slot.hold("kernel profile"):
-        plain = relax.VirtualMachine(executable, dev)
-        plain.set_input("main", *args)
-        plain["invoke_stateful"]("main")  # warm-up
-        timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
-        run_ms = float(np.median(timer("main").results)) * 1e3
-
-        vm = relax.VirtualMachine(executable, dev)
-        seconds: dict[str, float] = {}
-        calls: dict[str, int] = {}
-        started: dict[str, float] = {}
-        run_at: list[float] = []  # when each timed run began
-        timeline: list[tuple] = []  # each timed call: (run, kernel, start, end)
-        count = {"all": 0, "skip": False}
-
-        def hook(func, symbol, before_run, ret_value, *call_args):
-            count["all"] += before_run
-            if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
-                return relax.VMInstrumentReturnKind.NO_OP
-            if count["skip"]:
-                return relax.VMInstrumentReturnKind.SKIP_RUN
-            sync()  # a GPU kernel ends when the device is done
-            if before_run:
-                started[symbol] = time.perf_counter()
-            elif symbol in started:
-                begun, ended = started.pop(symbol), time.perf_counter()
-                seconds[symbol] = seconds.get(symbol, 0.0) + ended - begun
-                calls[symbol] = calls.get(symbol, 0) + 1
-                if run_at:
-                    timeline.append((len(run_at) - 1, symbol, begun - run_at[-1], ended - run_at[-1]))
-            return relax.VMInstrumentReturnKind.NO_OP
-
-        vm["main"](*args)  # warm-up, untimed
-        vm.set_instrument(hook)
-        per_run: dict[str, list[float]] = {}
-        hooked: list[float] = []
-        for _ in range(runs):
-            seconds.clear()
-            count["all"] = 0
-            run_at.append(time.perf_counter())
-            vm["main"](*args)
-            sync()
-            hooked.append(time.perf_counter() - run_at[-1])
-            for name, t in seconds.items():
-                per_run.setdefault(name, []).append(t)
-        invocations = count["all"]  # the calls of one run, kernels and builtins
-        skipped = None if DATA_DEPENDENT.search(executable.as_text()) else skipped_runs(vm, args, runs, count)
+        run_ms = plain_run_ms(executable, dev, args, runs)
+        hooked = HookedRuns(executable, dev, sync)
+        hooked.run(args, runs)
+        skipped = None if DATA_DEPENDENT.search(executable.as_text()) else hooked.skipped(args, runs)
     if trace is not None:  # only a whole profile's calls
-        trace.extend(timeline)
+        trace.extend(hooked.timeline)
+    calls = hooked.calls
     kernel_calls = sum(calls.values()) // runs
-    hooked_s = float(np.median(hooked))
-    hook_s = max(0.0, (hooked_s - run_ms / 1e3) / (2 * max(invocations, 1)))
-    measured = {name: float(np.median(ts)) * 1e3 for name, ts in per_run.items()}
+    hooked_s = float(np.median(hooked.times))
+    hook_s = max(0.0, (hooked_s - run_ms / 1e3) / (2 * max(hooked.invocations, 1)))
+    measured = {name: float(np.median(ts)) * 1e3 for name, ts in hooked.per_run.items()}
     ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // runs)) for name, t in measured.items()}
     # at most: the hook's own calls are in it too (about 1 us each when the kernels are skipped; the
     # hooked runs' extra time, c, is mostly the kernels' own, slowed by a pause in Python before each)
@@ -109,8 +67,8 @@ def profile_kernels(
         "run_ms": run_ms,
         "hooked_ms": hooked_s * 1e3,
         "hook_us": hook_s * 1e6,
-        "calls": invocations,
-        "vm_calls": invocations - kernel_calls,  # the builtins' calls of a run: allocations, copies
+        "calls": hooked.invocations,
+        "vm_calls": hooked.invocations - kernel_calls,  # the builtins' calls of a run: allocations, copies
         "kernels_ms": kernels_ms,
         "vm_ms": vm_ms,
         "vm_share": vm_ms / whole if vm_ms is not None and whole else None,
@@ -124,6 +82,75 @@ def profile_kernels(
             for name, t in sorted(ms.items(), key=lambda kv: -kv[1])
         },
     }
+
+
+def plain_run_ms(executable, dev, args: list, runs: int) -> float:
+    """The median ms of a whole run without the hook (time_evaluator), after a warm-up."""
+    from tvm import relax
+
+    plain = relax.VirtualMachine(executable, dev)
+    plain.set_input("main", *args)
+    plain["invoke_stateful"]("main")  # warm-up
+    timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
+    return float(np.median(timer("main").results)) * 1e3
+
+
+class HookedRuns:
+    """Runs of a VM whose instrument hook times every call of a compiled kernel: each run's seconds per
+    kernel (`per_run`), the calls of each, every timed call (`timeline`: run, kernel, start, end), each
+    hooked run's seconds (`times`), and the hook's invocations in one run, builtins' calls too."""
+
+    def __init__(self, executable, dev, sync):
+        from tvm import relax
+
+        self.vm = relax.VirtualMachine(executable, dev)
+        self.sync = sync
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+        self.run_at: list[float] = []  # when each timed run began
+        self.timeline: list[tuple] = []
+        self.per_run: dict[str, list[float]] = {}
+        self.times: list[float] = []
+        self.invocations = 0
+        self.count = {"all": 0, "skip": False}
+
+    def hook(self, func, symbol, before_run, ret_value, *call_args):
+        from tvm import relax
+
+        self.count["all"] += before_run
+        if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
+            return relax.VMInstrumentReturnKind.NO_OP
+        if self.count["skip"]:
+            return relax.VMInstrumentReturnKind.SKIP_RUN
+        self.sync()  # a GPU kernel ends when the device is done
+        if before_run:
+            self.started[symbol] = time.perf_counter()
+        elif symbol in self.started:
+            begun, ended = self.started.pop(symbol), time.perf_counter()
+            self.seconds[symbol] = self.seconds.get(symbol, 0.0) + ended - begun
+            self.calls[symbol] = self.calls.get(symbol, 0) + 1
+            if self.run_at:
+                start = self.run_at[-1]
+                self.timeline.append((len(self.run_at) - 1, symbol, begun - start, ended - start))
+        return relax.VMInstrumentReturnKind.NO_OP
+
+    def run(self, args: list, runs: int) -> None:
+        self.vm["main"](*args)  # warm-up, untimed
+        self.vm.set_instrument(self.hook)
+        for _ in range(runs):
+            self.seconds.clear()
+            self.count["all"] = 0
+            self.run_at.append(time.perf_counter())
+            self.vm["main"](*args)
+            self.sync()
+            self.times.append(time.perf_counter() - self.run_at[-1])
+            for name, t in self.seconds.items():
+                self.per_run.setdefault(name, []).append(t)
+        self.invocations = self.count["all"]  # the calls of one run, kernels and builtins
+
+    def skipped(self, args: list, runs: int) -> float | None:
+        return skipped_runs(self.vm, args, runs, self.count)
 
 
 def skipped_runs(vm, args: list, runs: int, count: dict) -> float | None:
