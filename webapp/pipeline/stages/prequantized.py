@@ -71,8 +71,6 @@ def is_prequantized(op_types: set[str]) -> bool:
 
 def dequantized(model):
     """(float model, PreQuantized) of a pre-quantized ONNX model (modified in place)."""
-    from onnx import helper, numpy_helper
-
     graph = model.graph
     ops = {n.op_type for n in graph.node}
     form = (
@@ -82,66 +80,22 @@ def dequantized(model):
         if ops & QDQ - {"DynamicQuantizeLinear"}
         else ""
     )
-    form = form or "dynamic (ConvInteger/MatMulInteger)"
-    pre = PreQuantized(form)
+    pre = PreQuantized(form or "dynamic (ConvInteger/MatMulInteger)")
     to_qdq(model)
     dynamic_to_float(model, pre)
     pre.in_float += conv_integer_in_float(model)
     for i, node in enumerate(graph.node):  # every node named: the layers are told apart by name
         node.name = node.name or f"{node.op_type}_{i}"
-    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-
-    def constant(name: str):
-        """The value of a tensor the graph holds as a constant: an initializer, a Constant, or a
-        ConstantOfShape of a constant shape (how some exporters write weights)."""
-        if name in inits:
-            return inits[name]
-        node = producers.get(name)
-        if node is not None and node.op_type == "Constant":
-            return numpy_helper.to_array(node.attribute[0].t)
-        if node is not None and node.op_type == "ConstantOfShape":
-            shape = constant(node.input[0])
-            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
-            dims = [int(d) for d in np.ravel(shape)] if shape is not None else None
-            if dims is not None and all(d >= 0 for d in dims) and math.prod(dims) <= 1 << 26:
-                fill = np.zeros(1, np.float32) if fill is None else fill
-                return np.full(dims, fill.ravel()[0], fill.dtype)
-        return None
-
+    constant = Constants(graph)
     moved = dequantize_first(graph, constant)
     keep, added = [], []
     quantizers = {n.output[0]: n for n in graph.node if n.op_type == "QuantizeLinear"}
     for node in graph.node:
         if node.op_type == "DequantizeLinear":
-            q, scale = constant(node.input[0]), constant(node.input[1])
-            zp = constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-            source = quantizers.get(node.input[0])
-            if q is None and source is not None and scale is not None:  # a constant quantized as a tensor
-                x = constant(source.input[0])
-                q = None if x is None else quantize(x, scale, zp, axis)
-            if q is not None and scale is not None:  # a weight or a bias: the constant in float
-                value = dequantize(q, scale, zp, axis)
-                added.append(numpy_helper.from_array(value, node.output[0]))
-                pre.weight(node.output[0], q, scale, zp, value)
-                continue
-            if source is not None and scale is not None and np.size(scale) == 1:
-                x = source.input[0]
-                zp_value = int(zp) if zp is not None else 0
-                dtype = str(zp.dtype) if zp is not None else "uint8"
-                lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
-                bounds = [
-                    numpy_helper.from_array(
-                        np.array((b - zp_value) * float(scale), np.float32), f"{node.output[0]}_{k}"
-                    )
-                    for k, b in (("min", lo), ("max", hi))
-                ]
-                added += bounds
-                keep.append(
-                    helper.make_node("Clip", [x, *(b.name for b in bounds)], [node.output[0]], name=node.name)
-                )
-                pre.acts[node.output[0]] = (float(scale), zp_value, dtype)
+            replacement, tensors = dequantize_node(node, constant, quantizers.get(node.input[0]), pre)
+            added += tensors
+            if replacement is not node:
+                keep += [replacement] if replacement is not None else []
                 continue
         keep.append(node)
     used = {i for n in keep for i in n.input} | {o.name for o in graph.output}
@@ -159,6 +113,66 @@ def dequantized(model):
     graph.initializer.extend(added)
     pre.inputs = {n.name: list(n.input) for n in graph.node}
     return model, pre
+
+
+class Constants:
+    """The value of a tensor the graph holds as a constant: an initializer, a Constant, or a
+    ConstantOfShape of a constant shape (how some exporters write weights); None for the rest."""
+
+    def __init__(self, graph):
+        from onnx import numpy_helper
+
+        self.inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.producers = {o: n for n in graph.node for o in n.output}
+
+    def __call__(self, name: str):
+        from onnx import numpy_helper
+
+        if name in self.inits:
+            return self.inits[name]
+        node = self.producers.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        if node is not None and node.op_type == "ConstantOfShape":
+            shape = self(node.input[0])
+            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+            dims = [int(d) for d in np.ravel(shape)] if shape is not None else None
+            if dims is not None and all(d >= 0 for d in dims) and math.prod(dims) <= 1 << 26:
+                fill = np.zeros(1, np.float32) if fill is None else fill
+                return np.full(dims, fill.ravel()[0], fill.dtype)
+        return None
+
+
+def dequantize_node(node, constant: Constants, source, pre: PreQuantized) -> tuple:
+    """A DequantizeLinear's replacement and the constants it adds: a weight or a bias becomes its float
+    constant (no node: None), an activation quantized by `source` (its QuantizeLinear) at one scale a
+    Clip to its 8-bit grid's range, its scale and zero point kept in `pre`; the node itself where neither."""
+    from onnx import helper, numpy_helper
+
+    q, scale = constant(node.input[0]), constant(node.input[1])
+    zp = constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    if q is None and source is not None and scale is not None:  # a constant quantized as a tensor
+        x = constant(source.input[0])
+        q = None if x is None else quantize(x, scale, zp, axis)
+    if q is not None and scale is not None:  # a weight or a bias: the constant in float
+        value = dequantize(q, scale, zp, axis)
+        pre.weight(node.output[0], q, scale, zp, value)
+        return None, [numpy_helper.from_array(value, node.output[0])]
+    if source is None or scale is None or np.size(scale) != 1:
+        return node, []
+    zp_value = int(zp) if zp is not None else 0
+    dtype = str(zp.dtype) if zp is not None else "uint8"
+    lo, hi = (0, 255) if dtype == "uint8" else (-128, 127)
+    bounds = [
+        numpy_helper.from_array(np.array((b - zp_value) * float(scale), np.float32), f"{node.output[0]}_{k}")
+        for k, b in (("min", lo), ("max", hi))
+    ]
+    pre.acts[node.output[0]] = (float(scale), zp_value, dtype)
+    clip = helper.make_node(
+        "Clip", [source.input[0], *(b.name for b in bounds)], [node.output[0]], name=node.name
+    )
+    return clip, bounds
 
 
 def dequantize_first(graph, constant) -> dict[str, str]:
@@ -238,6 +252,50 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zp, axis: int) -> np.ndarray:
     return ((q - zp) * scale).astype(np.float32)
 
 
+class GraphIndex:
+    """An ONNX graph's initializers as arrays, and who writes and who reads each tensor."""
+
+    def __init__(self, graph):
+        from onnx import numpy_helper
+
+        self.graph = graph
+        self.inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.producers = {o: n for n in graph.node for o in n.output}
+        self.consumers: dict[str, list] = {}
+        for n in graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.nested = {name for n in graph.node for g in subgraphs(n) for name in names_used(g)}
+
+    def only(self, tensor: str, op: str):
+        """The one node reading `tensor`, if it is an `op` and no branch reads it too."""
+        users = self.consumers.get(tensor, [])
+        ok = len(users) == 1 and users[0].op_type == op and tensor not in self.nested
+        return users[0] if ok else None
+
+    def weights(self, pre: PreQuantized, q: str, scale: str, zp: str | None, axis: int, name: str):
+        """The float weights of a quantized constant, added as `name`, with their int8 scales."""
+        from onnx import numpy_helper
+
+        inits = self.inits
+        if q not in inits or scale not in inits or (zp and zp not in inits):
+            return None
+        zero = inits[zp] if zp else None
+        value = dequantize(inits[q], inits[scale], zero, axis)
+        pre.weight(name, inits[q], inits[scale], zero, value)
+        self.graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    def float_bias(self, tensor: str) -> str:
+        """The float bias a Reshape(Cast(Floor(Div(bias, scale)))) quantized at run time, or ""."""
+        for op in ("Reshape", "Cast", "Floor", "Div"):
+            node = self.producers.get(tensor)
+            if node is None or node.op_type != op:
+                return ""
+            tensor = node.input[0]
+        return tensor if tensor in self.inits and self.inits[tensor].ndim == 1 else ""
+
+
 def dynamic_to_float(model, pre: PreQuantized) -> None:
     """quantize_dynamic's layers as float layers with the model's weight scales: DynamicQuantizeLinear(x)
     -> MatMulInteger / ConvInteger(x_q, w_q) -> Cast -> Mul(x_scale * w_scale) becomes MatMul / Conv(x,
@@ -245,96 +303,73 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
     with its weights dequantized, its matmuls int8 layers (PreQuantized.recurrent). The integer kernels
     then take the weights' scales, and the activations' (which the model computes on each run) are
     calibrated like a float model's."""
-    from onnx import helper, numpy_helper
-
     graph = model.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-
-    nested = {name for n in graph.node for g in subgraphs(n) for name in names_used(g)}
-
-    def only(tensor: str, op: str):
-        """The one node reading `tensor`, if it is an `op` and no branch reads it too."""
-        users = consumers.get(tensor, [])
-        ok = len(users) == 1 and users[0].op_type == op and tensor not in nested
-        return users[0] if ok else None
-
-    def weights(q: str, scale: str, zp: str | None, axis: int, name: str):
-        """The float weights of a quantized constant, added as `name`, with their int8 scales."""
-        if q not in inits or scale not in inits or (zp and zp not in inits):
-            return None
-        zero = inits[zp] if zp else None
-        value = dequantize(inits[q], inits[scale], zero, axis)
-        pre.weight(name, inits[q], inits[scale], zero, value)
-        graph.initializer.append(numpy_helper.from_array(value, name))
-        return name
-
-    def float_bias(tensor: str) -> str:
-        """The float bias a Reshape(Cast(Floor(Div(bias, scale)))) quantized at run time, or ""."""
-        for op in ("Reshape", "Cast", "Floor", "Div"):
-            node = producers.get(tensor)
-            if node is None or node.op_type != op:
-                return ""
-            tensor = node.input[0]
-        return tensor if tensor in inits and inits[tensor].ndim == 1 else ""
-
-    replaced, out = {}, []  # node id -> its float replacement (None: removed)
+    index = GraphIndex(graph)
+    replaced: dict = {}  # node id -> its float replacement (None: removed)
     for node in graph.node:
         if node.op_type in INTEGER_OPS:
-            dq = producers.get(node.input[0])
-            add, b = only(node.output[0], "Add"), ""  # older quantize_dynamic: the bias added in int32
-            if add is not None:
-                b = float_bias(next(i for i in add.input if i != node.output[0]))
-            cast = only(add.output[0] if add is not None and b else node.output[0], "Cast")
-            mul = cast and only(cast.output[0], "Mul")
-            scales = mul and producers.get(next(i for i in mul.input if i != cast.output[0]))
-            if not (dq and dq.op_type == "DynamicQuantizeLinear" and scales and scales.op_type == "Mul"):
-                continue
-            w_scale = next((i for i in scales.input if i != dq.output[1]), "")
-            zp = node.input[3] if len(node.input) > 3 else None
-            axis = 0 if node.op_type == "ConvInteger" else 1
-            w = weights(node.input[1], w_scale, zp, axis, f"{node.name or node.output[0]}_w")
-            if w is None:
-                continue
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            op = "Conv" if node.op_type == "ConvInteger" else "MatMul"
-            inputs = [dq.input[0], w] + ([b] if b and op == "Conv" else [])
-            replaced[id(node)] = helper.make_node(op, inputs, [mul.output[0]], name=node.name, **attrs)
-            replaced[id(cast)] = replaced[id(mul)] = None
-            if b:
-                replaced[id(add)] = None
-            pre.dynamic += 1
+            integer_layer(index, node, pre, replaced)
         elif node.op_type == "DynamicQuantizeLSTM":
-            x, wq, rq, *rest = list(node.input) + [""] * (12 - len(node.input))
-            name = node.name or node.output[0] or f"DynamicQuantizeLSTM_{len(replaced)}"
-            if any(t not in inits for t in (wq, rq, *rest[5:9])):
-                continue
-            w, r = f"{name}_W", f"{name}_R"
-            for q, scale, zp, t in ((wq, rest[5], rest[6], w), (rq, rest[7], rest[8], r)):
-                d = inits[q].shape[0]  # [directions, input, 4 * hidden], scales per direction or gate
-                value = (inits[q].astype(np.float64) - inits[zp].reshape(d, 1, -1)) * inits[scale].reshape(
-                    d, 1, -1
-                )
-                value = value.astype(np.float32).transpose(0, 2, 1)  # LSTM's [directions, 4 * hidden, input]
-                graph.initializer.append(numpy_helper.from_array(value, t))
-                pre.recurrent(t, inits[q], inits[zp])
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            inputs = [x, w, r, *rest[:5]]
-            while inputs and not inputs[-1]:
-                inputs.pop()
-            replaced[id(node)] = helper.make_node("LSTM", inputs, list(node.output), name=node.name, **attrs)
-            pre.dynamic += 1
-    for node in graph.node:
-        new = replaced.get(id(node), node)
-        if new is not None:
-            out.append(new)
+            dynamic_lstm(index, node, pre, replaced)
+    out = [new for node in graph.node if (new := replaced.get(id(node), node)) is not None]
     del graph.node[:]
     graph.node.extend(out)
     remove_dead(graph)
+
+
+def integer_layer(index: GraphIndex, node, pre: PreQuantized, replaced: dict) -> None:
+    """A MatMulInteger / ConvInteger of quantize_dynamic's, with its Cast and Mul by the scales, as one
+    float MatMul / Conv on the dequantized weights (in `replaced`); left as it is where it is not."""
+    from onnx import helper
+
+    dq = index.producers.get(node.input[0])
+    add, b = index.only(node.output[0], "Add"), ""  # older quantize_dynamic: the bias added in int32
+    if add is not None:
+        b = index.float_bias(next(i for i in add.input if i != node.output[0]))
+    cast = index.only(add.output[0] if add is not None and b else node.output[0], "Cast")
+    mul = cast and index.only(cast.output[0], "Mul")
+    scales = mul and index.producers.get(next(i for i in mul.input if i != cast.output[0]))
+    if not (dq and dq.op_type == "DynamicQuantizeLinear" and scales and scales.op_type == "Mul"):
+        return
+    w_scale = next((i for i in scales.input if i != dq.output[1]), "")
+    zp = node.input[3] if len(node.input) > 3 else None
+    axis = 0 if node.op_type == "ConvInteger" else 1
+    w = index.weights(pre, node.input[1], w_scale, zp, axis, f"{node.name or node.output[0]}_w")
+    if w is None:
+        return
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    op = "Conv" if node.op_type == "ConvInteger" else "MatMul"
+    inputs = [dq.input[0], w] + ([b] if b and op == "Conv" else [])
+    replaced[id(node)] = helper.make_node(op, inputs, [mul.output[0]], name=node.name, **attrs)
+    replaced[id(cast)] = replaced[id(mul)] = None
+    if b:
+        replaced[id(add)] = None
+    pre.dynamic += 1
+
+
+def dynamic_lstm(index: GraphIndex, node, pre: PreQuantized, replaced: dict) -> None:
+    """ONNX Runtime's DynamicQuantizeLSTM as an LSTM on its dequantized weights (in `replaced`), whose
+    two weights are int8 layers (PreQuantized.recurrent)."""
+    from onnx import helper, numpy_helper
+
+    inits = index.inits
+    x, wq, rq, *rest = list(node.input) + [""] * (12 - len(node.input))
+    name = node.name or node.output[0] or f"DynamicQuantizeLSTM_{len(replaced)}"
+    if any(t not in inits for t in (wq, rq, *rest[5:9])):
+        return
+    w, r = f"{name}_W", f"{name}_R"
+    for q, scale, zp, t in ((wq, rest[5], rest[6], w), (rq, rest[7], rest[8], r)):
+        d = inits[q].shape[0]  # [directions, input, 4 * hidden], scales per direction or gate
+        value = (inits[q].astype(np.float64) - inits[zp].reshape(d, 1, -1)) * inits[scale].reshape(d, 1, -1)
+        value = value.astype(np.float32).transpose(0, 2, 1)  # LSTM's [directions, 4 * hidden, input]
+        index.graph.initializer.append(numpy_helper.from_array(value, t))
+        pre.recurrent(t, inits[q], inits[zp])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [x, w, r, *rest[:5]]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    replaced[id(node)] = helper.make_node("LSTM", inputs, list(node.output), name=node.name, **attrs)
+    pre.dynamic += 1
 
 
 def remove_dead(graph) -> None:
