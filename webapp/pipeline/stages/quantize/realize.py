@@ -298,35 +298,7 @@ class Realizer:
         shape = (1, channels, 1, 1) if layer.kind == "conv2d" else (channels,)
 
         if layer.kind == "conv2d":
-            a = layer.attrs
-            pad = [int(v) for v in a.padding]  # top, left, bottom, right
-            groups = int(a.groups)
-            if 1 < groups <= DENSE_GROUPS and wq.shape[1] > 1:
-                wq, groups = block_diagonal(wq, groups), 1
-            # Input channels padded to a multiple of 4 (zero weights) when they are not one, for the
-            # dot-product instructions (4 channels an instruction): an RGB image's 3, say.
-            extra = -wq.shape[1] % 4 if groups == 1 else 0
-            weight = np.pad(wq, ((0, 0), (0, extra), (0, 0), (0, 0)))
-            # The convolution pads with 0, the zero point of non-negative inputs; the rest is padded
-            # here, with the input's zero point.
-            inner = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
-            outer = [pad[0], pad[2], pad[1], pad[3]] if p_in.zero_point else [0, 0, 0, 0]
-            if any(outer) or extra:
-                xq = self.emit(
-                    R.nn.pad(xq, [0, 0, 0, extra, *outer], "constant", float(p_in.zero_point)), "padded"
-                )
-            acc = self.emit(
-                R.nn.conv2d(
-                    xq,
-                    const(weight, "int8"),
-                    strides=[int(s) for s in a.strides],
-                    padding=inner,
-                    dilation=[int(d) for d in a.dilation],
-                    groups=groups,
-                    out_dtype="int32",
-                ),
-                "acc",
-            )
+            acc, wq = self.integer_conv2d(layer, xq, wq, p_in)  # wq: block-diagonal where it was grouped
         else:
             acc = self.emit(R.matmul(xq, const(wq, "int8"), out_dtype="int32"), "acc")
         # the accumulator and bias as an affine value, the bias in its offset: a fixed-point
@@ -346,34 +318,77 @@ class Realizer:
         # layer's kernel in most models (ResNet's residual add), where 8 bits would only cost time.
         shared = len(self.uses.get(layer.out, [])) > 1
         if to_quant and not to_float or shared and self.stored_in_8_bits(layer.out):
-            p_out = self.acts[layer.out]
-            multiplier = acc_scale / p_out.scale
-            lo, hi = p_out.qmin, p_out.qmax
-            if layer.activation is not None:  # ReLU / ReLU6: clipped at the zero point / at hi
-                lo = max(lo, p_out.zero_point)
-                if layer.activation[0] == "clip":
-                    hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
-            q = None
-            if self.fixed_point and not is_power_of_two(multiplier):
-                q = self.fixed_point_multiply(products, p_out, lo, hi, "requantized")
-            if q is not None:
-                self.quants[layer.out], how = q, "fixed point"
-            else:
-                y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
-                self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
+            p_out, multiplier, how = self.requantized_output(layer, acc, products, acc_scale, shape)
         else:
             p_out, multiplier, how = None, acc_scale, "float"
-            y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
-            if layer.activation is not None and layer.activation[0] == "relu":
-                y = self.emit(R.nn.relu(y))
-            elif layer.activation is not None:
-                y = self.clip(y, layer.activation[1], layer.activation[2], "float32")
-            self.floats[layer.out] = y
-            if layer.activation is None:
-                self.affine[layer.out] = products
+            self.float_output(layer, acc, products, acc_scale, shape)
         self.report.append(
             LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
         )
+
+    def integer_conv2d(self, layer: Layer, xq, wq: np.ndarray, p_in) -> tuple:
+        """The layer's convolution in integers into int32: its input padded with its zero point, its
+        input channels to a multiple of 4 (the dot-product instructions take 4 a time). (Its output, its
+        weights as convolved: a grouped convolution of few groups made one block-diagonal.)"""
+        a = layer.attrs
+        pad = [int(v) for v in a.padding]  # top, left, bottom, right
+        groups = int(a.groups)
+        if 1 < groups <= DENSE_GROUPS and wq.shape[1] > 1:
+            wq, groups = block_diagonal(wq, groups), 1
+        # Input channels padded to a multiple of 4 (zero weights) when they are not one, for the
+        # dot-product instructions (4 channels an instruction): an RGB image's 3, say.
+        extra = -wq.shape[1] % 4 if groups == 1 else 0
+        weight = np.pad(wq, ((0, 0), (0, extra), (0, 0), (0, 0)))
+        # The convolution pads with 0, the zero point of non-negative inputs; the rest is padded
+        # here, with the input's zero point.
+        inner = pad if p_in.zero_point == 0 else [0, 0, 0, 0]
+        outer = [pad[0], pad[2], pad[1], pad[3]] if p_in.zero_point else [0, 0, 0, 0]
+        if any(outer) or extra:
+            xq = self.emit(
+                R.nn.pad(xq, [0, 0, 0, extra, *outer], "constant", float(p_in.zero_point)), "padded"
+            )
+        conv = R.nn.conv2d(
+            xq,
+            const(weight, "int8"),
+            strides=[int(s) for s in a.strides],
+            padding=inner,
+            dilation=[int(d) for d in a.dilation],
+            groups=groups,
+            out_dtype="int32",
+        )
+        return self.emit(conv, "acc"), wq
+
+    def requantized_output(self, layer: Layer, acc, products, acc_scale: np.ndarray, shape: tuple):
+        """The layer's result requantized to 8 bits from its accumulator (with its ReLU's clip): its
+        quantization parameters, the multiplier, and how (fixed point, or in float)."""
+        p_out = self.acts[layer.out]
+        multiplier = acc_scale / p_out.scale
+        lo, hi = p_out.qmin, p_out.qmax
+        if layer.activation is not None:  # ReLU / ReLU6: clipped at the zero point / at hi
+            lo = max(lo, p_out.zero_point)
+            if layer.activation[0] == "clip":
+                hi = min(hi, p_out.zero_point + int(np.floor(layer.activation[2] / p_out.scale)))
+        q = None
+        if self.fixed_point and not is_power_of_two(multiplier):
+            q = self.fixed_point_multiply(products, p_out, lo, hi, "requantized")
+        if q is not None:
+            self.quants[layer.out], how = q, "fixed point"
+        else:
+            y, how = self.requantize(acc, multiplier.reshape(shape), p_out.zero_point)
+            self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
+        return p_out, multiplier, how
+
+    def float_output(self, layer: Layer, acc, products, acc_scale: np.ndarray, shape: tuple) -> None:
+        """The layer's result in float32, for the float ops that read it: the accumulator scaled, then its
+        ReLU or clip."""
+        y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
+        if layer.activation is not None and layer.activation[0] == "relu":
+            y = self.emit(R.nn.relu(y))
+        elif layer.activation is not None:
+            y = self.clip(y, layer.activation[1], layer.activation[2], "float32")
+        self.floats[layer.out] = y
+        if layer.activation is None:
+            self.affine[layer.out] = products
 
     def rounding_bias(self, layer: Layer, error: np.ndarray) -> np.ndarray:
         """What the weights' rounding adds to each output channel on average, given back through the bias
