@@ -160,6 +160,35 @@ def onnx_value_spec(value) -> TensorSpec:
 
 
 def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedModel:
+    model, warnings = load_onnx(path)
+    inputs, given = onnx_inputs(model, input_shapes, input_values)
+    outputs = [onnx_value_spec(v) for v in model.graph.output]
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    pre = None
+    if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
+        model, pre = dequantized(model)
+    for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
+        node.name = node.name or node.output[0]
+    shapes = {s.name: s.shape for s in inputs}
+    folded = None
+    if given or FOLD_OPS & set(ops):
+        model, folded = fold_onnx(model, shapes, given, pre)
+    model, folded, (mod, layers) = to_relax(model, inputs, pre, shapes, given, folded, warnings)
+    layer_of = layers.of_vars(mod)
+    param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
+    imported.warnings = warnings
+    imported.folded = folded
+    imported.modules = onnx_modules(model)
+    if pre is not None:
+        imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
+    return imported
+
+
+def load_onnx(path: Path):
+    """The uploaded ONNX model, its weights inside, and the checker's warning where it finds it not valid."""
     import onnx
     from google.protobuf.message import DecodeError
     from onnx import external_data_helper
@@ -186,7 +215,12 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     except onnx.checker.ValidationError as e:  # ONNX Runtime and TVM run many such files: a warning
         first_line = str(e).strip().splitlines()[0]
         warnings.append(f"ONNX's checker finds the model not valid: {first_line}")
+    return model, warnings
 
+
+def onnx_inputs(model, input_shapes: dict, input_values: dict):
+    """The model's inputs (not its weights), their shapes fixed and their values where given or the model
+    bounds them (an index's table); the values given for inputs the model is built with."""
     # Many exporters list the weights as graph inputs too: the real inputs are the rest.
     initializers = {t.name for t in model.graph.initializer}
     inputs = [onnx_value_spec(v) for v in model.graph.input if v.name not in initializers]
@@ -194,7 +228,6 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
         if v.name not in initializers and v.type.WhichOneof("value") != "tensor_type":
             kind = (v.type.WhichOneof("value") or "value").removesuffix("_type")
             raise StageError(f"Input {v.name!r} is a {kind}, not a tensor: only tensor inputs are supported.")
-    outputs = [onnx_value_spec(v) for v in model.graph.output]
     check_input_names(inputs, input_shapes | input_values)
     given = given_values(inputs, input_values)
     fixed = fixed_shapes(inputs, input_shapes | {n: list(v.shape) for n, v in given.items()})
@@ -207,20 +240,14 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
         if spec.name in given:
             spec.values = Values(given=given[spec.name].tolist(), why="the model is built with this value")
 
-    ops: dict[str, int] = {}
-    for node in model.graph.node:
-        ops[node.op_type] = ops.get(node.op_type, 0) + 1
-    pre = None
-    if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
-        model, pre = dequantized(model)
-    for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
-        node.name = node.name or node.output[0]
-    shapes = {s.name: s.shape for s in inputs}
-    folded = None
-    if given or FOLD_OPS & set(ops):
-        model, folded = fold_onnx(model, shapes, given, pre)
+    return inputs, given
+
+
+def to_relax(model, inputs, pre, shapes: dict, given: dict, folded, warnings: list):
+    """The ONNX model into Relax: (model, its folding, (module, layers)); on a failure, once more with its
+    shape arithmetic folded; the failure said with what the user can do (give a branch's input)."""
     try:
-        mod, layers = onnx_to_relax(model, inputs, pre)
+        return model, folded, onnx_to_relax(model, inputs, pre)
     except Exception as e:
         retried = None
         if folded is None:  # shape arithmetic the importer cannot take, folded
@@ -242,16 +269,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
                     "and the branch taken is folded before import"
                 )
             raise StageError(f"TVM could not import the model ({error_message(e)}){detail}") from e
-        mod, layers = retried
-    layer_of = layers.of_vars(mod)
-    param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-    imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)
-    imported.warnings = warnings
-    imported.folded = folded
-    imported.modules = onnx_modules(model)
-    if pre is not None:
-        imported.prequantized = prequantized_by_var(pre, layers.tensors(), layer_of)
-    return imported
+        return model, folded, retried
 
 
 def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
