@@ -188,41 +188,6 @@ def test_arm_board_presets_name_their_board_core_and_features():
         JobOptions.parse({"target": "rpi5", "tune_trials": "8"})
 
 
-# What a target answers for itself (webapp/targets): no module elsewhere asks which kind it is
-KIND_TESTS = {"gpu", "board", "can_run_here", "arch", "clock_ghz"}
-ARCH_NAMES = {"aarch64", "x86_64", "riscv64", "cuda", "opencl", "metal", "webgpu"}
-# the device pool's emulation (QEMU for aarch64, its wheels) and the reproducer's standalone script
-OUTSIDE_THE_RULE = {"webapp/devices/rootfs.py", "webapp/devices/board.py", "webapp/repro_script.py"}
-
-
-def test_no_module_outside_targets_tests_a_targets_kind_or_architecture():
-    """Callers ask a target its answers (where it is timed, why it is not tuned, its llvm-mca CPU, its
-    assembly's dialect...), never `.gpu`, `.board` or an architecture's name."""
-    import ast
-    from pathlib import Path
-
-    root = Path(targets.__file__).parents[2]
-    found = []
-    for path in sorted((root / "webapp").rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith("webapp/targets/") or rel in OUTSIDE_THE_RULE:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in KIND_TESTS:
-                if not (
-                    isinstance(node.value, ast.Name) and node.value.id == "dlight"
-                ):  # dlight.gpu: a module
-                    found.append(f"{rel}:{node.lineno} .{node.attr}")
-            if isinstance(node, ast.Compare):
-                names = [
-                    n.value
-                    for n in ast.walk(node)
-                    if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                ]
-                found += [f"{rel}:{node.lineno} '{n}'" for n in names if any(a in n for a in ARCH_NAMES)]
-    assert not found, found
-
-
 def test_riscv64_is_a_kind_of_its_own_built_shown_and_analysed_by_llvm_mca_not_timed(client):
     """The RISC-V kind (webapp/targets/riscv.py, its module alone): a job builds RVV code for the X280,
     says where it runs and why it is not timed, refuses tuning and int8 with the reason, and llvm-mca

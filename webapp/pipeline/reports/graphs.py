@@ -25,6 +25,33 @@ def type_json(ty) -> dict:
     return {"kind": "other", "text": str(ty)}
 
 
+def tensor_sources(expr, producer: dict):
+    """The (node id, type) of each tensor `expr` is made of (a tuple's fields, each)."""
+    if isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            yield from tensor_sources(field, producer)
+    elif expr in producer:
+        src = producer[expr]
+        if isinstance(src, list):
+            yield from src
+        else:
+            yield src
+
+
+def call_label(call: relax.Call) -> tuple[str, str, list]:
+    """(label, kind, arguments) of a call in the graph: a kernel's (call_tir) its name and its tensor
+    arguments, an op's its name without "relax."."""
+    op, args = call.op, list(call.args)
+    if isinstance(op, tvm.ir.Op) and op.name in CALL_TIR_OPS:
+        args = list(args[1].fields) if isinstance(args[1], relax.Tuple) else [args[1]]
+        return call.args[0].name_hint, "kernel", args
+    if isinstance(op, tvm.ir.Op):
+        return op.name.removeprefix("relax."), "op", args
+    if isinstance(op, tvm.ir.GlobalVar):
+        return op.name_hint, "kernel", args
+    return str(op), "op", args
+
+
 def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
     """The dataflow graph of one Relax function: nodes (inputs, ops or kernels, output) and edges.
 
@@ -45,15 +72,7 @@ def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
         return node["id"]
 
     def sources(expr):
-        if isinstance(expr, relax.Tuple):
-            for field in expr.fields:
-                yield from sources(field)
-        elif expr in producer:
-            src = producer[expr]
-            if isinstance(src, list):
-                yield from src
-            else:
-                yield src
+        return tensor_sources(expr, producer)
 
     for param in func.params:
         producer[param] = (add_node(kind="input", label=param.name, type=type_json(param.ty)), param.ty)
@@ -73,16 +92,7 @@ def relax_graph(mod: tvm.IRModule, func_name: str = "main") -> dict:
             continue
         if not isinstance(value, relax.Call):
             continue
-        op, args = value.op, list(value.args)
-        if isinstance(op, tvm.ir.Op) and op.name in CALL_TIR_OPS:
-            label, kind = args[0].name_hint, "kernel"
-            args = list(args[1].fields) if isinstance(args[1], relax.Tuple) else [args[1]]
-        elif isinstance(op, tvm.ir.Op):
-            label, kind = op.name.removeprefix("relax."), "op"
-        elif isinstance(op, tvm.ir.GlobalVar):
-            label, kind = op.name_hint, "kernel"
-        else:
-            label, kind = str(op), "op"
+        label, kind, args = call_label(value)
         inputs = list(sources(relax.Tuple(args)))
         if not inputs and any(isinstance(a, tvm.ir.Constant) or a in constant_vars for a in args):
             constant_vars.add(var)

@@ -302,6 +302,18 @@ def padded_operands(sch: s_tir.Schedule, block, rows: int, block_n: int, lanes: 
     return epilogue, pack
 
 
+def b_transposed(stmt) -> bool | None:
+    """Whether a matmul block reads B[.., j, k] (True) or B[.., k, j] (False); None where either operand
+    is no matrix (or stack of them) over i, k and k, j: a vector operand (matrix x vector)."""
+    *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
+    a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
+    if len(a_idx) < 2 or len(b_idx) < 2 or not same_vars(a_idx[-2:], [i_var, k_var]):
+        return None
+    if not (same_vars(b_idx[-2:], [k_var, j_var]) or same_vars(b_idx[-2:], [j_var, k_var])):
+        return None
+    return bool(b_idx[-1].same_as(k_var))
+
+
 def matmul(sch: s_tir.Schedule, target) -> str | None:
     """Dense, matmul and batch matmul of any shape: C[.., i, j] += A[.., i, k] * B[.., k, j] (or
     B[.., j, k], a weight stored transposed, as nn.Linear's and a tied LM head's). A register tile of
@@ -315,15 +327,9 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     if block is None:
         return None
     stmt = sch.get(block)
-    *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
-    a_idx, b_idx = index_vars(stmt.reads[0]), index_vars(stmt.reads[1])
-    # Both operands matrices (or stacks of them): A[.., i, k], B[.., k, j] or B[.., j, k]. A vector
-    # operand (matrix x vector) has no such pair of axes.
-    if len(a_idx) < 2 or len(b_idx) < 2 or not same_vars(a_idx[-2:], [i_var, k_var]):
+    transposed = b_transposed(stmt)
+    if transposed is None:
         return None
-    if not (same_vars(b_idx[-2:], [k_var, j_var]) or same_vars(b_idx[-2:], [j_var, k_var])):
-        return None
-    transposed = b_idx[-1].same_as(k_var)
     lanes, registers = simd(target)
     loops = sch.get_loops(block)
     if len(loops) != len(stmt.iter_vars) or any(extent(sch, loop) < 1 for loop in loops):
@@ -362,7 +368,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     if tail:
         inner = sch.split(tail[-1], [None, width])[-1] if extent(sch, tail[-1]) % width == 0 else tail[-1]
         sch.vectorize(inner)
-    return "default rule: batch matmul" if len(b_idx) > 2 else "default rule: matmul"
+    return "default rule: batch matmul" if len(index_vars(stmt.reads[1])) > 2 else "default rule: matmul"
 
 
 def unit_stride_axis(stmt, read) -> int | None:

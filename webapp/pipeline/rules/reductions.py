@@ -53,18 +53,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     lead = max(1, min(2, spatial - 1))
     outer = fuse(sch, loops[:lead])
     parallel(sch, outer)
-    for producer in producers:  # the padded input
-        source, padded = sch.get(producer).reads[0].source, sch.get(producer).writes[0].source
-        if str(source.shape[-1]) == str(padded.shape[-1]):
-            # The vectorized axis (channels, NHWC) is not padded: the window reads the input where it
-            # lies, each vector all inside the border or all outside. Measured here on MobileNetV2's
-            # depthwise convs: 0.44 ms in the model, against 0.86 padding each thread's rows first.
-            sch.compute_inline(producer)
-            continue
-        sch.compute_at(producer, outer)  # pad the rows a thread reads (NCHW), by that thread
-        split = vector_split(sch, sch.get_loops(producer)[-1], lanes)
-        if split:
-            sch.vectorize(split[1])
+    place_padding(sch, producers, outer, lanes)
     rows = loops[lead : spatial - 1]
     split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
     reductions = loops[spatial:]
@@ -96,6 +85,35 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     return f"default rule: {kind}"
 
 
+def place_padding(sch: s_tir.Schedule, producers: list, outer, lanes: int) -> None:
+    """A windowed reduction's padded input: read where it lies where the vectorized axis (channels,
+    NHWC) is not padded, each vector all inside the border or all outside (MobileNetV2's depthwise
+    convs here: 0.44 ms in the model, against 0.86 padding each thread's rows first); else the rows a
+    thread reads (NCHW) padded by that thread, in vectors."""
+    for producer in producers:
+        source, padded = sch.get(producer).reads[0].source, sch.get(producer).writes[0].source
+        if str(source.shape[-1]) == str(padded.shape[-1]):
+            sch.compute_inline(producer)
+            continue
+        sch.compute_at(producer, outer)
+        split = vector_split(sch, sch.get_loops(producer)[-1], lanes)
+        if split:
+            sch.vectorize(split[1])
+
+
+def inline_elementwise(sch: s_tir.Schedule) -> None:
+    """Every block without a reduction inlined where it can be, but the output's: the rest stays its
+    own block, computed per row."""
+    func = sch.mod["main"]
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        if "R" not in iter_kinds(stmt) and not is_output(func, stmt.writes[0].source):
+            try:
+                inline(sch, block)
+            except RuntimeError:
+                pass
+
+
 def rows(sch: s_tir.Schedule, target) -> str | None:
     """Softmax, layer norm, RMSNorm: reductions along each row (the last axes) and the elementwise
     work around them (a quantized layer's rounding and clipping after a layer norm), one row at a
@@ -104,14 +122,7 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
     1.4 ms a call); each reduction sums a vector of partial results (rfactor) instead of one scalar
     chain, the output is written in vectors; parallel over rows."""
     root = sch.get_sblock("root")
-    func = sch.mod["main"]
-    for block in sch.get_child_blocks(root):
-        stmt = sch.get(block)
-        if "R" not in iter_kinds(stmt) and not is_output(func, stmt.writes[0].source):
-            try:
-                inline(sch, block)
-            except RuntimeError:
-                pass  # stays its own block, computed per row below
+    inline_elementwise(sch)
     *inner, out = sch.get_child_blocks(root)
     reductions = [b for b in inner if "R" in iter_kinds(sch.get(b))]
     if not reductions or "R" in iter_kinds(sch.get(out)):

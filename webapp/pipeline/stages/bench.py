@@ -242,22 +242,14 @@ def benchmark(
     reference_variant: str = "fp32",
     quiet_wait_s: float = 0.0,
 ) -> dict:
-    """executables: {(variant, tuned): TVM executable}, variant "fp32" or a quantized one ("int8",
-    ...); references: {"pytorch": model.pt2, "onnxruntime": model.onnx}, whichever the job has. The
-    references run the uploaded model (`reference_variant`: "int8" for a pre-quantized one); a
-    quantized variant is also compared with TVM's fp32. With a CUDA `dev` the references run on the
-    GPU where their runtime can (PyTorch with CUDA, ONNX Runtime's CUDA provider), and every build
-    is also checked against ONNX Runtime (or PyTorch) on the CPU. It holds the machine's timing slot
-    (webapp/timing_slot.py); where other processes still keep cores busy then, every runtime runs on
-    the cores left (`fewer_threads`; benchmarks/contention.py measures why: a thread of a static
-    split that shares its core with another process holds up the whole kernel). Before it counts them,
-    and before each timing again where one was disturbed, it waits for the machine to be quiet, up to
-    quiet_wait_s in all (timing.measure_watched)."""
+    """executables: {(variant, tuned): TVM executable}; references: {"pytorch": model.pt2, "onnxruntime":
+    model.onnx}, the uploaded model (`reference_variant`: "int8" for a pre-quantized one), on a CUDA
+    `dev`'s GPU where their runtime can (every build then also checked on the CPU). Holding the timing
+    slot (webapp/timing_slot.py), it waits for a quiet machine (quiet_wait_s in all, timing.py), and every
+    runtime runs on the cores others leave free (`fewer_threads`: benchmarks/contention.py says why)."""
     # the machine's timing slot from the runtimes' loading on: the cores counted free are free of our jobs
     with timing_slot.hold("benchmark"):
-        classifier = is_classifier(outputs)
         on_cuda = reference_cuda(dev)
-        host_name = cpu_name()
         all_threads = bench_threads()
         waited = wait_quiet(quiet_wait_s / 2)  # half the wait at most: the rest for timing again
         threads = free_cores(all_threads)  # cores other processes keep busy: every runtime leaves them
@@ -265,16 +257,14 @@ def benchmark(
             set_tvm_threads(threads)
         makers = runners(executables, inputs, references, threads, dev, on_cuda, reference_variant)
         runs, outs, unavailable = first_runs(makers, report)
+        timed = TIMINGS if quiet_wait_s else 1  # timed again where disturbed, with time to wait
         timings, conditions = measure_watched(
-            runs,
-            budget_s,
-            lambda f: report(0.2 + 0.8 * f),
-            quiet_wait_s - waited,
-            TIMINGS if quiet_wait_s else 1,
+            runs, budget_s, lambda f: report(0.2 + 0.8 * f), quiet_wait_s - waited, timed
         )
         conditions["waited_s"] = round(conditions["waited_s"] + waited, 2)
         # a CPU build's kernels against this machine's sgemm (the linter's reference), not a GPU's
         sgemm = sgemm_reference(threads) if dev is None or str(dev).startswith("cpu") else None
+    host_name, classifier = cpu_name(), is_classifier(outputs)
     rows = [
         {
             "runtime": runtime,
@@ -286,23 +276,23 @@ def benchmark(
         }
         for runtime, variant, tuned in runs
     ]
-
-    fid = fidelities(executables, outs, references, inputs, threads, on_cuda, classifier)
     return {
         "benchmarks": rows,
-        "fidelity": fid,
+        "fidelity": fidelities(executables, outs, references, inputs, threads, on_cuda, classifier),
         "threads": threads,
         "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
         "conditions": conditions,
         # fewer threads than configured, every runtime alike, where other processes kept cores busy
-        "fewer_threads": {"threads": threads, "of": all_threads, "busy_cores": all_threads - threads}
-        if threads < all_threads
-        else None,
+        "fewer_threads": fewer_threads(threads, all_threads),
         "machine": machine(),
         "sgemm": sgemm,
         "classifier": classifier,
         "unavailable_runtimes": unavailable,
     }
+
+
+def fewer_threads(threads: int, of: int) -> dict | None:
+    return {"threads": threads, "of": of, "busy_cores": of - threads} if threads < of else None
 
 
 def runners(

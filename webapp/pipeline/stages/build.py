@@ -227,6 +227,14 @@ class Built:
     memory: dict = field(default_factory=dict)  # variant -> its build's footprint (reports/memory.py)
     shown_variant: str = "fp32"  # the variant exported as model.so
 
+    def add(self, other: Built) -> None:
+        """Another build's executables, libraries and records' checks beside these (a quantized variant's)."""
+        self.executables.update(other.executables)
+        self.memory.update(other.memory)
+        self.libraries.update(other.libraries)
+        self.record_choice += other.record_choice
+        self.record_check += other.record_check
+
     def to_json(self, library: Path) -> dict:
         out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
         files = {"fp32": library.with_name("model-fp32.so"), self.shown_variant: library}
@@ -289,11 +297,7 @@ def build_job(
             shown = keep_library(variant, target, tuning_dir, library)
             built.shown_variant = q.variant
             built.fused, built.fusion = qfused, fusion
-        built.executables.update(variant.executables)
-        built.memory.update(variant.memory)
-        built.libraries.update(variant.libraries)
-        built.record_choice += variant.record_choice
-        built.record_check += variant.record_check
+        built.add(variant)
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")

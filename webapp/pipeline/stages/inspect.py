@@ -95,10 +95,8 @@ def inspect_build(
     graphs: dict | None = None,
     fusion=None,
 ) -> dict:
-    """The code views and kernel table of the build the page shows; `graphs` when draw_graphs already
-    drew its graphs (after optimize). For a GPU build also its device code
-    (webapp.pipeline.reports.device_code); the LLVM IR and assembly are then the host side's, which
-    launches the kernels."""
+    """The code views and kernel table of the build the page shows (`graphs`: drawn after optimize); for a
+    GPU build its device code too (reports/device_code.py), the LLVM IR and assembly the host side's."""
     views, files = job_dir / "views", job_dir / "files"
     (views / "kernels").mkdir(parents=True, exist_ok=True)
     files.mkdir(parents=True, exist_ok=True)
@@ -125,10 +123,7 @@ def inspect_build(
         k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
         k.update({"gpu": resources} if resources else {})
     for k in kernels:  # the linter's findings on the build (reports/lint.py)
-        try:
-            k["lint"] = lint.static_findings(k, *texts[k["name"]], target)
-        except Exception as exc:  # the linter never fails the job: the kernel is listed as unchecked
-            k["lint"] = [lint.finding("unchecked", f"the linter failed on it: {type(exc).__name__}: {exc}")]
+        k["lint"] = lint.findings_or_why(k, *texts[k["name"]], target)
     report(0.9)
 
     (job_dir / code_file("relax-optimized")).write_text(relax_script(lowered))

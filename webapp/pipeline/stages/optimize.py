@@ -310,29 +310,39 @@ def fusion_map(before: tvm.IRModule, after: tvm.IRModule) -> tuple[dict, dict]:
         if isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_tir":
             kernel_of[var], origin[var], sites[var] = value.args[0].name_hint, var, [var]
         elif isinstance(value.op, tvm.ir.GlobalVar) and isinstance(after[value.op], relax.Function):
-            func, kernel = after[value.op], value.op.name_hint
             args = [origin.get(a, a) if isinstance(a, relax.Var) else a for a in value.args]
-            match = GroupMatch(
-                {b.var: b.value for b in main_bindings(after, kernel)},
-                defs,
-                dict(zip(func.params, args, strict=True)),
-                kernel_of,
-            )
-            out = func.body.body  # its output, or a tuple of them
-            found, group = [], {}
-            for field in out.fields if isinstance(out, relax.Tuple) else [out]:
-                found.append(None)
-                for candidate in defs if isinstance(field, relax.Var) else []:
-                    match.group = {}
-                    if candidate not in kernel_of and match.var(field, candidate):
-                        found[-1] = candidate
-                        group.update(match.group)
-                        kernel_of.update(dict.fromkeys(match.group.values(), kernel))
-                        break
+            found, group = match_group(after, value.op.name_hint, args, defs, kernel_of)
             if group:
                 sites[var] = list(dict.fromkeys(group.values()))
-                origin[var] = found if isinstance(out, relax.Tuple) else found[0]
+                origin[var] = found if isinstance(after[value.op].body.body, relax.Tuple) else found[0]
     return kernel_of, sites
+
+
+def match_group(
+    after: tvm.IRModule, kernel: str, args: list, defs: dict, kernel_of: dict
+) -> tuple[list, dict]:
+    """The bindings of before's main that a call of the fused function `kernel` (on `args`, as before's
+    vars) computes, matched backwards from each of its outputs: (before's var of each output, or None;
+    the group: the function's vars -> before's), each matched var given `kernel` in `kernel_of`."""
+    func = after[kernel]
+    match = GroupMatch(
+        {b.var: b.value for b in main_bindings(after, kernel)},
+        defs,
+        dict(zip(func.params, args, strict=True)),
+        kernel_of,
+    )
+    out = func.body.body  # its output, or a tuple of them
+    found, group = [], {}
+    for field in out.fields if isinstance(out, relax.Tuple) else [out]:
+        found.append(None)
+        for candidate in defs if isinstance(field, relax.Var) else []:
+            match.group = {}
+            if candidate not in kernel_of and match.var(field, candidate):
+                found[-1] = candidate
+                group.update(match.group)
+                kernel_of.update(dict.fromkeys(match.group.values(), kernel))
+                break
+    return found, group
 
 
 class GroupMatch:

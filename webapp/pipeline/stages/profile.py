@@ -1,6 +1,18 @@
 """Where a build's run time goes: each compiled kernel's calls timed by the VM's instrument hook and
 the VM's own work between them (`profile_kernels`), the kernel table's times from it, and the same
-calls as a trace file."""
+calls as a trace file.
+
+The hook costs time itself, c per invocation of it: it is called before and after every call the VM
+makes (its builtins too; only before a call it skips). From a run timed without it (U, `run_ms`,
+time_evaluator) and hooked runs (W, `hooked_ms`, n calls each): c = (W - U) / 2n (`hook_us`). A
+kernel's timed span holds about one invocation (the end of the one before, the start of the one after),
+so each kernel's `ms` is its spans' sum less c a call, the median over the runs (`measured_ms` keeps
+the spans' own). The VM's own work (`vm_ms`), at most: the median of runs with every kernel skipped,
+the hook's invocations in it; None where the VM reads values its kernels compute (DATA_DEPENDENT).
+`kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and agrees with it within a
+few percent (benchmarks/kernel_times.py). A kernel's `share` is of kernels_ms + vm_ms (of U where
+vm_ms is None).
+"""
 
 from __future__ import annotations
 
@@ -21,21 +33,10 @@ DATA_DEPENDENT = re.compile(r"vm\.builtin\.(read_if_cond|tensor_to_shape)\b")
 def profile_kernels(
     executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5, trace: list | None = None
 ) -> dict:
-    """Where one whole-model run's time goes, each part measured: the VM's instrument hook times every
-    call of a compiled kernel (TVM 0.27 has no vm.profile), and runs with every kernel skipped time the
-    VM's own work (allocations, copies, its calls between kernels).
-
-    The hook costs time itself, c per invocation of it: it is called before and after every call the VM
-    makes (its builtins too; only before a call it skips). From a run timed without it (U, `run_ms`,
-    time_evaluator) and hooked runs (W, `hooked_ms`, n calls each): c = (W - U) / 2n (`hook_us`). A
-    kernel's timed span holds about one invocation (the end of the one before, the start of the one
-    after), so each kernel's `ms` is its spans' sum less c a call, the median over `runs` runs
-    (`measured_ms` keeps the spans' own). The VM's own work (`vm_ms`), at most: the median of runs with
-    every kernel skipped, the hook's invocations in it; None where the VM reads values its kernels
-    compute (DATA_DEPENDENT). `kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and
-    agrees with it within a few percent (benchmarks/kernel_times.py). A kernel's `share` is of
-    kernels_ms + vm_ms (of U where vm_ms is None). `trace`, where given, gets each timed call: (run,
-    kernel, start s, end s), start and end from the run's start."""
+    """Where one whole-model run's time goes, each part measured (the module's docstring says how): the
+    VM's instrument hook times every call of a compiled kernel (TVM 0.27 has no vm.profile), and runs
+    with every kernel skipped time the VM's own work (allocations, copies, its calls between kernels).
+    `trace`, where given, gets each timed call: (run, kernel, start s, end s) from the run's start."""
     import tvm
 
     from webapp.targets import host

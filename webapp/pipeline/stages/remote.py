@@ -43,13 +43,24 @@ def prepare_remote_stage(ctx, report, model, built, quantized) -> None:
     ctx.results.save(**prepare_remote(built, quantized, model, ctx.job, ctx.target, report))
 
 
+def on_this_server(mod, inputs: dict) -> list:
+    """The outputs of `mod` built by TVM's default pipeline for this server's CPU, on `inputs`."""
+    import tvm
+    from tvm import relax
+
+    from webapp import targets
+    from webapp.pipeline.stages.bench import flatten_outputs
+
+    host, dev = targets.host().tvm, targets.host().device()
+    ex = tvm.compile(mod, target=host, relax_pipeline=relax.get_default_pipeline(host))
+    vm = relax.VirtualMachine(ex, dev)
+    return flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()]))
+
+
 def prepare_remote(built, quantized, model, job, target, report) -> dict:
     """remote/: a library per build, inputs.npz, expected.npz (reference outputs), plan.json."""
     import os
 
-    import tvm
-
-    from webapp import targets
     from webapp.pipeline.stages.bench import (
         bench_threads,
         flatten_outputs,
@@ -73,14 +84,8 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
             continue
         expected[name] = torch_outputs(out) if name == "pytorch" else flatten_outputs(out)
     report(0.3)
-    host, dev = targets.host().tvm, targets.host().device()
     for q in quantized.variants if quantized else []:  # the same integer model, built for this server
-        from tvm import relax
-
-        ex = tvm.compile(q.mod, target=host, relax_pipeline=relax.get_default_pipeline(host))
-        vm = relax.VirtualMachine(ex, dev)
-        out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()])
-        expected[f"{q.variant} on this server"] = flatten_outputs(out)
+        expected[f"{q.variant} on this server"] = on_this_server(q.mod, inputs)
     report(0.6)
     builds = []
     layers = built.board_plan
@@ -162,7 +167,7 @@ def run_remote(job: Remote, report) -> dict:
     from tvm import relax, rpc
 
     from webapp.devices.tracker import Tracker, TrackerError
-    from webapp.pipeline.stages.bench import fidelity, flatten_outputs
+    from webapp.pipeline.stages.bench import flatten_outputs
 
     folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())
@@ -209,17 +214,26 @@ def run_remote(job: Remote, report) -> dict:
                         | {"device": board["name"], "threads": threads, **timing})  # fmt: skip
             report((i + 1) / len(plan["builds"]), {"board": board["name"]})
         speed = time_layers(session, dev, folder, plan, board)
+    fid = board_fidelity(outs, expected, board["key"], plan["classifier"])
+    out = {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
+    return out | ({"layer_speed": speed} if speed else {})
+
+
+def board_fidelity(outs: dict, expected: dict, board_key: str, classifier: bool) -> list[dict]:
+    """Each build's outputs on the board against the references computed on this server (a quantized
+    build's own also against the same integer model built for this server, and the board's fp32)."""
+    from webapp.pipeline.stages.bench import fidelity
+
     fid = []
     for (variant, tuned), out in outs.items():
         own = f"{variant} on this server"
         checks = {k: v for k, v in expected.items() if not k.endswith(" on this server") or k == own}
         if variant != "fp32" and ("fp32", False) in outs:
-            checks[f"TVM fp32 on {board['key']}"] = outs[("fp32", False)]
+            checks[f"TVM fp32 on {board_key}"] = outs[("fp32", False)]
         for ref, ref_out in checks.items():
-            row = fidelity(out, ref_out, plan["classifier"])
+            row = fidelity(out, ref_out, classifier)
             fid.append({"variant": variant, "tuned": tuned, "reference": ref, **row})
-    out = {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
-    return out | ({"layer_speed": speed} if speed else {})
+    return fid
 
 
 def time_layers(session, dev, folder: Path, plan: dict, board: dict) -> dict | None:
