@@ -188,7 +188,7 @@ def test_arm_board_presets_name_their_board_core_and_features():
         JobOptions.parse({"target": "rpi5", "tune_trials": "8"})
 
 
-def test_riscv64_is_a_kind_of_its_own_built_shown_and_analysed_by_llvm_mca_not_timed(client):
+def test_riscv64_is_a_kind_of_its_own_built_shown_and_analysed_by_llvm_mca_not_timed(client, tmp_path):
     """The RISC-V kind (webapp/targets/riscv.py, its module alone): a job builds RVV code for the X280,
     says where it runs and why it is not timed, refuses tuning and int8 with the reason, and llvm-mca
     reads its hot loops in its dialect."""
@@ -229,3 +229,12 @@ def test_riscv64_is_a_kind_of_its_own_built_shown_and_analysed_by_llvm_mca_not_t
     ) as f:
         header = f.read(20)
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 0xF3  # EM_RISCV
+    # its kernel's reproducer builds it and says where it runs, not running another CPU's code here
+    from tests.test_repro import RUN, unpacked
+
+    folder = unpacked(client, job["id"], matmuls[0]["name"], tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", RUN], cwd=folder, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"it runs on riscv64, not this {platform.machine()} machine" in run.stdout
