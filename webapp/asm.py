@@ -27,6 +27,12 @@ class Dialect:
     ops: Callable[[list[tuple[str, str]]], float]
 
 
+def per_instruction(op: Callable[[str, str], float]) -> Callable[[list[tuple[str, str]]], float]:
+    """A Dialect's `ops` for an instruction set whose instructions each say their own operations
+    (`op(mnemonic, operands)`), with no state carried from one to the next (RISC-V's vsetvli is)."""
+    return lambda instructions: sum(op(mnemonic, operands) for mnemonic, operands in instructions)
+
+
 LABEL = re.compile(r"^([.\w$]+):")
 DIRECTIVE = re.compile(r"^\s*\.[a-zA-Z_]\w*\b")
 LOCAL_LABEL = re.compile(r"\.L[\w$.]+")

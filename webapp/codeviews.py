@@ -39,7 +39,6 @@ KEPT_FROM_BYTES = 16_000  # a text highlighted in more than ~15 ms: its HTML is 
 
 # The code views (webapp.catalog.CODE_VIEWS): those with a text per kernel, and a GPU build's device code
 KERNEL_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.per_kernel)
-DEVICE_VIEWS = tuple(name for name, v in CODE_VIEWS.items() if v.device)
 WHOLE_MODULE = {name: v.whole for name, v in CODE_VIEWS.items() if v.whole}
 # the device code's language -> its lexer's name, as each GPU kind of target says (webapp.targets)
 DEVICE_LEXERS = device_lexers()
@@ -218,8 +217,8 @@ def code_view(
     row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
-    if view == "asm" and kernel != MODULE and text:
-        loop, by_mca = hot_loop_shown(row.get("hot_loop"), text, asm_all)
+        if view == "asm":
+            loop, by_mca = hot_loop_shown(row.get("hot_loop"), text, asm_all)
     numbered = view in KERNEL_VIEWS
     kernel_shown = view in KERNEL_VIEWS and kernel not in ("", MODULE)
     marked = tuple(range(loop[0], loop[1] + 1)) if loop else ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from webapp.targets.base import Target
+from webapp.targets.base import LLVMCPU, Target
 
 KIND_MODULES = [
     importlib.import_module(f"{__name__}.{m.name}")
@@ -39,7 +39,8 @@ def host() -> Target:
 def tir_rewrites(tvm_target) -> tuple[str, ...]:
     """The TIR rewrites (Target.tir_rewrites) of the kind whose code a TVM target builds, by its triple."""
     triple = str(tvm_target.attrs.get("mtriple", ""))
-    return next((k.tir_rewrites for k in KINDS if k.mca_triple and triple.startswith(k.mca_triple)), ())
+    kinds = (k for k in KINDS if issubclass(k, LLVMCPU) and triple.startswith(f"{k.arch}-"))
+    return next((k.tir_rewrites for k in kinds), ())
 
 
 def device_lexers() -> dict[str, str]:

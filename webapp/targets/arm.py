@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from webapp.asm import Dialect
+from webapp.asm import Dialect, per_instruction
 from webapp.targets.base import LLVMCPU, has_feature
 
 OPS = {  # mnemonic -> operations per destination lane (its arrangement: .4s, 4 lanes)
@@ -24,12 +24,9 @@ OPS = {  # mnemonic -> operations per destination lane (its arrangement: .4s, 4 
 }
 
 
-def ops(instructions: list[tuple[str, str]]) -> float:
-    total = 0.0
-    for mnemonic, operands in instructions:
-        lanes = re.match(r"\s*v\d+\.(\d+)[bhsd]", operands)
-        total += OPS.get(mnemonic, 0) * int(lanes.group(1)) if lanes else 0
-    return total
+def ops(mnemonic: str, operands: str) -> float:
+    lanes = re.match(r"\s*v\d+\.(\d+)[bhsd]", operands)
+    return OPS.get(mnemonic, 0) * int(lanes.group(1)) if lanes else 0.0
 
 
 DIALECT = Dialect(
@@ -38,7 +35,7 @@ DIALECT = Dialect(
     vector=re.compile(r"\b(?:v\d+\.\d*[bhsd]|q\d+)\b"),
     call=re.compile(r"\s+(bl|blr|br|ret)\b"),
     packed=re.compile(r"\bv\d+\.\d+[bhsd]\b"),  # a NEON register with an arrangement (v1.4s)
-    ops=ops,
+    ops=per_instruction(ops),
 )
 
 

@@ -49,9 +49,8 @@ class Target:
     # (webapp.pipeline.passes.lowering.TIR_REWRITES)
     tir_rewrites: ClassVar[tuple[str, ...]] = ()
     reproducible: ClassVar[bool] = True  # a kernel's TIR runs alone (a reproducer, webapp/repro.py)
-    # its assembly is the kernels' own: their loops are there to analyse (a GPU's is its host's)
-    kernels_in_assembly: ClassVar[bool] = True
-    # the assembly as llvm-mca and the hot-loop finder read it (webapp.asm); None: not analysed
+    # the kernels' assembly as llvm-mca, the linter and the hot-loop finder read it (webapp.asm); None:
+    # not read (a GPU's assembly is its host side's, which launches the kernels)
     dialect: ClassVar[Dialect | None] = None
     mca_triple: ClassVar[str] = ""  # llvm-mca's -mtriple for its code
 

@@ -20,7 +20,6 @@ class GPU(Target):
     gpu: ClassVar[bool] = True
     rule_family = "gpu"
     reproducible = False
-    kernels_in_assembly = False  # the LLVM IR and assembly are the host side's, which launches them
     runtime: ClassVar[str] = ""  # TVM's target kind and device name ("cuda", "opencl", ...)
     language: ClassVar[str] = ""  # what the device module is written in
     lexer: ClassVar[str] = ""  # the Pygments lexer that colours it (webapp.codeviews)

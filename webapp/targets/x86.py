@@ -12,7 +12,7 @@ import platform
 import re
 from dataclasses import dataclass
 
-from webapp.asm import Dialect
+from webapp.asm import Dialect, per_instruction
 from webapp.targets.base import LLVMCPU, cpu_flags, has_feature, host_clock_ghz
 
 HOST_PRESET_VARIABLE = "PLAYGROUND_HOST_PRESET"
@@ -29,16 +29,13 @@ OPS = {  # mnemonic pattern -> (element bits, operations per element)
 WIDTH = {"xmm": 128, "ymm": 256, "zmm": 512}
 
 
-def ops(instructions: list[tuple[str, str]]) -> float:
-    total = 0.0
-    for mnemonic, operands in instructions:
-        for pattern, (bits, per_element) in OPS.items():
-            if re.fullmatch(pattern, mnemonic):
-                register = re.findall(r"%([xyz]mm)\d+", operands)
-                width = WIDTH[register[-1]] if register else 128
-                total += per_element * (width // bits if bits else 1)
-                break
-    return total
+def ops(mnemonic: str, operands: str) -> float:
+    for pattern, (bits, per_element) in OPS.items():
+        if re.fullmatch(pattern, mnemonic):
+            register = re.findall(r"%([xyz]mm)\d+", operands)
+            width = WIDTH[register[-1]] if register else 128
+            return per_element * (width // bits if bits else 1)
+    return 0.0
 
 
 DIALECT = Dialect(
@@ -49,7 +46,7 @@ DIALECT = Dialect(
     # packed instructions (vpaddd, vmulps, vmovdqu, vbroadcastss...), not those on one element in xmm
     # registers (vmulss, vfmadd231sd)
     packed=re.compile(r"^\s+(v?p[a-z]\w*|\w+p[sd]|vmovdq\w*|vbroadcast\w*|vperm\w*)\s.*%[xyz]mm"),
-    ops=ops,
+    ops=per_instruction(ops),
 )
 
 

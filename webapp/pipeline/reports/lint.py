@@ -70,13 +70,13 @@ def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
         evidence = f"no vector register in its innermost loops; the longest: lines {first + 1}-{last + 1}"
         out.append(finding("scalar loop", evidence, "asm", first + 1))
     # a GPU's assembly is its host's
-    mnemonic = target.int8_mnemonic() if target.kernels_in_assembly and asm.strip() else None
+    mnemonic = target.int8_mnemonic() if dialect is not None and asm.strip() else None
     # a depthwise (grouped) convolution reduces over no input channels: a dot product has nothing to add up
     int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir) and "group_conv2d" not in tir
     if mnemonic and int8 and not re.search(rf"^\s+{mnemonic}\b", asm, re.M):
         evidence = f"no {mnemonic} in its {len(lines):,} lines of assembly, though {target.name} has it"
         out.append(finding("int8 without the dot product", evidence, "asm"))
-    if not target.kernels_in_assembly:  # the host side's, which launches the kernels: no hot loops there
+    if dialect is None:  # the host side's, which launches the kernels: no hot loops there
         loops, lines = [], []
     alloc = allocation_in_lambda(lines)
     if alloc:

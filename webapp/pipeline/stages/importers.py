@@ -18,7 +18,7 @@ from tvm import relax
 from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
-from webapp.pipeline.stages.input_values import Values, onnx_input_values, torch_input_values
+from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
@@ -288,28 +288,6 @@ def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
             keep_params_in_input=False,
         )
     return mod, layers
-
-
-def given_values(inputs: list[TensorSpec], input_values: dict) -> dict[str, np.ndarray]:
-    """The inputs the user gave a value (a sample rate, a sequence length), as arrays of the input's
-    dtype, checked against the shape the model declares."""
-    specs = {s.name: s for s in inputs}
-    out = {}
-    for name, value in input_values.items():
-        spec = specs[name]
-        try:
-            array = np.asarray(value, dtype=spec.dtype)
-        except (ValueError, TypeError, OverflowError) as e:
-            raise StageError(f"input_values gives {name!r} a value not of its type {spec.dtype}: {e}") from e
-        if array.ndim != len(spec.shape) or any(
-            isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=False)
-        ):
-            raise StageError(
-                f"input_values gives {name!r} the shape {list(array.shape)}, but the model declares "
-                f"{spec.shape}."
-            )
-        out[name] = array
-    return out
 
 
 def onnx_modules(model) -> dict[str, str]:

@@ -1,11 +1,16 @@
 """Values a model's integer inputs can take, read from how the model uses them: token ids and
 indices below the size of the table they index, Slice starts at 0 and ends at the dimension's size.
 Random integers elsewhere (0 to 9) made a built model fail at its first run (a Slice whose end came
-before its start, an id past the embedding's rows), and with it the benchmark."""
+before its start, an id past the embedding's rows), and with it the benchmark. And the values a user
+gives an input (input_values), checked against its declared type and shape."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
+
+from webapp.pipeline.errors import StageError
 
 # Ops that pass an integer tensor's values on unchanged (followed from an input to where it is used)
 ONNX_SAME_VALUES = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
@@ -121,3 +126,25 @@ def torch_input_values(ep, inputs: list[str]) -> dict[str, Values]:
     return {
         name: v for name in inputs if (v := values_of(nodes[name])).high is not None or v.fill is not None
     }
+
+
+def given_values(inputs: list, input_values: dict) -> dict[str, np.ndarray]:
+    """The inputs the user gave a value (a sample rate, a sequence length), as arrays of the input's
+    dtype, checked against the shape the model declares (`inputs`: importers.TensorSpec)."""
+    specs = {s.name: s for s in inputs}
+    out = {}
+    for name, value in input_values.items():
+        spec = specs[name]
+        try:
+            array = np.asarray(value, dtype=spec.dtype)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise StageError(f"input_values gives {name!r} a value not of its type {spec.dtype}: {e}") from e
+        if array.ndim != len(spec.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(spec.shape, array.shape, strict=False)
+        ):
+            raise StageError(
+                f"input_values gives {name!r} the shape {list(array.shape)}, but the model declares "
+                f"{spec.shape}."
+            )
+        out[name] = array
+    return out

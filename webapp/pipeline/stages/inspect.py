@@ -204,14 +204,14 @@ def hot_loops(kernels: list[dict], texts: dict, executed: dict, job_dir: Path, t
     A board's kernels are predicted for the board's own cores, a server's at the threads its runs use."""
     static = None
     try:
-        if target.kernels_in_assembly:
+        if target.dialect is not None:
             threads = target.analysis_threads(bench_threads())
             static = mca.analyse_kernels(kernels, texts, job_dir, target, executed, threads)
     except Exception as exc:  # llvm-mca's view is an extra: a job never fails of it
         print(f"llvm-mca's analysis left out: {type(exc).__name__}: {exc}")
     for k in kernels:
         span = (k.get("mca") or {}).get("lines")
-        if not span and target.kernels_in_assembly and target.dialect:
+        if not span and target.dialect is not None:
             span = hot_loop(texts[k["name"]][1], target.dialect)
         k["hot_loop"] = {"lines": list(span), "by": "mca" if "mca" in k else "vectors"} if span else None
     return static

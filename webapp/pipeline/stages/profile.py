@@ -113,16 +113,17 @@ class HookedRuns:
         self.timeline: list[tuple] = []
         self.per_run: dict[str, list[float]] = {}
         self.times: list[float] = []
-        self.invocations = 0
-        self.count = {"all": 0, "skip": False}
+        self.invocations = 0  # the hook's calls of one run (before each call), builtins' too
+        self.counted = 0  # of the run going on
+        self.skip = False  # every kernel skipped (SKIP_RUN): the VM's own work alone
 
     def hook(self, func, symbol, before_run, ret_value, *call_args):
         from tvm import relax
 
-        self.count["all"] += before_run
+        self.counted += before_run
         if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
             return relax.VMInstrumentReturnKind.NO_OP
-        if self.count["skip"]:
+        if self.skip:
             return relax.VMInstrumentReturnKind.SKIP_RUN
         self.sync()  # a GPU kernel ends when the device is done
         if before_run:
@@ -141,35 +142,31 @@ class HookedRuns:
         self.vm.set_instrument(self.hook)
         for _ in range(runs):
             self.seconds.clear()
-            self.count["all"] = 0
+            self.counted = 0
             self.run_at.append(time.perf_counter())
             self.vm["main"](*args)
             self.sync()
             self.times.append(time.perf_counter() - self.run_at[-1])
             for name, t in self.seconds.items():
                 self.per_run.setdefault(name, []).append(t)
-        self.invocations = self.count["all"]  # the calls of one run, kernels and builtins
+        self.invocations = self.counted
 
     def skipped(self, args: list, runs: int) -> float | None:
-        return skipped_runs(self.vm, args, runs, self.count)
-
-
-def skipped_runs(vm, args: list, runs: int, count: dict) -> float | None:
-    """The median seconds of `runs` runs of `vm` with every kernel skipped (its hook returns SKIP_RUN),
-    or None where such a run fails (a shape the VM checks that a skipped kernel never wrote)."""
-    count["skip"] = True
-    try:
-        times = []
-        for _ in range(runs):
-            begun = time.perf_counter()
-            vm["main"](*args)
-            times.append(time.perf_counter() - begun)
-        return float(np.median(times))
-    except Exception as exc:
-        print(f"the VM's own work not measured: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        return None
-    finally:
-        count["skip"] = False
+        """The median seconds of `runs` runs with every kernel skipped (the hook returns SKIP_RUN), or
+        None where such a run fails (a shape the VM checks that a skipped kernel never wrote)."""
+        self.skip = True
+        try:
+            times = []
+            for _ in range(runs):
+                begun = time.perf_counter()
+                self.vm["main"](*args)
+                times.append(time.perf_counter() - begun)
+            return float(np.median(times))
+        except Exception as exc:
+            print(f"the VM's own work not measured: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            return None
+        finally:
+            self.skip = False
 
 
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
