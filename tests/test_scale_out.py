@@ -189,8 +189,16 @@ def test_two_jobs_on_a_two_worker_server_time_one_at_a_time(config, example_file
     consumer.start()
     try:
         ids = [submit_to(client, {"example": "cnn-small"}).get_json()["id"] for _ in range(2)]
+        # both pipelines started in their sandboxes (a stage begun), not only claimed by a worker: a
+        # worker slowed by other work may take seconds from the claim to the sandbox
         wait_until(
-            lambda: all(get_job(client, i)["status"] == "running" for i in ids), 60, "both jobs running"
+            lambda: all(
+                get_job(client, i)["status"] == "running"
+                and any(s["status"] in ("running", "done") for s in get_job(client, i)["stages"])
+                for i in ids
+            ),
+            60,
+            "both jobs' pipelines running",
         )
         with open(cfg.timing_lock_path, "r+") as lock:
             fcntl.lockf(lock, fcntl.LOCK_EX)
