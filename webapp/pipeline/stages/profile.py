@@ -2,16 +2,17 @@
 the VM's own work between them (`profile_kernels`), the kernel table's times from it, and the same
 calls as a trace file.
 
-The hook costs time itself, c per invocation of it: it is called before and after every call the VM
-makes (its builtins too; only before a call it skips). From a run timed without it (U, `run_ms`,
-time_evaluator) and hooked runs (W, `hooked_ms`, n calls each): c = (W - U) / 2n (`hook_us`). A
-kernel's timed span holds about one invocation (the end of the one before, the start of the one after),
-so each kernel's `ms` is its spans' sum less c a call, the median over the runs (`measured_ms` keeps
-the spans' own). The VM's own work (`vm_ms`), at most: the median of runs with every kernel skipped,
-the hook's invocations in it; None where the VM reads values its kernels compute (DATA_DEPENDENT).
-`kernels_ms` is the kernels' sum: with vm_ms it is measured apart from U, and agrees with it within a
-few percent (benchmarks/kernel_times.py). A kernel's `share` is of kernels_ms + vm_ms (of U where
-vm_ms is None).
+Interleaved rounds of three runs: without the hook (U, `run_ms`), hooked (W, `hooked_ms`, n calls each)
+and with every kernel skipped (S, `skipped_ms`). The hook costs time itself: it is called before and
+after every call the VM makes (its builtins too; only before a call it skips), c per invocation amid
+the kernels, c = (W - U) / 2n (`hook_us`). A kernel's timed span holds about one invocation (the end of
+the one before, the start of the one after), so each kernel's `ms` is its spans' sum less c a call, the
+median over the rounds (`measured_ms` keeps the spans' own). The VM's own work (`vm_ms`): S less the
+hook's invocations in it, each at its cost in hot caches (`skip_hook_us`, timed on a program of builtin
+calls alone: amid the kernels an invocation costs several times as much, its code out of the caches);
+None where the VM reads values its kernels compute (DATA_DEPENDENT). `kernels_ms` is the kernels' sum:
+with vm_ms it is measured apart from U and agrees with it within a few percent
+(benchmarks/kernel_times.py). A kernel's `share` is of kernels_ms + vm_ms (of U where vm_ms is None).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ DATA_DEPENDENT = re.compile(r"vm\.builtin\.(read_if_cond|tensor_to_shape)\b")
 def profile_kernels(
     executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5, trace: list | None = None
 ) -> dict:
-    """Where one whole-model run's time goes, each part measured (the module's docstring says how): the
-    VM's instrument hook times every call of a compiled kernel (TVM 0.27 has no vm.profile), and runs
-    with every kernel skipped time the VM's own work (allocations, copies, its calls between kernels).
-    `trace`, where given, gets each timed call: (run, kernel, start s, end s) from the run's start."""
+    """Where one whole-model run's time goes, each part measured (the module's docstring says how), in
+    interleaved rounds of a run without the hook, a run with the VM's instrument hook timing every call
+    of a compiled kernel (TVM 0.27 has no vm.profile), and a run with every kernel skipped (the VM's own
+    work: allocations, copies, its calls between kernels): a slow spell of the machine falls on all
+    three alike. At least `runs` rounds, more while they take under ROUNDS_S. `trace`, where given,
+    gets each timed call: (run, kernel, start s, end s) from the run's start."""
     import tvm
 
     from webapp.targets import host
@@ -44,38 +47,40 @@ def profile_kernels(
     dev = dev or host().device()
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
-    sync = (lambda: None) if on_host else dev.sync
+    hooked = HookedRuns(executable, dev, (lambda: None) if on_host else dev.sync)
     with timing_slot.hold("kernel profile"):
-        run_ms = plain_run_ms(executable, dev, args, runs)
-        hooked = HookedRuns(executable, dev, sync)
-        hooked.run(args, runs)
-        skipped = None if DATA_DEPENDENT.search(executable.as_text()) else hooked.skipped(args, runs)
+        hooked.rounds(args, runs, skip=not DATA_DEPENDENT.search(executable.as_text()))
+        skip_hook_s = hooked.hook_cost_s() if hooked.skipped else 0.0
     if trace is not None:  # only a whole profile's calls
         trace.extend(hooked.timeline)
-    calls = hooked.calls
-    kernel_calls = sum(calls.values()) // runs
-    hooked_s = float(np.median(hooked.times))
-    hook_s = max(0.0, (hooked_s - run_ms / 1e3) / (2 * max(hooked.invocations, 1)))
+    rounds, calls = len(hooked.times), hooked.calls
+    run_s, hooked_s = float(np.median(hooked.plain)), float(np.median(hooked.times))
+    # c, the hook's cost an invocation amid the kernels (their data pushes its code out of the caches)
+    extra = np.array(hooked.times) - np.array(hooked.plain)
+    hook_s = max(0.0, float(np.median(extra)) / (2 * max(hooked.invocations, 1)))
     measured = {name: float(np.median(ts)) * 1e3 for name, ts in hooked.per_run.items()}
-    ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // runs)) for name, t in measured.items()}
-    # at most: the hook's own calls are in it too (about 1 us each when the kernels are skipped; the
-    # hooked runs' extra time, c, is mostly the kernels' own, slowed by a pause in Python before each)
-    vm_ms = skipped * 1e3 if skipped is not None else None
+    ms = {name: max(0.0, t - hook_s * 1e3 * (calls[name] // rounds)) for name, t in measured.items()}
+    skipped_ms = float(np.median(hooked.skipped)) * 1e3 if hooked.skipped else None
+    # the runs with every kernel skipped hold the hook's own invocations, each in hot caches there
+    vm_ms = max(0.0, skipped_ms - hooked.skip_invocations * skip_hook_s * 1e3) if skipped_ms else None
     kernels_ms = sum(ms.values())
-    whole = kernels_ms + vm_ms if vm_ms is not None else run_ms
+    whole = kernels_ms + vm_ms if vm_ms is not None else run_s * 1e3
+    kernel_calls = sum(calls.values()) // rounds
     return {
-        "runs": runs,
-        "run_ms": run_ms,
+        "runs": rounds,
+        "run_ms": run_s * 1e3,
         "hooked_ms": hooked_s * 1e3,
         "hook_us": hook_s * 1e6,
         "calls": hooked.invocations,
         "vm_calls": hooked.invocations - kernel_calls,  # the builtins' calls of a run: allocations, copies
         "kernels_ms": kernels_ms,
+        "skipped_ms": skipped_ms,
+        "skip_hook_us": skip_hook_s * 1e6,
         "vm_ms": vm_ms,
         "vm_share": vm_ms / whole if vm_ms is not None and whole else None,
         "kernels": {
             name: {
-                "calls": calls[name] // runs,
+                "calls": calls[name] // rounds,
                 "ms": t,
                 "measured_ms": measured[name],
                 "share": t / (whole or 1.0),
@@ -85,26 +90,24 @@ def profile_kernels(
     }
 
 
-def plain_run_ms(executable, dev, args: list, runs: int) -> float:
-    """The median ms of a whole run without the hook (time_evaluator), after a warm-up."""
-    from tvm import relax
-
-    plain = relax.VirtualMachine(executable, dev)
-    plain.set_input("main", *args)
-    plain["invoke_stateful"]("main")  # warm-up
-    timer = plain.time_evaluator("invoke_stateful", dev, number=1, repeat=max(runs, 5), min_repeat_ms=20)
-    return float(np.median(timer("main").results)) * 1e3
+ROUNDS_S = 0.5  # a profile's rounds: at least `runs`, more while they take under this, at most MAX_ROUNDS
+MAX_ROUNDS = 30
+CALIBRATION_CALLS = 400  # builtin calls in the program that times the hook's own cost (hook_cost_s)
 
 
 class HookedRuns:
-    """Runs of a VM whose instrument hook times every call of a compiled kernel: each run's seconds per
-    kernel (`per_run`), the calls of each, every timed call (`timeline`: run, kernel, start, end), each
-    hooked run's seconds (`times`), and the hook's invocations in one run, builtins' calls too."""
+    """Interleaved rounds of three runs of a VM (`rounds`): one without the hook (`plain`: seconds of
+    each), one whose instrument hook times every call of a compiled kernel (`times`; each run's seconds
+    per kernel in `per_run`, the calls of each, every timed call in `timeline`: run, kernel, start,
+    end; the hook's invocations in one run, builtins' calls too) and one with every kernel skipped
+    (`skipped`, and the hook's invocations in one such run)."""
 
     def __init__(self, executable, dev, sync):
         from tvm import relax
 
+        self.executable, self.dev = executable, dev
         self.vm = relax.VirtualMachine(executable, dev)
+        self.no_op, self.skip_run = relax.VMInstrumentReturnKind.NO_OP, relax.VMInstrumentReturnKind.SKIP_RUN
         self.sync = sync
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
@@ -112,19 +115,21 @@ class HookedRuns:
         self.run_at: list[float] = []  # when each timed run began
         self.timeline: list[tuple] = []
         self.per_run: dict[str, list[float]] = {}
+        self.plain: list[float] = []
         self.times: list[float] = []
+        self.skipped: list[float] = []
         self.invocations = 0  # the hook's calls of one run (before each call), builtins' too
-        self.counted = 0  # of the run going on
+        self.skip_invocations = 0  # the hook's invocations in one run with the kernels skipped
+        self.counted = self.invoked = 0  # of the run going on
         self.skip = False  # every kernel skipped (SKIP_RUN): the VM's own work alone
 
     def hook(self, func, symbol, before_run, ret_value, *call_args):
-        from tvm import relax
-
         self.counted += before_run
+        self.invoked += 1
         if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
-            return relax.VMInstrumentReturnKind.NO_OP
+            return self.no_op
         if self.skip:
-            return relax.VMInstrumentReturnKind.SKIP_RUN
+            return self.skip_run
         self.sync()  # a GPU kernel ends when the device is done
         if before_run:
             self.started[symbol] = time.perf_counter()
@@ -135,38 +140,76 @@ class HookedRuns:
             if self.run_at:
                 start = self.run_at[-1]
                 self.timeline.append((len(self.run_at) - 1, symbol, begun - start, ended - start))
-        return relax.VMInstrumentReturnKind.NO_OP
+        return self.no_op
 
-    def run(self, args: list, runs: int) -> None:
-        self.vm["main"](*args)  # warm-up, untimed
+    def rounds(self, args: list, runs: int, skip: bool) -> None:
+        """At least `runs` rounds, more while they take under ROUNDS_S; the runs with every kernel
+        skipped only where `skip` (they stop at the first that fails: a shape the VM checks that a
+        skipped kernel never wrote)."""
+        from tvm import relax
+
+        plain = relax.VirtualMachine(self.executable, self.dev)
+        plain["main"](*args)  # warm-ups, untimed
+        self.vm["main"](*args)
         self.vm.set_instrument(self.hook)
-        for _ in range(runs):
+        began = time.perf_counter()
+        while len(self.times) < runs or (
+            time.perf_counter() - began < ROUNDS_S and len(self.times) < MAX_ROUNDS
+        ):
+            self.plain.append(self.timed(lambda: plain["main"](*args)))
             self.seconds.clear()
             self.counted = 0
             self.run_at.append(time.perf_counter())
-            self.vm["main"](*args)
-            self.sync()
-            self.times.append(time.perf_counter() - self.run_at[-1])
+            self.times.append(self.timed(lambda: self.vm["main"](*args), self.run_at[-1]))
             for name, t in self.seconds.items():
                 self.per_run.setdefault(name, []).append(t)
-        self.invocations = self.counted
+            self.invocations = self.counted
+            skip = skip and self.skipped_run(args)
 
-    def skipped(self, args: list, runs: int) -> float | None:
-        """The median seconds of `runs` runs with every kernel skipped (the hook returns SKIP_RUN), or
-        None where such a run fails (a shape the VM checks that a skipped kernel never wrote)."""
-        self.skip = True
+    def timed(self, run, begun: float | None = None) -> float:
+        begun = begun or time.perf_counter()
+        run()
+        self.sync()
+        return time.perf_counter() - begun
+
+    def skipped_run(self, args: list) -> bool:
+        """One run with every kernel skipped, timed; False where it fails."""
+        self.skip, self.invoked = True, 0
         try:
-            times = []
-            for _ in range(runs):
-                begun = time.perf_counter()
-                self.vm["main"](*args)
-                times.append(time.perf_counter() - begun)
-            return float(np.median(times))
+            self.skipped.append(self.timed(lambda: self.vm["main"](*args)))
+            self.skip_invocations = self.invoked
+            return True
         except Exception as exc:
             print(f"the VM's own work not measured: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            return None
+            self.skipped.clear()
+            return False
         finally:
             self.skip = False
+
+    def hook_cost_s(self) -> float:
+        """The seconds of one invocation of the hook where the caches hold it, as in the runs with
+        every kernel skipped: a program of CALIBRATION_CALLS builtin calls (four arguments each, no
+        kernel) timed with and without the hook on this CPU, in interleaved rounds, the median."""
+        import tvm
+        from tvm import relax
+
+        builder = relax.ExecBuilder()
+        with builder.function("main", num_inputs=1):
+            for _ in range(CALIBRATION_CALLS):
+                builder.emit_call("vm.builtin.make_tuple", args=[builder.r(0)] * 4, dst=builder.r(1))
+            builder.emit_ret(builder.r(0))
+        program, cpu = builder.get(), tvm.cpu()
+        x = tvm.runtime.tensor(np.zeros(1, "float32"), cpu)
+        plain, hooked = relax.VirtualMachine(program, cpu), relax.VirtualMachine(program, cpu)
+        hooked.set_instrument(self.hook)
+        extra = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            plain["main"](x)
+            t1 = time.perf_counter()
+            hooked["main"](x)
+            extra.append((time.perf_counter() - t1) - (t1 - t0))
+        return max(0.0, float(np.median(extra)) / (2 * CALIBRATION_CALLS))
 
 
 def timed_kernels(kernels: list[dict], profiles: list[dict]) -> list[dict]:
