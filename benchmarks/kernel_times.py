@@ -65,7 +65,8 @@ def model_table(config: Config, model: str, quantize: str, top: int, share: floa
         print(
             f"  kernels {profile['kernels_ms']:.3f} ms (measured, less the hook's "
             f"{profile['hook_us']:.1f} us a call) + the VM's own work {vm:.3f} ms (runs with the kernels "
-            f"skipped, {profile['skipped_ms']:.3f} ms, less the hook's {profile['skip_hook_us']:.2f} us a call) = "
+            f"skipped, {profile['skipped_ms']:.3f} ms, less the hook's {profile['skip_hook_us']:.2f} us "
+            f"a call) = "
             f"{profile['accounted_ms']:.3f} ms: {100 * profile['accounted']:.1f}% of the median; "
             f"{100 * profile['accounted_ms'] / profile['run_ms']:.1f}% of a run without the hook "
             f"({profile['run_ms']:.3f} ms, timed in the same rounds)"

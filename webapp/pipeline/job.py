@@ -11,14 +11,16 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from webapp import timing_slot
 from webapp.jsonfile import write_json_atomic
 from webapp.options import JobOptions
 from webapp.pipeline import steps
-from webapp.pipeline.errors import error_message
+from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.reports import facts
 from webapp.targets import Target
 from webapp.targets import get as get_target
@@ -213,12 +215,25 @@ class Progress:
         self.write()
 
 
+T = TypeVar("T")
+Report = Callable[..., None]  # report(fraction, detail=None): a stage's progress, 0 to 1
+
+
+@dataclass
+class Given(Generic[T]):
+    """What a stage gives: the record the stages after it take, and what it adds to result.json (the
+    runner saves it; no stage writes result.json or reads another's part of it)."""
+
+    record: T
+    saved: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class Context:
     """One job as every stage sees it, made once by the runner: what was asked (job.json), the target
     preset that answers every question about the target (webapp.targets; its TVM target is
-    `target.tvm`), and the records the stages write (result.json, progress.json). A stage is
-    `stage(ctx, report, *inputs)`."""
+    `target.tvm`), and the records the runner writes (result.json, progress.json). A stage is
+    `stage(ctx, report, *inputs) -> Given`."""
 
     job: Job
     target: Target
@@ -239,14 +254,29 @@ class Context:
     def options(self) -> JobOptions:
         return self.job.options
 
-    def stage(self, name: str, stage, *inputs, skip: str | None = None, required: bool = True):
+    def stage(self, name: str, stage: Callable[..., Given], *inputs, skip: str | None = None,
+              required: bool = True) -> Any:  # fmt: skip
         """Runs stage(ctx, report, *inputs) as the stage `name` (its status, seconds and progress
         recorded; a failure ends the job, unless the stage is not `required`: then it is marked failed
-        with its message, and the job keeps what the stages before it made), or records it skipped,
-        with why, when `skip` says why."""
+        with its message, and the job keeps what the stages before it made), saves what it gives to
+        result.json and returns its record; or records it skipped, with why, when `skip` says why
+        (None)."""
         if skip:
             return self.skip(name, skip)
-        return self.progress.run_stage(name, lambda report: stage(self, report, *inputs), required)
+
+        def run(report: Report) -> Given:
+            try:
+                return stage(self, report, *inputs)
+            except StageError as e:
+                if e.resubmit:  # the result page offers to submit the model again with these options
+                    self.results.save(resubmit=e.resubmit)
+                raise
+
+        given = self.progress.run_stage(name, run, required)
+        if given is None:  # a stage not required that failed
+            return None
+        self.results.save(**given.saved)
+        return given.record
 
     def skip(self, name: str, why: str) -> None:
         self.progress.skip(name, why)

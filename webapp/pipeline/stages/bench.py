@@ -12,10 +12,12 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from webapp import timing_slot
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.conditions import machine
@@ -28,6 +30,11 @@ from webapp.pipeline.stages.timing import (
     measure_watched,
     wait_quiet,
 )
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.build import Built
+    from webapp.pipeline.stages.importers import ImportedModel
+    from webapp.pipeline.stages.inspect import Inspected
 
 
 def bench_threads() -> int:
@@ -448,7 +455,9 @@ def job_inputs(model, job) -> dict[str, np.ndarray]:
     return make_inputs(model.inputs)
 
 
-def benchmark_stage(ctx, report, model, built, inspected) -> None:
+def benchmark_stage(
+    ctx: Context, report: Report, model: ImportedModel, built: Built, inspected: Inspected
+) -> Given[None]:
     """The benchmark stage of a job whose code runs here: its builds against the frameworks'
     references on the target's device, each build's kernel profile (the kernel table's times, and
     the graphs coloured by them)."""
@@ -457,7 +466,7 @@ def benchmark_stage(ctx, report, model, built, inspected) -> None:
     kernels = timed_kernels(inspected.kernels, measured.get("profiles", []))
     time_graphs(ctx.dir, kernels)
     write_model_explorer(ctx.dir)
-    ctx.results.save(**measured, kernels=kernels)
+    return Given(None, measured | {"kernels": kernels})
 
 
 def benchmark_job(executables: dict, model, job, target, report, shown=None) -> dict:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax
 
 from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes import lowering
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.passes.running import RunningPass
@@ -25,6 +27,12 @@ from webapp.pipeline.stages.optimize import FusionTrace
 from webapp.pipeline.stages.tune import open_database
 from webapp.pipeline.steps import step
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.importers import ImportedModel
+    from webapp.pipeline.stages.optimize import Optimized
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
+    from webapp.pipeline.stages.tune import Tuned
 
 
 def schedule(
@@ -366,7 +374,14 @@ def build_variant(variant: str, fused, target, tuning_dir: Path | None) -> Built
     return Built(executables, fused, tuned, tuned_labels, tuned_exe, choice, {}, checked, memory=memory)
 
 
-def build_stage(ctx, report, model, optimized, quantized, tuned) -> Built:
+def build_stage(
+    ctx: Context,
+    report: Report,
+    model: ImportedModel,
+    optimized: Optimized,
+    quantized: QuantizedJob | None,
+    tuned: Tuned | None,
+) -> Given[Built]:
     """The job's builds (webapp/pipeline/stages/build.py: build_job), on the tune stage's records where it
     ran (`tuned`: None where it was skipped)."""
     records = ctx.dir / "tuning" if tuned is not None else None
@@ -378,5 +393,4 @@ def build_stage(ctx, report, model, optimized, quantized, tuned) -> Built:
         raise StageError(exc.describe(optimized.fusion.layers() if optimized.fusion else {})) from exc
     # the quantized variants again: a variant that failed to build is recorded as failed
     quantization = quantized.to_json() if quantized else {}
-    ctx.results.save(**built.to_json(ctx.dir / "files" / "model.so"), **quantization)
-    return built
+    return Given(built, built.to_json(ctx.dir / "files" / "model.so") | quantization)

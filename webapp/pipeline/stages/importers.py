@@ -18,6 +18,7 @@ from tvm import relax
 from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
@@ -570,23 +571,20 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
     return specs
 
 
-def import_stage(ctx, report) -> ImportedModel:
+def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
     """The model as Relax, its imported IR kept for the code view."""
-    try:
-        model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
-    except StageError as e:
-        if e.resubmit:  # the result page offers to submit the model again with these options
-            ctx.results.save(resubmit=e.resubmit)
-        raise
+    model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
-    ctx.results.save(
-        model=model.to_json() | ({"weights": ctx.job.weights} if ctx.job.weights else {}),
-        target={
-            "preset": ctx.target.name,
-            "title": ctx.target.title,
-            "description": ctx.target.description,
-            "tvm": target_json(ctx.target.tvm),
-        },
+    return Given(
+        model,
+        dict(
+            model=model.to_json() | ({"weights": ctx.job.weights} if ctx.job.weights else {}),
+            target={
+                "preset": ctx.target.name,
+                "title": ctx.target.title,
+                "description": ctx.target.description,
+                "tvm": target_json(ctx.target.tvm),
+            },
+        ),
     )
-    return model

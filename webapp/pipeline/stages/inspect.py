@@ -11,12 +11,14 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
 
 from webapp.asm import filter_asm, hot_loop
 from webapp.catalog import CODE_VIEWS, KERNEL_CONSTANTS, PREPACK_TIR, UNSCHEDULED_TIR, code_file, file_stem
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
@@ -27,6 +29,12 @@ from webapp.pipeline.rules.schedules import PREPACK, PREPACKS_ATTR
 from webapp.pipeline.stages.bench import bench_threads
 from webapp.pipeline.stages.optimize import relax_script
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.build import Built
+    from webapp.pipeline.stages.importers import ImportedModel
+    from webapp.pipeline.stages.optimize import Optimized
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
 
 CODE_SUFFIXES = {Path(v.path).suffix for v in CODE_VIEWS.values() if v.path}  # the texts ir.zip holds
 
@@ -312,7 +320,14 @@ class Inspected:
     kernels: list[dict]  # the kernel table's rows, as result.json keeps them (the benchmark adds times)
 
 
-def inspect_stage(ctx, report, model, optimized, built, quantized) -> Inspected:
+def inspect_stage(
+    ctx: Context,
+    report: Report,
+    model: ImportedModel,
+    optimized: Optimized,
+    built: Built,
+    quantized: QuantizedJob | None,
+) -> Given[Inspected]:
     """The code views and kernel table; for a quantized job the graphs coloured by each quantized
     layer's error against fp32 (the page then shows the quantized model's fused graph)."""
     graphs = None if quantized else optimized.graphs
@@ -329,13 +344,12 @@ def inspect_stage(ctx, report, model, optimized, built, quantized) -> Inspected:
         graphs,
         fusion,
     )
-    ctx.results.save(**found)
     if quantized:
         layer_errors = quantized.to_json()["quantization"].get("layer_errors", [])
         worst = (worst_layer(layer_errors) or {}).get("layer")
         error_graphs(ctx.dir, layer_errors, worst, model.layers)
     write_model_explorer(ctx.dir)  # written again with the times after the benchmark
-    return Inspected(found["kernels"])
+    return Given(Inspected(found["kernels"]), found)
 
 
 SMALL_CONSTANT = 4096  # elements: scales, zero points, clip bounds, a bias; not a weight

@@ -6,11 +6,13 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax
 
 from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.passes.rewrites import LAYOUT_PASS, align, computed, fold_with_numpy, main_bindings
 from webapp.pipeline.passes.running import RunningPass
@@ -18,6 +20,9 @@ from webapp.pipeline.passes.tvm_gaps import around_tvm_gaps
 from webapp.pipeline.reports.graphs import draw_graphs
 from webapp.pipeline.stages.onnx_fold import fold_text
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.importers import ImportedModel
 
 # Passes whose module we keep for the graph views.
 FUSION_PASS = "FuseTIR"
@@ -420,7 +425,7 @@ class GroupMatch:
         return True
 
 
-def optimize_stage(ctx, report, model) -> Optimized:
+def optimize_stage(ctx: Context, report: Report, model: ImportedModel) -> Given[Optimized]:
     """The optimized model, its passes kept, and its graphs drawn at once: the page shows them while
     the job goes on."""
     folded = []  # the ONNX graph's shape arithmetic folded before import: the first step shown
@@ -432,5 +437,6 @@ def optimize_stage(ctx, report, model) -> Optimized:
         folded = [PassRecord(0, name, model.folded["seconds"], "error" not in model.folded, file, onnx=True)]
     optimized = optimize(model.mod, ctx.target, ctx.dir, report, model.layers, first=len(folded))
     optimized.graphs = draw_graphs(model.mod, optimized.fused, ctx.dir, optimized.fusion, model.modules)
-    ctx.results.save(passes=[vars(p) for p in folded + optimized.passes], graphs=optimized.graphs)
-    return optimized
+    return Given(
+        optimized, {"passes": [vars(p) for p in folded + optimized.passes], "graphs": optimized.graphs}
+    )

@@ -19,11 +19,18 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from webapp import timing_slot
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.job import Context, Given, Report
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.build import Built
+    from webapp.pipeline.stages.importers import ImportedModel
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
 
 SESSION_TIMEOUT_S = 3600  # the board ends a session that runs longer
 MAX_ARGS_BYTES = 1 << 30  # a kernel whose arguments take more is not timed alone
@@ -36,11 +43,13 @@ def slug(variant: str, tuned: bool) -> str:
 # ---------------------------------------------------------------- in the pipeline's sandbox
 
 
-def prepare_remote_stage(ctx, report, model, built, quantized) -> None:
+def prepare_remote_stage(
+    ctx: Context, report: Report, model: ImportedModel, built: Built, quantized: QuantizedJob | None
+) -> Given[None]:
     """The benchmark stage of a job timed on a board of the device pool: here only what the board's
     run is checked against; the worker runs the remote stage next, in a sandbox that may reach the
     tracker."""
-    ctx.results.save(**prepare_remote(built, quantized, model, ctx.job, ctx.target, report))
+    return Given(None, prepare_remote(built, quantized, model, ctx.job, ctx.target, report))
 
 
 def on_this_server(mod, inputs: dict) -> list:
@@ -106,6 +115,8 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
     )
     plan = {"builds": builds, "references": list(expected), "classifier": is_classifier(model.outputs)}
     plan |= {"layers": layers} if layers else {}
+    if quantized:  # what the board's layer times join (quantization.layer_speed)
+        plan["quantization"] = quantized.to_json()["quantization"]
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     report(1.0)
     return {"unavailable_runtimes": unavailable, "classifier": plan["classifier"]}
@@ -216,7 +227,9 @@ def run_remote(job: Remote, report) -> dict:
         speed = time_layers(session, dev, folder, plan, board)
     fid = board_fidelity(outs, expected, board["key"], plan["classifier"])
     out = {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
-    return out | ({"layer_speed": speed} if speed else {})
+    if speed and plan.get("quantization"):  # the quantized layers, as timed on the board
+        out["quantization"] = plan["quantization"] | {"layer_speed": speed}
+    return out
 
 
 def board_fidelity(outs: dict, expected: dict, board_key: str, classifier: bool) -> list[dict]:
@@ -296,11 +309,7 @@ def main(argv: list[str]) -> None:
 
     job = Remote.from_argv(argv)
     progress, results = Progress(job.job_dir, STAGES, resume=True), Results(job.job_dir, resume=True)
-    out = progress.run_stage("remote", lambda report: run_remote(job, report)) or {}
-    speed = out.pop("layer_speed", None)
-    if speed and results.data.get("quantization"):  # the quantized layers, as timed on the board
-        out["quantization"] = results.data["quantization"] | {"layer_speed": speed}
-    results.save(**out)
+    results.save(**(progress.run_stage("remote", lambda report: run_remote(job, report)) or {}))
 
 
 if __name__ == "__main__":

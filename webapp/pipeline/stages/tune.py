@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tvm
 import tvm_ffi
@@ -23,9 +24,14 @@ from tvm.s_tir import meta_schedule as ms
 
 from webapp import timing_slot
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.stages.inspect import kernel_flop
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.optimize import Optimized
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
 
 
 class TuningCancelled(Exception):
@@ -388,11 +394,12 @@ def tunes(ctx) -> bool:
     return ctx.options.tune_trials > 0 or (records.is_file() and records.stat().st_size > 0)
 
 
-def tune_stage(ctx, report, optimized, quantized) -> Tuned:
+def tune_stage(
+    ctx: Context, report: Report, optimized: Optimized, quantized: QuantizedJob | None
+) -> Given[Tuned]:
     # the first quantized variant's kernels too (a sweep's others share its workloads)
     qfused = {q.variant: fuse(q.mod, ctx.target) for q in quantized.variants[:1]} if quantized else None
     cancelled = (ctx.dir / "cancel").exists
     trials = ctx.options.tune_trials
     tuned = tune(optimized.fused, ctx.target, ctx.dir / "tuning", trials, report, cancelled, qfused)
-    ctx.results.save(tuning=tuned.to_json())
-    return tuned
+    return Given(tuned, {"tuning": tuned.to_json()})

@@ -7,14 +7,19 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from webapp.catalog import CALIBRATION_MODES, code_file
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
+from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.quantize import Quantized, observe, quantize
 from webapp.pipeline.stages.quantize.scales import pack_bits
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.importers import ImportedModel
 
 
 @dataclass
@@ -181,10 +186,9 @@ def quantizes(ctx, model) -> bool:
     return ctx.options.quantize != "none" or bool((model.prequantized or {}).get("layers"))
 
 
-def quantize_stage(ctx, report, model) -> QuantizedJob:
+def quantize_stage(ctx: Context, report: Report, model: ImportedModel) -> Given[QuantizedJob]:
     job = ctx.job
     quantized = quantize_job(
         model, ctx.target, ctx.options, ctx.dir, job.calibration_data, job.dataset, report
     )
-    ctx.results.save(**quantized.to_json())
-    return quantized
+    return Given(quantized, quantized.to_json())
