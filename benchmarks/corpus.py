@@ -30,8 +30,8 @@ from tests.corpus import MODELS, fetch  # noqa: E402
 from webapp.cli import compile_locally  # noqa: E402
 from webapp.config import Config  # noqa: E402
 from webapp.jobs.worker import close_progress, prepare_job_folder  # noqa: E402
+from webapp.machine.sandbox import run_sandboxed  # noqa: E402
 from webapp.options import JobOptions  # noqa: E402
-from webapp.sandbox import run_sandboxed  # noqa: E402
 
 STAGES = ("import", "optimize", "quantize", "build", "inspect", "benchmark")
 

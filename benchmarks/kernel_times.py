@@ -27,7 +27,7 @@ from record import host_cpu
 
 from webapp.cli import compile_locally
 from webapp.config import Config
-from webapp.repro import archive_name, reproducer_zip
+from webapp.exports.repro import archive_name, reproducer_zip
 
 
 def reproducer_ms(job_dir: Path, results: dict, kernel: str, where: Path) -> tuple[float, float] | None:

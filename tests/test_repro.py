@@ -1,4 +1,4 @@
-"""A kernel's reproducer (webapp/repro.py): downloaded from a finished job, unpacked into an empty
+"""A kernel's reproducer (webapp/exports/repro.py): downloaded from a finished job, unpacked into an empty
 folder and run by its own script with TVM and numpy alone (the project's package cannot be imported),
 it builds the kernel as the job scheduled it, matches the unscheduled kernel, and gives the same
 output as the job's own library."""
@@ -108,7 +108,7 @@ def test_no_reproducer_for_an_unknown_kernel(client):
 
 
 def test_a_kernel_name_from_the_pipeline_cannot_lead_the_zip_out_of_its_folder():
-    from webapp.repro import archive_name
+    from webapp.exports.repro import archive_name
 
     for name in ("../../etc/cron.d/x", 'a"; filename="b', "..", "fused_conv2d_add"):
         safe = archive_name(name)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from webapp.sandbox import run_sandboxed
+from webapp.machine.sandbox import run_sandboxed
 
 
 def run_script(config, tmp_path, code: str):
@@ -157,7 +157,7 @@ print("read:", open("input/model.onnx", "rb").read())
 
 
 def test_a_sandbox_stops_while_another_holds_the_timing_slot(config, tmp_path):
-    """webapp/timing_slot.py: one job times at a time. Job B ticks every 20 ms; job A takes the slot
+    """webapp/machine/timing_slot.py: one job times at a time. Job B ticks every 20 ms; job A takes the slot
     for 2 s meanwhile. B's worker stops B's sandbox while A holds it (no tick inside A's hold, the
     pause counted in B's outcome) and continues it after; A's own worker recognises its sandbox's
     process (the slot's holder, seen across the sandbox's pid namespace) and never stops it."""
@@ -175,7 +175,7 @@ with open("ticks.txt", "w") as f:
 """
     holder = """
 import time
-from webapp import timing_slot
+from webapp.machine import timing_slot
 time.sleep(1)
 with timing_slot.hold("benchmark"):
     time.sleep(2)
@@ -208,8 +208,8 @@ def test_the_timing_slot_survives_what_a_sandbox_can_do_to_its_files(config, tmp
     progress.json shows only as a finite number of seconds or nothing."""
     import json
 
-    from webapp import timing_slot
     from webapp.jobs.store import seconds_or_none
+    from webapp.machine import timing_slot
 
     lock = tmp_path / "timing.lock"
     assert timing_slot.prepare(lock) == lock
@@ -226,7 +226,7 @@ def test_the_timing_slot_survives_what_a_sandbox_can_do_to_its_files(config, tmp
 
     # a job of a worker that could not have the lock file times without the slot, and its record says so
     unusable = replace(config, timing_lock=tmp_path / "link.lock")
-    code = "from webapp import timing_slot\nwith timing_slot.hold('benchmark'):\n    pass\n"
+    code = "from webapp.machine import timing_slot\nwith timing_slot.hold('benchmark'):\n    pass\n"
     outcome, job_dir, log = run_script(unusable, tmp_path, code)
     assert outcome.returncode == 0, log
     assert timing_slot.summary(job_dir)["unheld"] == 1

@@ -22,8 +22,8 @@ from tests.servers import CutProxy, free_port, postgres_server, redis_server, st
 from tests.test_supervision import Prober, get, gone_within, processes_of, submit, wait_finished
 from webapp.jobs.store import JobStore
 from webapp.jobs.worker import Heartbeat, recover_interrupted, run_job
+from webapp.machine.sandbox import run_sandboxed
 from webapp.options import JobOptions
-from webapp.sandbox import run_sandboxed
 
 
 def start(argv: list[str], env: dict, log_path) -> subprocess.Popen:
@@ -171,7 +171,7 @@ def test_a_worker_whose_job_was_taken_over_kills_its_sandbox_at_once(config, tmp
 
 
 def test_two_jobs_on_a_two_worker_server_time_one_at_a_time(config, example_files, tmp_path):
-    """The machine's timing slot (webapp/timing_slot.py) on a 2-worker server: two jobs submitted
+    """The machine's timing slot (webapp/machine/timing_slot.py) on a 2-worker server: two jobs submitted
     together compile side by side, but their timing phases never overlap (the holds' timestamps in
     their results). Meanwhile a third party (this test, as another job would) holds the slot for 3 s:
     both jobs are stopped that long, finish correctly, and their pages say how long."""

@@ -20,7 +20,7 @@ def modules(folder: str):
 KIND_TESTS = {"gpu", "board", "can_run_here", "arch", "clock_ghz"}
 ARCH_NAMES = {"aarch64", "x86_64", "riscv64", "cuda", "opencl", "metal", "webgpu"}
 # the device pool's emulation (QEMU for aarch64, its wheels) and the reproducer's standalone script
-OUTSIDE_THE_RULE = {"webapp/devices/rootfs.py", "webapp/devices/board.py", "webapp/repro_script.py"}
+OUTSIDE_THE_RULE = {"webapp/devices/rootfs.py", "webapp/devices/board.py", "webapp/exports/repro_script.py"}
 
 
 def test_no_module_outside_targets_tests_a_targets_kind_or_architecture():

@@ -78,14 +78,14 @@ print(json.dumps({"mcpu": str(host.tvm.attrs["mcpu"]), "key": host.database_key(
     ],
 )
 def test_playground_host_preset_makes_x86_host_build_another_presets_code(preset, mcpu, key, lanes, dot):
-    """PLAYGROUND_HOST_PRESET: the whole process (and the sandboxes it starts: webapp/sandbox.py passes
-    it on) builds x86-host as that preset, its vectors and dot product with it, its records apart."""
+    """PLAYGROUND_HOST_PRESET: the whole process (and the sandboxes it starts: webapp/machine/sandbox.py
+    passes it on) builds x86-host as that preset, its vectors and dot product with it, its records apart."""
     env = {"PATH": "/usr/bin:/bin", "PLAYGROUND_HOST_PRESET": preset}
     out = subprocess.run([sys.executable, "-c", HOST_AS], env=env, capture_output=True, text=True, check=True)
     host = json.loads(out.stdout)
     assert (host["mcpu"], host["key"], host["lanes"], host["dot"]) == (mcpu, key, lanes, dot)
     assert host["title"].endswith(f"as {preset}")
-    from webapp.sandbox import PASSED_THROUGH
+    from webapp.machine.sandbox import PASSED_THROUGH
 
     assert "PLAYGROUND_HOST_PRESET" in PASSED_THROUGH
 

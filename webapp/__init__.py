@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def create_app(config: Config | None = None) -> Flask:
     from webapp.jobs.queue import JobQueue
-    from webapp.sandbox import check_bubblewrap
+    from webapp.machine.sandbox import check_bubblewrap
     from webapp.web import api, inputs, pages
 
     config = config or Config.from_env()

@@ -233,7 +233,8 @@ CODE_VIEWS = {
 }
 
 
-# a kernel's TIR before scheduling, beside its views: the reference of its reproducer (webapp/repro.py)
+# a kernel's TIR before scheduling, beside its views: the reference of its reproducer
+# (webapp/exports/repro.py)
 UNSCHEDULED_TIR = "views/kernels/{kernel}.unscheduled.py"
 PREPACK_TIR = "views/kernels/{kernel}.prepack.py"  # its weights' repacking, where the schedule has one
 # the small constants the model passes it (scales, clip bounds), by parameter: arg<i> in an .npz

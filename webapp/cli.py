@@ -120,7 +120,7 @@ class Supervised:
 def cmd_worker(args) -> int:
     config = Config.from_env()
     if not config.unsandboxed:
-        from webapp.sandbox import check_bubblewrap
+        from webapp.machine.sandbox import check_bubblewrap
 
         check_bubblewrap()
     from webapp.jobs.own_input import waiting_runs
@@ -202,7 +202,7 @@ TUNING_FILES = ("database_workload.json", "database_tuning_record.json")
 
 def cmd_compile(args) -> int:
     """Like `tvmc compile`: the pipeline on one model, its results in --out and, with -o, a package
-    of the compiled model (webapp.package) that runs with the TVM runtime alone."""
+    of the compiled model (webapp.exports.package) that runs with the TVM runtime alone."""
     if not args.out and not args.output:
         print("error: give --out DIR (the results) or -o model.tar (the package), or both", file=sys.stderr)
         return 2
@@ -212,7 +212,7 @@ def cmd_compile(args) -> int:
             args, out, args.tune_trials, Path(args.tuning_records) if args.tuning_records else None
         )
         if code == 0 and args.output:
-            from webapp.package import make_package
+            from webapp.exports.package import make_package
 
             meta = make_package(out, Path(args.output))
             shapes = ", ".join(f"{s['name']} {s['shape']} {s['dtype']}" for s in meta["inputs"])
@@ -237,7 +237,7 @@ def cmd_tune(args) -> int:
 
 def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> int:
     """The sandboxed pipeline for compile and tune, its stages and benchmark table printed."""
-    from webapp.sandbox import SandboxUnavailable, check_bubblewrap
+    from webapp.machine.sandbox import SandboxUnavailable, check_bubblewrap
 
     config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
     print(f"Compiling {args.model} for {args.target} in {out} ...", flush=True)
@@ -271,8 +271,8 @@ def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> i
 def cmd_run(args) -> int:
     """Like `tvmc run`: a package's model on --inputs (an .npz), in the sandbox unless --no-sandbox:
     the library is code compiled from a model."""
-    from webapp.package import unpack
-    from webapp.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
+    from webapp.exports.package import unpack
+    from webapp.machine.sandbox import SandboxUnavailable, check_bubblewrap, run_sandboxed
 
     config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
     with tempfile.TemporaryDirectory(prefix="tvm-playground-run-") as scratch:

@@ -67,8 +67,8 @@ class Config:
     lost_after_s: float = 60.0
     board_wait_s: float = 900.0  # how long a job waits for a free board before it fails
     rootfs: Path | None = None  # the boards' arm64 root file system (default: in the data folder)
-    # The machine's timing slot (webapp/timing_slot.py): a file on this machine's own disk, the same for
-    # every worker on it (default: /tmp/tvm-playground-timing.lock; not in the data folder, which
+    # The machine's timing slot (webapp/machine/timing_slot.py): a file on this machine's own disk, the
+    # same for every worker on it (default: /tmp/tvm-playground-timing.lock; not in the data folder, which
     # several machines may share)
     timing_lock: Path | None = None
 

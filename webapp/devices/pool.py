@@ -38,7 +38,7 @@ from webapp.devices import tracker as tracker_protocol
 from webapp.devices.rootfs import LIBRARY_PATH, RootfsError, ensure_rootfs
 from webapp.devices.status import read_status
 from webapp.jsonfile import write_json_atomic
-from webapp.sandbox import SandboxUnavailable, check_bubblewrap
+from webapp.machine.sandbox import SandboxUnavailable, check_bubblewrap
 
 BOARD_SCRIPT = Path(__file__).with_name("board.py")
 BOARD_UID = 65500  # + the board's index: not the job sandbox's `nobody`, not each other's

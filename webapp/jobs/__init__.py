@@ -1,2 +1,2 @@
 """Jobs: the store (SQLite or PostgreSQL), the queue (huey), the worker that runs each job in the sandbox
-(webapp/sandbox.py), submission, storage and the shared tuning database."""
+(webapp/machine/sandbox.py), submission, storage and the shared tuning database."""

@@ -19,7 +19,7 @@ from webapp.codeviews import safe_job_file
 from webapp.config import Config
 from webapp.jobs.store import job_store, job_view, read_untrusted_json
 from webapp.jsonfile import write_json_atomic
-from webapp.sandbox import run_sandboxed
+from webapp.machine.sandbox import run_sandboxed
 
 BEAT_S = 10  # the worker rewrites a running run's status this often
 # how an image is prepared for an example (the others: [0, 1] alone); the digits' class names

@@ -20,8 +20,8 @@ from webapp.jobs.own_input import model_references
 from webapp.jobs.store import job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
+from webapp.machine.sandbox import run_sandboxed
 from webapp.options import JobOptions
-from webapp.sandbox import run_sandboxed
 
 
 def worker_name(config: Config) -> str:

@@ -1,4 +1,4 @@
-"""The TVM work. Runs only inside the sandbox (webapp/sandbox.py):
+"""The TVM work. Runs only inside the sandbox (webapp/machine/sandbox.py):
 
 python -m webapp.pipeline JOB_DIR
 """

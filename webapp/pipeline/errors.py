@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from webapp.sandbox import MEMORY_WORDS
+from webapp.machine.sandbox import MEMORY_WORDS
 
 
 class StageError(Exception):

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from webapp import timing_slot
 from webapp.jsonfile import write_json_atomic
+from webapp.machine import timing_slot
 from webapp.options import JobOptions
 from webapp.pipeline import steps
 from webapp.pipeline.errors import StageError, error_message
@@ -79,7 +79,7 @@ class Results:
 
 def failed(exc: BaseException) -> str:
     """A stage's failure: its traceback in the log, then the message the user reads (last, where the
-    sandbox looks for a limit that ended the run: webapp.sandbox.describe_exit)."""
+    sandbox looks for a limit that ended the run: webapp.machine.sandbox.describe_exit)."""
     traceback.print_exc()
     message = error_message(exc)
     print(message, file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ class Target:
     # the project's TIR rewrites its host code gets before TVM lowers it, by name
     # (webapp.pipeline.passes.lowering.TIR_REWRITES)
     tir_rewrites: ClassVar[tuple[str, ...]] = ()
-    reproducible: ClassVar[bool] = True  # a kernel's TIR runs alone (a reproducer, webapp/repro.py)
+    reproducible: ClassVar[bool] = True  # a kernel's TIR runs alone (a reproducer, webapp/exports/repro.py)
     # the kernels' assembly as llvm-mca, the linter and the hot-loop finder read it (webapp.asm); None:
     # not read (a GPU's assembly is its host side's, which launches the kernels)
     dialect: ClassVar[Dialect | None] = None

@@ -35,10 +35,10 @@ from webapp.catalog import (
 )
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
+from webapp.exports.repro import archive_name, reproducer_zip
 from webapp.jobs.submit import SubmitError, resubmit_job
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
-from webapp.repro import archive_name, reproducer_zip
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
 from webapp.web.chart import bench_chart
@@ -523,7 +523,7 @@ def files(job_id: str, name: str):
 
 @bp.get("/r/<job_id>/repro/<path:kernel>.zip")
 def reproducer(job_id: str, kernel: str):
-    """A kernel's reproducer (webapp/repro.py), packed from the job's texts when asked."""
+    """A kernel's reproducer (webapp/exports/repro.py), packed from the job's texts when asked."""
     job = view_or_404(job_id)
     data = job["status"] in FINISHED and reproducer_zip(ctx()[1].job_dir(job_id), job["results"], kernel)
     if not data:

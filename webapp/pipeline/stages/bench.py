@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from webapp import timing_slot
+from webapp.machine import timing_slot
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
@@ -252,8 +252,8 @@ def benchmark(
     """executables: {(variant, tuned): TVM executable}; references: {"pytorch": model.pt2, "onnxruntime":
     model.onnx}, the uploaded model (`reference_variant`: "int8" for a pre-quantized one), on a CUDA
     `dev`'s GPU where their runtime can (every build then also checked on the CPU). Holding the timing
-    slot (webapp/timing_slot.py), it waits for a quiet machine (quiet_wait_s in all, timing.py), and every
-    runtime runs on the cores others leave free (`fewer_threads`: benchmarks/contention.py says why)."""
+    slot (webapp/machine/timing_slot.py), it waits for a quiet machine (quiet_wait_s in all, timing.py), and
+    every runtime runs on the cores others leave free (`fewer_threads`: benchmarks/contention.py says why)."""
     # the machine's timing slot from the runtimes' loading on: the cores counted free are free of our jobs
     with timing_slot.hold("benchmark"):
         on_cuda = reference_cuda(dev)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from webapp import timing_slot
+from webapp.machine import timing_slot
 
 # The VM reads a value a kernel computed (an If's condition, a shape from a tensor): a run with its
 # kernels skipped would decide on stale memory, so the VM's own work is not measured that way

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from webapp import timing_slot
+from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.job import Context, Given, Report
 

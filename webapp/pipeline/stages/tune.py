@@ -22,7 +22,7 @@ from tvm import s_tir
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from webapp import timing_slot
+from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.legalize import fuse
@@ -104,7 +104,7 @@ def readable(record: str, workloads: list[str], scratch: Path) -> bool:
 @derived_object
 class InTimingSlot(ms.runner.PyRunner):
     """A runner that measures each batch of candidates with the machine's timing slot held
-    (webapp/timing_slot.py): the builds go on beside other jobs, the measurements do not."""
+    (webapp/machine/timing_slot.py): the builds go on beside other jobs, the measurements do not."""
 
     def __init__(self, inner: ms.runner.Runner):
         self.inner = inner

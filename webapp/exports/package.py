@@ -1,6 +1,6 @@
 """A compiled model as one file, loadable with the TVM runtime alone: `tvm-playground compile -o
 model.tar` packs a finished job's library with what it takes and returns, and the standalone runner
-(webapp/package_run.py, as run.py) that `tvm-playground run` and any TVM install can use."""
+(webapp/exports/package_run.py, as run.py) that `tvm-playground run` and any TVM install can use."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Reproduces one kernel of a TVM Playground job, with apache-tvm and numpy alone (shipped as run.py in
-the kernel's reproducer, /r/<job>/repro/<kernel>.zip; webapp/repro.py packs it).
+the kernel's reproducer, /r/<job>/repro/<kernel>.zip; webapp/exports/repro.py packs it).
 
 The folder holds the kernel's TIR as the job scheduled it (kernel.py), the same kernel before
 scheduling (reference.py), the job's TVM target (target.json) and, where the model calls it with them,

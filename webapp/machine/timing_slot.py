@@ -9,7 +9,8 @@ never takes it, so jobs compile side by side.
 While one job holds it the others are stopped: each worker asks every 0.1 s who holds the slot (`holder`:
 F_GETLK answers with the holder's process id, as this process sees it, even across the sandbox's pid
 namespace, so a job cannot pass for another) and, when it is not a process of its own sandbox, stops
-every process of that sandbox (SIGSTOP) until the slot is free (`Pauser`, in webapp/sandbox.py's loop).
+every process of that sandbox (SIGSTOP) until the slot is free (`Pauser`, in webapp/machine/sandbox.py's
+loop).
 SIGSTOP is no jail: processes of a hostile sandbox can continue each other; then its stopped time is
 not counted as such (its wall-clock limit keeps running), and the timing it disturbed says so in its
 conditions. (A cgroup freezer would hold it; not used, since no cgroup can be created everywhere this

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from webapp import timing_slot
 from webapp.config import Config
+from webapp.machine import timing_slot
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_UID = 65534  # nobody, when the worker runs as root
 
 
@@ -31,7 +31,7 @@ class Outcome:
     returncode: int
     limit: str | None  # a message naming the limit that ended the run, if one did
     seconds: float
-    paused_s: float = 0.0  # stopped while other jobs timed (webapp/timing_slot.py)
+    paused_s: float = 0.0  # stopped while other jobs timed (webapp/machine/timing_slot.py)
 
 
 class SandboxUnavailable(RuntimeError):

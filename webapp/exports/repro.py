@@ -1,6 +1,6 @@
 """A kernel's reproducer (/r/<job>/repro/<kernel>.zip): its TIR as the job scheduled it, the same kernel
 before scheduling, its weight repacking where it has one, the job's TVM target, and a script
-(webapp/repro_script.py, as run.py) that builds and checks it with apache-tvm and numpy alone. Packed
+(webapp/exports/repro_script.py, as run.py) that builds and checks it with apache-tvm and numpy alone. Packed
 from the texts the job's inspect stage wrote; nothing of them runs here."""
 
 from __future__ import annotations
