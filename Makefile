@@ -24,6 +24,7 @@ serve: setup
 test: setup-test
 	$(VENV)/bin/ruff check webapp tests benchmarks
 	$(VENV)/bin/lint-imports  # the layering contracts in pyproject.toml
+	$(VENV)/bin/mypy  # the types, over webapp/ ([tool.mypy] in pyproject.toml)
 	$(VENV)/bin/python -m pytest -ra -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 	# the tests whose outcome depends on the instruction set, again as on an AVX2-only CPU (no AVX-512,
 	# no VNNI): x86-host builds the x86-avx2 preset's code (webapp/targets/x86.py)
@@ -53,6 +54,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 lint: setup-test
 	$(VENV)/bin/ruff check webapp tests benchmarks
 	$(VENV)/bin/ruff format --check webapp tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) data

@@ -77,4 +77,5 @@ def limit_submissions(app: Flask, config: Config) -> None:
     storage = config.redis_url or "memory://"
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, headers_enabled=True)
     for endpoint in ("api.create_job", "pages.submit", "inputs.submit", "inputs.api_submit"):
-        app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])
+        # flask-limiter types its decorator's result as its async overload's: a Flask view all the same
+        app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])  # type: ignore[assignment]

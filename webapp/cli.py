@@ -93,6 +93,8 @@ class Supervised:
     """A child process of `serve`, started again when it exits: after 1 s, doubling up to 30 s
     while it keeps exiting within a minute of its start."""
 
+    restart_at: float | None  # when to start it again, once it exited
+
     def __init__(self, name: str, argv: list[str]):
         self.name, self.argv, self.delay = name, argv, 0.5
         self.proc = subprocess.Popen(argv)

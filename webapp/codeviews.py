@@ -62,6 +62,7 @@ MODULE = "__module__"  # the kernel choice that means the whole generated module
 def changed_passes(passes: list[dict]) -> list[dict]:
     """The passes that changed the Relax IR (only they have a text), numbered 1, 2, ... among
     themselves, each with how many unchanged passes ran since the one before it."""
+    out: list[dict]
     out, skipped = [], 0
     for p in passes:
         if p.get("file"):
@@ -189,6 +190,7 @@ def code_view(
     kernels = sorted((k["name"] for k in results.get("kernels", [])), key=natural_key)
     passes = changed_passes(results.get("passes", []))
     download = None
+    rel: str | None  # None: a view without a file
     if view in KERNEL_VIEWS:
         if kernel not in kernels and not (kernel == MODULE and view in modules):
             kernel = kernels[0] if kernels else ""
@@ -214,7 +216,7 @@ def code_view(
         text = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "before", "after"))
         lexer = "diff"
     loop, by_mca = None, False
-    row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
+    row: dict = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     if view in ("asm", "sass") and kernel != MODULE and text:
         text = text if asm_all or view == "sass" else filter_asm(text)
         if view == "asm":

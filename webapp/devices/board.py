@@ -16,12 +16,13 @@ import os
 import socket
 import sys
 import time
+from typing import NoReturn
 
 import tvm_ffi
 from tvm.rpc import base, server
 
 
-def main() -> None:
+def main() -> NoReturn:  # serves until the pool stops it
     parser = argparse.ArgumentParser()
     parser.add_argument("--key", required=True, help="the tracker key, e.g. rpi5")
     parser.add_argument("--name", required=True, help="this board, e.g. 'rpi5 (emulated: QEMU cortex-a76)'")

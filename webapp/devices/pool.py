@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from webapp import targets
 from webapp.config import Config
@@ -67,9 +68,14 @@ class Board:
 
 
 def emulated_boards() -> list[Board]:
-    presets = targets.emulated_boards()
+    presets = targets.emulated_boards()  # each names its board: timed_on_board is a str
     return [
-        Board(f"{t.timed_on_board} (emulated: QEMU {t.core})", t.timed_on_board, t.core, BOARD_UID + i)
+        Board(
+            f"{t.timed_on_board} (emulated: QEMU {t.core})",
+            cast(str, t.timed_on_board),
+            t.core,
+            BOARD_UID + i,
+        )
         for i, t in enumerate(presets)
     ]
 
@@ -218,6 +224,7 @@ def board_command(
         args += ["setpriv", f"--reuid={board.uid}", f"--regid={board.uid}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
     if script_args is None:
+        assert board.listener is not None  # the pool's start_board made it
         script_args = ["--key", board.key, "--name", board.name, "--port", str(board.port)]
         script_args += ["--listen-fd", str(board.listener.fileno()), "--tracker", "/sockets/tracker.sock"]
         script_args = ["/board.py", *script_args]
@@ -327,6 +334,7 @@ class Pool:
         if os.geteuid() == 0:
             for path in (folder, folder / "tmp"):
                 os.chown(path, board.uid, board.uid)
+        assert self.rootfs is not None  # a board starts once the root file system is built (check)
         command = board_command(self.config, board, self.rootfs, folder, sockets)
         with open(self.config.devices_dir / "boards" / f"{board.key}.log", "ab") as log:
             board.proc = subprocess.Popen(
@@ -339,6 +347,7 @@ class Pool:
     def check(self) -> None:
         """Once a second: restart what died (not too often), and say how the pool stands."""
         now = time.monotonic()
+        assert self.tracker is not None  # started before the first check (run_pool)
         if self.tracker.poll() is not None and now >= self.tracker_restart_at:
             self.tracker_exits += 1
             self.log(f"tracker exited ({self.tracker.returncode}); restarting it")

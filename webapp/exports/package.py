@@ -8,6 +8,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import IO, cast
 
 import tvm
 
@@ -75,4 +76,5 @@ def unpack(package: Path, folder: Path) -> None:
             member = tar.getmember(name)
             if not member.isfile():
                 raise ValueError(f"{name} in {package} is not a file")
-            (folder / name).write_bytes(tar.extractfile(member).read())
+            # a regular file (isfile above): extractfile gives its reader, not None
+            (folder / name).write_bytes(cast(IO[bytes], tar.extractfile(member)).read())

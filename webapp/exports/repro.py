@@ -33,7 +33,7 @@ def archive_name(kernel: str) -> str:
 
 def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
     """The zip of one kernel of a finished CPU build, or None (no such kernel, or its texts are gone)."""
-    row = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
+    row: dict = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     target = (results.get("target") or {}).get("tvm")
     if not row.get("reproducer") or not target:
         return None
@@ -67,6 +67,7 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
         for name, path in parts.items():
+            assert path is not None  # each was checked above
             if path.stat().st_size > MAX_TEXT_BYTES:  # the sandbox wrote it: no unbounded read here
                 return None
             z.writestr(f"{folder}/{name}", path.read_bytes())

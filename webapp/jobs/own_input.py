@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from webapp.catalog import EXAMPLES
 from webapp.codeviews import safe_job_file
@@ -110,7 +111,8 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
     write_json_atomic(status_file(folder), status)
     error = None
     try:
-        prepare(config, job_view(store, job_id), folder)
+        # the run's job (a run is made for one): a job gone meanwhile fails in prepare, said below
+        prepare(config, cast(dict, job_view(store, job_id)), folder)
         command = [sys.executable, "-m", "webapp.pipeline.own_input", str(folder)]
         last = [time.monotonic()]
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import IO, NamedTuple
 
 from webapp.catalog import EXAMPLES
 from webapp.config import Config
@@ -54,10 +54,10 @@ def submit_job(
     store: JobStore,
     queue: JobQueue,
     form: Mapping[str, str],
-    upload: BinaryIO | None,
+    upload: IO[bytes] | None,
     filename: str = "",
-    tuning_files: dict[str, BinaryIO] | None = None,
-    calibration: BinaryIO | None = None,
+    tuning_files: dict[str, IO[bytes]] | None = None,
+    calibration: IO[bytes] | None = None,
     client: str = "",
 ) -> Submitted:
     """Check the request, save the upload into a new job folder (each input file kept once by its
@@ -218,7 +218,7 @@ def check_zip(path: Path, what: str, max_mb: int) -> None:
         )
 
 
-def save_upload(upload: BinaryIO, head: bytes, path, max_mb: int) -> None:
+def save_upload(upload: IO[bytes], head: bytes, path, max_mb: int) -> None:
     limit, size = max_mb << 20, len(head)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as out:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
@@ -125,8 +126,10 @@ def run_job(config: Config, job_id: str) -> None:
     job, me = store.get(job_id), worker_name(config)
     if job is None or not store.claim(job_id, me):  # gone, or another worker's (a repeated message)
         return
-    job_dir, started = store.job_dir(job_id), store.get(job_id)["started"]
+    # claimed just now: the job is there, its "started" this attempt's
+    job_dir, started = store.job_dir(job_id), cast(dict, store.get(job_id))["started"]
     give_up_s = config.lost_after_s - config.heartbeat_s
+    error: dict | None
     with Heartbeat(store, job_id, me, config.heartbeat_s, give_up_s) as beat:
         try:
             prepare_job_folder(config, job_dir, job["options"])

@@ -34,6 +34,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ENV = "PLAYGROUND_TIMING_SLOT"  # where the sandbox finds the lock file (bound into it)
 RECORD = "timing-slot.jsonl"  # in the job folder: one line per hold
@@ -163,7 +164,7 @@ def summary(job_dir: Path) -> dict | None:
     for line in lines:
         try:
             got = json.loads(line)
-            row = {key: float(got[key]) for key in ("waited_s", "start", "end")}
+            row: dict[str, Any] = {key: float(got[key]) for key in ("waited_s", "start", "end")}
             row |= {"phase": str(got["phase"]), "held": bool(got["held"])}
         except (ValueError, TypeError, KeyError):
             continue
@@ -199,6 +200,9 @@ class Pauser:
     state T at a poll; a sandbox whose processes continue each other is not counted as stopped). A
     holder, known by its pid namespace, stops it MAX_PAUSE_S in all at most. `close()` continues it."""
 
+    held_by: int | None
+    members: list[int]
+
     def __init__(self, path: Path | None, root: int):
         self.path, self.root = path, root
         self.pausing = False  # stopping the sandbox now
@@ -232,6 +236,7 @@ class Pauser:
             pid, below = None, []
         other = pid is not None and pid != self.root and pid not in below
         if other:
+            assert pid is not None  # `other` says so
             self.key = namespace(pid)
             other = self.spent.get(self.key, 0.0) < MAX_PAUSE_S  # a holder that never lets go
         if other:

@@ -9,6 +9,7 @@ dynamo exporter, which keeps each node's module path).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -186,7 +187,7 @@ def train_digits(model: nn.Module, epochs: int = 40) -> nn.Module:
     from webapp.pipeline.datasets import digits
 
     x, y, _, _ = digits()
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)  # type: ignore[assignment]  # the arrays as tensors
     generator = torch.Generator().manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     threads = torch.get_num_threads()
@@ -241,7 +242,7 @@ def hugging_face(name: str) -> nn.Module:
     return LastOutput(hf.LlamaForCausalLM(config), "logits")
 
 
-BUILDERS = {
+BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "cnn-small": SmallCNN,
     "resnet18": lambda: ResNet(BasicBlock, [2, 2, 2, 2]),
@@ -261,6 +262,7 @@ def build_example(name: str) -> nn.Module:
     # Random BatchNorm statistics, so that the folded scales are not all ones.
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # tracked: the default
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
     return model.eval()

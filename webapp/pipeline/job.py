@@ -96,7 +96,7 @@ class Progress:
         self.budgets = budgets or {}  # stage -> seconds it may run (the watchdog ends the job past it)
         self.running = ""  # the stage running now: the one whose budget the watchdog (watch) checks
         self.stages = [{"name": s, "status": "pending", "seconds": None, "progress": None} for s in stages]
-        self.error = None
+        self.error: dict[str, str] | None = None
         if resume:  # a later process (the remote stage) goes on where the pipeline stopped
             self.stages = json.loads(self.path.read_text())["stages"]
         self.started = self.stopped = self.waited_before = 0.0  # the running stage's (stage_seconds)

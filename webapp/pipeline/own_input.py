@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ def image_input(path: Path, spec: dict, prepare: dict) -> tuple[np.ndarray, str]
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
     _, channels, height, width = spec["shape"]
     try:
-        image = Image.open(path)  # reads the header only
+        image: Image.Image = Image.open(path)  # reads the header only
         if image.width * image.height > MAX_PIXELS:
             raise InputError(f"The image is {image.width}×{image.height}: more than {MAX_PIXELS:,} pixels.")
         image.load()
@@ -103,7 +104,7 @@ def split_runs(arrays: list[np.ndarray], specs: list[dict]) -> list[list[np.ndar
     """The inputs of each run: an array that holds its input (of a fixed first dimension) N times
     along its first axis is cut into N (every such input the same N); a scalar, an input whose first
     dimension is free, or one given once beside stacked ones goes whole into each run."""
-    counts = []
+    counts: list[int | None] = []
     for a, spec in zip(arrays, specs, strict=True):
         first = spec["shape"][0] if spec["shape"] else None
         if a.ndim == 0 or not isinstance(first, int):
@@ -142,7 +143,7 @@ def callers(spec: dict, run_dir: Path) -> dict:
     )
 
     threads = int(spec.get("threads", 1))
-    out = {}
+    out: dict[str, Callable[..., list[np.ndarray]]] = {}
     for label, lib in spec["libraries"].items():
         main = relax.VirtualMachine(tvm.runtime.load_module(str(run_dir / lib)), tvm.cpu())["main"]
         out[label] = lambda xs, f=main: flatten_outputs(f(*[tvm.runtime.tensor(x) for x in xs]))
@@ -228,7 +229,8 @@ def run(run_dir: Path) -> dict:
     out_dir = run_dir / "files"
     out_dir.mkdir(exist_ok=True)
     saved = {f"{label}/{i}": a for label, arrays_ in outputs.items() for i, a in enumerate(arrays_)}
-    np.savez_compressed(out_dir / "outputs.npz", **saved)
+    # numpy's stub: **kwds might name its allow_pickle (bool)
+    np.savez_compressed(out_dir / "outputs.npz", **saved)  # type: ignore[arg-type]
     return {
         "inputs": [
             {"name": s["name"], "shape": list(a.shape), "dtype": str(a.dtype)}

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from webapp.asm import Dialect
 
@@ -53,6 +53,25 @@ class Target:
     # not read (a GPU's assembly is its host side's, which launches the kernels)
     dialect: ClassVar[Dialect | None] = None
     mca_triple: ClassVar[str] = ""  # llvm-mca's -mtriple for its code
+    # 8-bit activations as its int8 kernels multiply them ("uint8", "int8"): each family says
+    activation_dtype: ClassVar[str]
+    # GPUs' device modules (webapp.targets.gpu.GPU): declared only, without a value, so that a kind
+    # without them has none (targets.device_lexers asks getattr(kind, "lexer", None))
+    language: ClassVar[str]  # what the device module is written in
+    lexer: ClassVar[str]  # the Pygments lexer that colours it
+    source_suffix: ClassVar[str]  # of the whole device module's download: device.<suffix>
+    binaries: ClassVar[bool]  # its device code is also assembled here (CUDA: PTX and SASS)
+
+    if TYPE_CHECKING:  # declared for the type checker only: a kind without them has no such attribute
+
+        @property
+        def core(self) -> str:
+            """A board's CPU core as QEMU names it (Arm); targets.emulated_boards asks hasattr(t, "core")."""
+            ...
+
+        def vector_shape(self) -> tuple[int, int]:
+            """(float32 lanes per vector register, number of vector registers): the CPU kinds'."""
+            ...
 
     # --- what the web process may ask (no TVM) ---
     @property
@@ -150,6 +169,26 @@ class Target:
         where = self.runs_on.removeprefix("nowhere here: ")
         return f"compiled for {self.name}; {where}, so nothing was timed"
 
+    def device(self):
+        """The TVM device that runs its code."""
+        raise NotImplementedError
+
+    def device_name(self) -> str:
+        """That device, in words."""
+        raise NotImplementedError
+
+    def legalize_passes(self) -> list:
+        """TVM's passes from Relax (after the rewrites) to fused TIR kernels (before scheduling)."""
+        raise NotImplementedError
+
+    def lower_passes(self) -> list:
+        """Scheduled kernels -> a module ready for tvm.compile(..., relax_pipeline=None)."""
+        raise NotImplementedError
+
+    def export_library(self, executable, path: str) -> None:
+        """Writes the built library to `path`, linked for the target."""
+        raise NotImplementedError
+
     def device_module(self, host):
         """The device module its host module imports (GPUs); None: the code is all in the host's."""
         return None
@@ -226,7 +265,8 @@ class LLVMCPU(Target):
 
     # Integer dot-product instructions the kind may have, widest first: (name, int32 lanes,
     # activation dtype, LLVM intrinsic, the target feature that has it). Each lane adds 4 products.
-    dot_instructions: ClassVar[tuple[tuple[str, int, str, str, str], ...]] = ()
+    # The intrinsic is a tuple where there is no dot product: (the mnemonic, the LLVM intrinsics).
+    dot_instructions: ClassVar[tuple[tuple[str, int, str, str | tuple[str, ...], str], ...]] = ()
     activation_dtype: ClassVar[str] = "uint8"  # 8-bit activations as its dot product multiplies them
     # The assembly mnemonic that multiplies the int8 kernels' 8-bit values, by the dot instruction
     # the target has (None: it has none, and the products are widened first).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from flask import abort, current_app, request, url_for
 
 from webapp.jobs.storage import delete_job
@@ -68,7 +70,7 @@ def submit_from_request() -> Submitted:
         queue,
         form,
         upload.stream if upload else None,
-        upload.filename if upload else "",
+        cast(str, upload.filename) if upload else "",  # an upload without a filename was dropped above
         tuning,
         calibration.stream if calibration is not None and calibration.filename else None,
         request.remote_addr or "",

@@ -207,7 +207,10 @@ def graph_diff(
             fused = [sorted(re.sub(r"\d+(?=_|$)", "", n["label"]) for n in side) for side in sides]
             if fused[0] != fused[1]:  # the ops fused into its kernels (their names, numbering left out)
                 why.append(f"kernels: {', '.join(fused[0])} → {', '.join(fused[1])}")
-            ms = [sum(n["ms"] for n in side) if all(n.get("ms") for n in side) else None for side in sides]
+            # each side's ms a call, None where a call is untimed: two numbers past `ms[0] and ms[1]`
+            ms: list = [
+                sum(n["ms"] for n in side) if all(n.get("ms") for n in side) else None for side in sides
+            ]
             if ms[0] and ms[1] and max(ms) / min(ms) >= TIME_CHANGE:
                 faster = f"{ms[0] / ms[1]:.2f}× faster" if ms[1] < ms[0] else f"{ms[1] / ms[0]:.2f}× slower"
                 why.append(f"time: {ms[0]:.4f} → {ms[1]:.4f} ms a call (B {faster})")
@@ -226,7 +229,7 @@ def drawn_diff(dir_a: Path, dir_b: Path, kernels_a: list[dict], kernels_b: list[
     paths = [safe_job_file(d, "views/graph-fused.json") for d in (dir_a, dir_b)]
     graphs = [read_untrusted_json(p) if p else None for p in paths]
     try:
-        return graph_diff(*graphs, kernels_a, kernels_b)
+        return graph_diff(graphs[0], graphs[1], kernels_a, kernels_b)
     except Exception:  # any shape a sandbox could give it
         return {}
 

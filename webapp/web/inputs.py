@@ -8,6 +8,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
+from typing import cast
 
 from flask import Blueprint, abort, jsonify, redirect, render_template, request, send_file, url_for
 from werkzeug.exceptions import BadRequest
@@ -76,6 +77,7 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
     status = read_untrusted_json(status_file(folder)) if folder else None
     if not isinstance(status, dict):
         return None
+    assert folder is not None  # the status was read from it
     view = {
         "id": run_id,
         "job": job_id,
@@ -134,7 +136,7 @@ def clean_result(result: dict) -> dict:
     for row in items(result.get("runtimes"), 8):
         if not isinstance(row, dict):
             continue
-        against = row.get("against") if isinstance(row.get("against"), dict) else {}
+        against = cast(dict, row.get("against")) if isinstance(row.get("against"), dict) else {}
         top5 = [c for c in items(row.get("top5"), 5) if isinstance(c, list) and len(c) == 2]
         rows.append(
             {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from typing import Any, cast
 
 from flask import (
     Blueprint,
@@ -21,6 +22,7 @@ from flask import (
 )
 from markupsafe import Markup
 from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.wrappers import Response as BaseResponse
 
 from webapp.catalog import (
     CALIBRATION_MODES,
@@ -140,6 +142,7 @@ ERROR_TEXT = {
 def http_error(e: HTTPException):
     """Every error as a styled page, or as JSON for a .json URL and the API."""
     status = e.code or 500
+    message: str | None
     if status == 413 and not wants_json():
         config, _, _ = ctx()
         message = f"The file is larger than this server's limit of {config.max_upload_mb} MB."
@@ -208,11 +211,12 @@ def submit():
     return to_result(job)
 
 
-def to_result(job) -> Response:
+def to_result(job) -> BaseResponse:
     """The answer to a submission from a browser: its result page, and the cookies that make the
     result this browser's own (the compare picker's list, the delete link's token)."""
     response = redirect(
-        url_for("pages.result", job_id=job.id, **({"reused": 1} if job.reused else {})), code=303
+        url_for("pages.result", job_id=job.id, **cast(dict[str, Any], {"reused": 1} if job.reused else {})),
+        code=303,
     )
     # this browser's own results, newest first: the compare picker lists them first
     mine = [job.id, *own_results(but=job.id)]
@@ -416,7 +420,7 @@ def code(job_id: str):
 
     response = cached_page(job_id, render)
     if request.headers.get("HX-Request"):  # the page's picker: its address says the selection (history)
-        chosen = {
+        chosen: dict[str, Any] = {
             k: v for k, v in request.args.items() if k in CODE_ARGS and v and (k, v) != ("graph", "fused")
         }
         response.headers["HX-Push-Url"] = url_for("pages.result", job_id=job_id, **chosen) + "#code"

@@ -22,6 +22,8 @@ still names every kernel's source layers.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tvm
@@ -99,7 +101,7 @@ def static_shape(ty) -> list[int] | None:
 # and shift): FoldConstant would build and compile a TIR function for each one, ~15 ms apiece (1,426
 # of them on DenseNet-121, a third of its optimize stage). Arithmetic is folded for floats only
 # (numpy and TVM round +, -, *, /, sqrt alike; integer division differs).
-ARITHMETIC = {
+ARITHMETIC: dict[str, Callable[..., Any]] = {
     "relax.add": lambda a, b: a + b,
     "relax.subtract": lambda a, b: a - b,
     "relax.multiply": lambda a, b: a * b,
@@ -132,7 +134,7 @@ def numpy_value(call, values: list, ty):
 class NumpyFold(relax.PyExprMutator):
     """Bindings of shape ops and float arithmetic on constants bound to their values, each var kept."""
 
-    def __init__(self, mod=None):
+    def __init__(self, mod=None) -> None:
         super().__init__(mod)
         self.values: dict = {}
 

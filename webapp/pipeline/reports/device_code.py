@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 from webapp.catalog import code_file
 from webapp.targets import Target
@@ -82,9 +83,13 @@ def cuda_binaries(source: str, sm: str) -> tuple[str, str, str]:
         )
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "device.cu").write_text(source)
-        run_tool([tools["nvcc"], "-ptx", f"-arch={sm}", "-w", "device.cu", "-o", "device.ptx"], tmp)
-        report = run_tool([tools["ptxas"], "-v", f"-arch={sm}", "device.ptx", "-o", "device.cubin"], tmp)
-        sass = run_tool([tools["nvdisasm"], "-c", "device.cubin"], tmp)
+        run_tool(
+            [cast(str, tools["nvcc"]), "-ptx", f"-arch={sm}", "-w", "device.cu", "-o", "device.ptx"], tmp
+        )
+        report = run_tool(
+            [cast(str, tools["ptxas"]), "-v", f"-arch={sm}", "device.ptx", "-o", "device.cubin"], tmp
+        )
+        sass = run_tool([cast(str, tools["nvdisasm"]), "-c", "device.cubin"], tmp)
         return Path(tmp, "device.ptx").read_text(), sass, report
 
 
@@ -153,7 +158,7 @@ def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -
     whole = f"device.{target.source_suffix}"
     (files / whole).write_text(source)
     parts = {"device": (functions(source), whole)}
-    out = {"language": target.language, "kind": target.kind, "file": whole, "kernels": {}}
+    out: dict[str, Any] = {"language": target.language, "kind": target.kind, "file": whole, "kernels": {}}
     resources: dict[str, dict] = {}
     if target.binaries:
         sm = str(target.spec["arch"])
@@ -170,7 +175,7 @@ def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -
             resources = ptxas_resources(report)
             out.update(sm=sm, ptx="device.ptx", sass="device.sass")
     for kernel in kernels:
-        entry = {}
+        entry: dict[str, Any] = {}
         for view, (funcs, _) in parts.items():
             names = of_kernel(kernel, funcs)
             (job_dir / code_file(view, kernel)).write_text("\n".join(funcs[n] for n in names))

@@ -10,6 +10,7 @@ calling it again on its result changes nothing.
 from __future__ import annotations
 
 from statistics import median
+from typing import Any, cast
 
 from webapp.naming import natural_key, speed_words
 from webapp.pipeline.reports import lint
@@ -30,7 +31,7 @@ FIDELITY_FIELDS = ("variant", "tuned", "reference", "max_abs_err", "cosine", "sq
 
 def derive(results: dict) -> dict:
     """Keys to merge into result.json at the end of the job (and after each stage, from what is known)."""
-    facts = {}
+    facts: dict[str, dict | None] = {}
     if results.get("benchmarks"):
         facts["benchmark_summary"] = benchmark_summary(results)
     if results.get("quantization"):
@@ -213,7 +214,7 @@ def layer_slower(row: dict, variant: str) -> dict:
 
 
 # Why the build did not try the layers that were slower in float (layer_speed's "not_tried")
-NOT_TRIED = {
+NOT_TRIED: dict[str | None, str] = {
     "all_slower": (
         "no layer was faster quantized: the build keeps them quantized, as asked; the float build is "
         "model-fp32.so, timed against this one above"
@@ -273,7 +274,7 @@ def quantization_summary(results: dict) -> dict:
         "quant_ms": quant_ms,
         "speedup": speedup,  # fp32's time over the quantized build's, of rounds timed side by side
         "uncertain": uncertainty(results, pair, variant, "TVM fp32") if pair else None,
-        "why_no_speedup": why_no_speedup(results, variant, fp32_ms, quant_ms)
+        "why_no_speedup": why_no_speedup(results, variant, cast(float, fp32_ms), cast(float, quant_ms))
         if speedup is not None and speedup < NO_SPEEDUP_BELOW
         else None,
         "fp32_top1": fp32_top1,
@@ -303,7 +304,9 @@ def sweep_summary(results: dict) -> dict:
     }
     fid = {f["variant"]: f for f in results.get("fidelity", []) if f["reference"] == "tvm fp32"}
     accuracy = {a["variant"]: a for a in results.get("accuracy", []) if not a["tuned"]}
-    rows = [{"variant": "fp32", "bits": 32, "calibration": "", "status": "done", "mode": "float32"}]
+    rows: list[dict[str, Any]] = [
+        {"variant": "fp32", "bits": 32, "calibration": "", "status": "done", "mode": "float32"}
+    ]
     rows += [dict(v) for v in sweep.get("variants", [])]
     rows += [
         {**f, "bits": None, "calibration": "", "status": "failed", "mode": ""}
@@ -567,5 +570,5 @@ def headline(results: dict, facts: dict) -> dict:
         | {"mcpu": (target.get("tvm") or {}).get("mcpu")},
         "speed": speed_line(results),
         "quantized": quantized,
-        "look_next": look_next(results, summary, quantized and quantized["sqnr_db"]),
+        "look_next": look_next(results, summary, cast("float | None", quantized and quantized["sqnr_db"])),
     }

@@ -330,7 +330,7 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
             call_of.update(dict.fromkeys(fusion.sites.get(node["binding"], []), node["id"]))
     calls = {n["id"]: n for n in fused["nodes"]}
     by_layer = {layer: n for n in fused["nodes"] for layer in n.get("layers", [])}
-    inputs = {}
+    inputs: dict[str, list[str]] = {}
     for e in imported["edges"]:
         inputs.setdefault(e["dst"], []).append(e["src"])
     nodes = {n["id"]: n for n in imported["nodes"]}

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 from webapp.asm import Dialect, loop_body, loop_ops
 from webapp.catalog import code_file
@@ -42,7 +43,7 @@ def parse(report: str) -> dict:
         return float(m.group(1)) if m else None
 
     iterations, cycles = number("Iterations"), number("Total Cycles")
-    out = {
+    out: dict[str, float | str | None] = {
         "cycles_per_iteration": cycles / iterations if cycles and iterations else None,
         "instructions_per_iteration": (number("Instructions") or 0) / (iterations or 1),
         "ipc": number("IPC"),
@@ -63,7 +64,7 @@ def bottleneck(report: str, figures: dict) -> tuple[str, str]:
         resource_share = float(pressure.group(1)) if pressure else 0.0
         data_share = float(data.group(1)) if data else 0.0
         if resource_share >= data_share:
-            section = report[pressure.end() : data.start() if data else len(report)]
+            section = report[cast(re.Match[str], pressure).end() : data.start() if data else len(report)]
             units = re.findall(r"-\s+(\S+)\s+\[\s*([\d.]+)%\s*\]", section)
             if units:
                 unit, share = max(units, key=lambda u: float(u[1]))

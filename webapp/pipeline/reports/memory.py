@@ -38,7 +38,7 @@ def read_footprint(lowered: tvm.IRModule) -> dict:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     workspace = {name: kernel_workspace(func) for name, func in kernel_items(lowered)}
-    largest = max(workspace, key=workspace.get, default=None)
+    largest = max(workspace, key=workspace.__getitem__, default=None)
     return {
         "params_bytes": sum(constants.values()),
         "params": len(constants),

@@ -157,7 +157,7 @@ def parallel_outer(sch: s_tir.Schedule, block, count: int):
     return outer
 
 
-space_choices = contextvars.ContextVar(
+space_choices: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "space", default=None
 )  # a tuning design space's choices (design_spaces)
 

@@ -146,6 +146,7 @@ def int8_dp4a(sch: s_tir.Schedule, target) -> str | None:
     for block in producers:  # a padding now feeds the input's copy
         sch.compute_inline(block)
     for cache, axis, read in zip(caches, axes, stmt.reads, strict=True):
+        assert axis is not None  # chosen: every read indexes the reduced axis
         ndim = len(read.source.shape)
         if axis != ndim - 1:
             perm = [*range(axis), *range(axis + 1, ndim), axis]

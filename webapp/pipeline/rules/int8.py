@@ -5,6 +5,9 @@ AVX-512BW), Arm NEON without one (int8_neon: `smull` + `smlal` + `sadalp`, the P
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import tvm
 from tvm import s_tir, tirx
 
@@ -329,6 +332,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
         return None
 
     epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
+    layout: Callable[[Any, Any], tuple]
     if transposed:
         layout = lambda jj, kk: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes, False))  # noqa: E731
     else:
@@ -362,6 +366,7 @@ def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str 
     block_n = 2 * pairs
     epilogue, pack = padded_operands(sch, block, rows, block_n, 4)
     packed = int8_mmla.weight_tile
+    layout: Callable[[Any, Any], tuple]
     if transposed:
         layout = lambda jj, kk: (jj // block_n, kk // 8, *packed(jj % block_n, kk % 8, pairs))  # noqa: E731
     else:

@@ -32,6 +32,8 @@ from webapp.pipeline.stages.timing import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from webapp.pipeline.stages.build import Built
     from webapp.pipeline.stages.importers import ImportedModel
     from webapp.pipeline.stages.inspect import Inspected
@@ -198,7 +200,7 @@ def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bo
     noise = float(np.sum((a - b) ** 2))
     signal = float(np.sum(b**2))
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-    result = {
+    result: dict[str, float | str | None] = {
         "max_abs_err": float(np.max(np.abs(a - b))) if a.size else 0.0,
         # undefined where an output is all zeros and the two differ (not 0: a word says why)
         "cosine": float(np.dot(a, b) / norms) if norms > 0 else (1.0 if noise == 0 else None),
@@ -307,7 +309,7 @@ def runners(
 ) -> dict:
     """(runtime, variant, tuned) -> a function that makes that runtime's run of the model: each TVM
     build, and the references the job has (PyTorch, ONNX Runtime), on the GPU where they can."""
-    makers = {
+    makers: dict[tuple[str, str, bool], Callable[..., Callable]] = {  # (...: a TVM one takes ex=ex)
         ("tvm", variant, tuned): (lambda ex=ex: tvm_runner(ex, inputs, dev))
         for (variant, tuned), ex in sorted(executables.items())
     }

@@ -244,7 +244,7 @@ class Built:
         self.record_check += other.record_check
 
     def to_json(self, library: Path) -> dict:
-        out = {"library": {"file": library.name, "bytes": library.stat().st_size}}
+        out: dict[str, object] = {"library": {"file": library.name, "bytes": library.stat().st_size}}
         files = {"fp32": library.with_name("model-fp32.so"), self.shown_variant: library}
         sizes = {v: path.stat().st_size for v, path in files.items() if path.exists()}
         out["memory"] = [
@@ -327,6 +327,7 @@ def keep_library(built: Built, target, tuning_dir: Path | None, library: Path) -
     tuning database beside it when the model has records."""
     used = next(key for key, ex in built.executables.items() if ex is built.executable)
     if built.record_choice:
+        assert tuning_dir is not None  # records are chosen only from tuning_dir's (build_variant)
         library.parent.mkdir(parents=True, exist_ok=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copyfile(tuning_dir / name, library.parent / name)

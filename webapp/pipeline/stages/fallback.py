@@ -23,6 +23,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from webapp.pipeline.errors import error_message
 from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, time_models
@@ -33,14 +34,18 @@ from webapp.pipeline.stages.profile import profile_kernels
 # time: less than that is within what two profiles of one build differ by on a shared machine.
 SLOWER_BY = 1.10
 
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.build import Built
+    from webapp.pipeline.stages.quantize import Quantized
+
 
 @dataclass
 class Build:
     """A quantized variant as the build stage made it."""
 
-    quantized: object  # quantize.Quantized
+    quantized: Quantized | None  # None for the float build
     fused: object  # its fused module
-    built: object  # build.Built
+    built: Built
     fusion: Fusion  # its kernels in the float model's names
 
 
@@ -115,6 +120,7 @@ def board_plan(variant: Build, float_build: Build, sweep: bool) -> dict | None:
 
 def plan_layers(variant: Build, float_build: Build, sweep: bool) -> dict | None:
     q = variant.quantized
+    assert q is not None  # the variant planned is a quantized one
     rows = []
     for r in q.layers:
         head = r.layer.head.name
@@ -202,6 +208,7 @@ def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:
         return fall_back(variant, float_build, job, target, rebuild)
     except Exception as exc:  # noqa: BLE001 - the variant as built is kept
         traceback.print_exc()
+        assert variant.quantized is not None  # the variant checked is a quantized one
         variant.quantized.layer_speed = (variant.quantized.layer_speed or {}) | {"error": error_message(exc)}
         return variant
 
@@ -213,6 +220,7 @@ def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build
     dev = target.device()
     float_profile = profile_kernels(float_build.built.executable, inputs, dev)
     q = variant.quantized
+    assert q is not None  # the variant checked is a quantized one
     rows = layer_times(
         q.layers,
         float_build,
@@ -243,6 +251,7 @@ def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build
         return variant
     names = [row["layer"] for row in slower]
     mixed = rebuild(job.without(q, set(names)))
+    assert mixed.quantized is not None  # rebuild's Build is of the quantized variant it was given
     times = time_models({"quantized": variant.built.executable, "mixed": mixed.built.executable}, inputs, dev)
     kept = times["mixed"] < times["quantized"] * (1 - MODEL_CHECK_GAIN)
     speed["fallback"] = {

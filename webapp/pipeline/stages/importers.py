@@ -462,7 +462,8 @@ def load_pt2(path: Path):
         raise pickle.UnpicklingError("a pickled Python object (not a tensor) in the .pt2 file")
 
     safe_load, package_pickle = torch.load, _package.pickle
-    torch.load, _package.pickle = tensors_only, type("NoPickle", (), {"loads": staticmethod(no_pickle)})
+    # a stand-in for the pickle module, with its loads
+    torch.load, _package.pickle = tensors_only, type("NoPickle", (), {"loads": staticmethod(no_pickle)})  # type: ignore[assignment]
     saved_pickle_obj, torch._C._pickle_load_obj = torch._C._pickle_load_obj, no_pickle
     try:
         return torch.export.load(str(path))

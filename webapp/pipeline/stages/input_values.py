@@ -7,6 +7,7 @@ gives an input (input_values), checked against its declared type and shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,9 @@ def onnx_input_values(model, inputs: list[str]) -> dict[str, Values]:
                     )
             elif node.op_type == "Slice" and i in (1, 2, 4):
                 data = shapes.get(node.input[0])
-                axes = constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+                axes: np.ndarray | list[int] | None = (
+                    constants.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+                )
                 if data is None:
                     continue
                 axes = list(range(len(data))) if axes is None else [int(a) % len(data) for a in axes]
@@ -100,7 +103,7 @@ def torch_input_values(ep, inputs: list[str]) -> dict[str, Values]:
     nodes = {n.name: n for n in ep.graph.nodes}
 
     def shape(node) -> list[int] | None:
-        val = getattr(node, "meta", {}).get("val")
+        val: Any = getattr(node, "meta", {}).get("val")  # a fake tensor, or None (then the except below)
         try:
             return [int(d) for d in val.shape]
         except Exception:

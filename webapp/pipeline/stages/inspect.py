@@ -11,7 +11,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import tvm
@@ -115,8 +115,8 @@ def inspect_build(
     host = host_code_module(executable)
     ll = host.inspect_source("ll") if host is not None else ""
     asm = host.inspect_source("s") if host is not None else ""
-    (job_dir / CODE_VIEWS["llvm"].whole).write_text(ll)
-    (job_dir / CODE_VIEWS["asm"].whole).write_text(asm)
+    (job_dir / cast(str, CODE_VIEWS["llvm"].whole)).write_text(ll)  # the whole module's views
+    (job_dir / cast(str, CODE_VIEWS["asm"].whole)).write_text(asm)
     report(0.6)
 
     kernels, texts, executed = kernel_rows(
@@ -127,6 +127,7 @@ def inspect_build(
     device = write_device_code(host, target, [k["name"] for k in kernels], job_dir)
     sass = (files / device["sass"]).read_text() if device and device.get("sass") else ""
     for k in kernels if device else []:
+        assert device is not None  # the loop runs only with device code
         resources = device["kernels"][k["name"]].get("resources")
         k.update({"device_functions": device["kernels"][k["name"]]["functions"]})
         k.update({"gpu": resources} if resources else {})
@@ -151,7 +152,9 @@ def inspect_build(
     )
 
 
-def kernel_rows(lowered, fused, code, labels: dict, calls: dict, fusion, job_dir: Path, target: Target):
+def kernel_rows(
+    lowered, fused, code, labels: dict, calls: dict, fusion, job_dir: Path, target: Target
+) -> tuple[list[dict], dict[str, tuple[str, str]], dict[str, float]]:
     """The kernel table's rows of the build, each kernel's code views and reproducer files written:
     (rows, each kernel's (TIR, assembly as the page shows it), the operations each executes)."""
     kernels = []

@@ -206,6 +206,7 @@ class FusionTrace:
 
     def __init__(self, imported: tvm.IRModule, layer_of: dict[str, str]):
         self.imported, self.layer_of, self.before, self.after = imported, layer_of, None, None
+        self.origin: dict[relax.Var, relax.Var]
         self.unconverted, self.origin = None, {}  # the layout pass's input; its vars -> the input's
 
     def run_before_pass(self, mod, info):
@@ -337,6 +338,7 @@ def match_group(
         kernel_of,
     )
     out = func.body.body  # its output, or a tuple of them
+    found: list[relax.Var | None]
     found, group = [], {}
     for field in out.fields if isinstance(out, relax.Tuple) else [out]:
         found.append(None)

@@ -111,7 +111,8 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
             target.export_library(executable.mod.imports[0], str(folder / builds[-1]["kernels_file"]))
     np.savez(folder / "inputs.npz", *inputs.values())
     np.savez(
-        folder / "expected.npz", **{f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)}
+        folder / "expected.npz",
+        **{f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)},  # type: ignore[arg-type]  # numpy's stub: a ** key might be allow_pickle
     )
     plan = {"builds": builds, "references": list(expected), "classifier": is_classifier(model.outputs)}
     plan |= {"layers": layers} if layers else {}

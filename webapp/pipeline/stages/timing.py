@@ -121,6 +121,7 @@ def measure_watched(
         if not conditions["disturbed"]:
             break
     report(1.0)
+    assert kept is not None  # the first timing is always kept (timings >= 1)
     return kept[0], kept[1] | {"waited_s": sum(c["waited_s"] for c in tried), "timings": tried}
 
 

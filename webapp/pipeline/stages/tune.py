@@ -174,7 +174,7 @@ def best_seconds(db: ms.database.Database, mod: tvm.IRModule) -> float | None:
     return sum(secs) / len(secs)
 
 
-def extract_tasks(modules: dict[str, tvm.IRModule], target: Target) -> list[tuple[str, object]]:
+def extract_tasks(modules: dict[str, tvm.IRModule], target: Target) -> list[tuple[str, ms.ExtractedTask]]:
     """(variant, task) for the kernels of `modules` (variant -> fused module: "fp32", and a quantized
     job's variants), each workload once, under the first variant that has it."""
     tasks, seen = [], set()
@@ -197,6 +197,7 @@ def tune_contexts(tasks, target: Target, work_dir: Path, strategy) -> tuple[list
     def ours(sch):
         return schedules.design_spaces(sch, target)
 
+    contexts: list[ms.TuneContext]
     contexts, weights = [], []
     for task in tasks:
         own = bool(ours(s_tir.Schedule(task.dispatched[0])))

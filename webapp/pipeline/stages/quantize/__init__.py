@@ -189,11 +189,14 @@ def observe(
     given = {}
     if prequantized is not None:
         acts = {v.name: v for layer in layers for v in (layer.data, layer.out)}
-        given = {acts[name]: given_act(*p, dtype) for name, p in prequantized["acts"].items() if name in acts}
+        # var name -> (scale, zero point, dtype) (importers.prequantized_by_var)
+        given_acts: dict[str, tuple[float, int, str]] = prequantized["acts"]
+        given = {acts[name]: given_act(*p, dtype) for name, p in given_acts.items() if name in acts}
         for layer in layers:
             scales = prequantized["weights"].get(layer.head.name)
             layer.given_scale = np.asarray(scales, np.float64) if scales else None  # []: from its values
-            calibrated = prequantized.get("dynamic")  # scales the model computes at run time: calibrated
+            # scales the model computes at run time: calibrated
+            calibrated = bool(prequantized.get("dynamic"))
             layer.quantized = layer.quantized and scales is not None and (layer.data in given or calibrated)
     quantized = [layer for layer in layers if layer.quantized]
     if not quantized:

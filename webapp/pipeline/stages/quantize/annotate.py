@@ -22,10 +22,12 @@ class Layer:
     head: relax.Var  # the conv2d / matmul binding
     data: relax.Expr  # its float input (a Var)
     weight: np.ndarray
-    attrs: object  # the conv2d attributes (None for matmul)
+    attrs: relax.op.op_attrs.Conv2DAttrs | None  # the conv2d attributes (None for matmul)
     bias: np.ndarray | None = None  # per output channel
     activation: tuple | None = None  # ("relu",) or ("clip", lo, hi)
-    out: relax.Var | None = None  # the layer's float result: head, or the last absorbed binding
+    # the layer's float result: head, or the last absorbed binding (find_layers sets it; the default
+    # only follows the fields before it)
+    out: relax.Var = None
     absorbed: list[relax.Var] = field(default_factory=list)
     quantized: bool = True
     given_scale: np.ndarray | None = None  # a pre-quantized model's weight scales (per output channel)

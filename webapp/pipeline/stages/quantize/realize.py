@@ -331,6 +331,7 @@ class Realizer:
         input channels to a multiple of 4 (the dot-product instructions take 4 a time). (Its output, its
         weights as convolved: a grouped convolution of few groups made one block-diagonal.)"""
         a = layer.attrs
+        assert a is not None  # a conv2d's
         pad = [int(v) for v in a.padding]  # top, left, bottom, right
         groups = int(a.groups)
         if 1 < groups <= DENSE_GROUPS and wq.shape[1] > 1:
@@ -399,6 +400,7 @@ class Realizer:
             return np.zeros(error.shape[layer.channel_axis])
         if layer.kind == "matmul":
             return np.einsum("kn,k->n", error, mean) if error.ndim == 2 else np.zeros(error.shape[1])
+        assert layer.attrs is not None  # a conv2d's (a matmul returned above)
         groups = int(layer.attrs.groups)
         per_group = mean.reshape(groups, -1)[np.arange(error.shape[0]) // (error.shape[0] // groups)]
         return np.einsum("oihw,oi->o", error, per_group)

@@ -7,6 +7,7 @@ Pure numpy; the tests check these against their definitions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -166,7 +167,8 @@ def fixed_point_terms(multipliers: list, offset) -> tuple[list, np.ndarray, int]
 
 def fixed_point_reference(terms: list, multipliers: list, offset: float, lo: int, hi: int, dtype: str):
     """The arithmetic of a fixed-point requantization (Realizer.fixed_point_multiply) in numpy."""
-    fixed, rounding, shift = fixed_point_terms(multipliers, offset)  # (or None: not this form)
+    # the caller's requantization is of this form (fixed_point_terms is None for one that is not)
+    fixed, rounding, shift = cast("tuple[list, np.ndarray, int]", fixed_point_terms(multipliers, offset))
     total = sum(np.asarray(t).astype(np.int64) * m for t, m in zip(terms, fixed, strict=True))
     return np.clip((total + rounding) >> shift, lo, hi).astype(dtype)  # (as int32 when shift >= 32: equal)
 
