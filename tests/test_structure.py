@@ -55,3 +55,30 @@ def test_no_pipeline_function_is_longer_than_60_lines():
         and node.end_lineno - node.lineno + 1 > LONGEST
     ]
     assert not long, long
+
+
+def public_functions(tree: ast.Module):
+    """The module's public functions and its public classes' public methods (a name without a leading
+    underscore; a function nested in another is not public)."""
+    scopes: list[ast.AST] = [tree]
+    while scopes:
+        scope = scopes.pop()
+        for node in ast.iter_child_nodes(scope):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                scopes.append(node)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+                yield node
+
+
+def test_every_public_function_is_typed():
+    """mypy (make test) checks the bodies of typed functions only: every public function of webapp/
+    annotates its parameters (self and cls aside) and its return."""
+    untyped = []
+    for path, rel in modules("webapp"):
+        for fn in public_functions(ast.parse(path.read_text())):
+            a = fn.args
+            params = [p for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg not in ("self", "cls")]
+            params += [p for p in (a.vararg, a.kwarg) if p is not None]
+            if any(p.annotation is None for p in params) or fn.returns is None:
+                untyped.append(f"{rel}:{fn.lineno} {fn.name}")
+    assert not untyped, f"{len(untyped)} public functions not typed:\n" + "\n".join(untyped)
