@@ -13,6 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,9 @@ def vector_lines(lines: list[str], dialect: Dialect) -> int:
     return sum(1 for line in lines if dialect.vector.search(line.split(dialect.comment)[0]))
 
 
-def hot_loop(text: str, dialect: Dialect, weight=None) -> tuple[int, int] | None:
+def hot_loop(
+    text: str, dialect: Dialect, weight: Callable[[list[str]], SupportsRichComparison] | None = None
+) -> tuple[int, int] | None:
     """The lines (1-based, inclusive) of the kernel's hot loop: of its innermost loops with vector
     instructions, the one with the most, or the greatest `weight(lines)` where given; None when the code
     has no loop with vector instructions."""

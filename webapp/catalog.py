@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from webapp.targets import TARGETS  # noqa: F401  (the target presets, one module per kind)
 
@@ -166,12 +166,12 @@ class CodeView:
         return (self.titled(results) if self.titled else None) or self.title
 
 
-def host_side(title: str):
+def host_side(title: str) -> Callable[[dict], str | None]:
     """A GPU build's LLVM IR and assembly are its host side's, which launches the kernels."""
     return lambda r: f"{title}, host side (kernel launches)" if r.get("device_code") else None
 
 
-def device_title(text: str):
+def device_title(text: str) -> Callable[[dict], str | None]:
     """A device view's title from its device code's facts: `text` formatted with them."""
     return lambda r: text.format(**r["device_code"]) if r.get("device_code") else None
 
@@ -304,7 +304,7 @@ OPTION_LABELS = {
 }
 
 
-def option_text(name: str, value) -> str:
+def option_text(name: str, value: Any) -> str:
     """An option's value as the form says it: its choice's words, yes / no, or "not given"."""
     if value is None or value == "":
         return "not given"

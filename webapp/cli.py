@@ -29,7 +29,7 @@ from webapp.options import JobOptions, SubmitError
 from webapp.targets import TARGETS
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args: argparse.Namespace) -> int:
     """gunicorn for the web app, one local worker process and the device pool, each started again
     when it exits: a worker killed mid-job costs that job one retry, never the web."""
     config = Config.from_env()
@@ -70,7 +70,7 @@ def make_example_files(config: Config) -> None:
             )
 
 
-def cmd_web(args) -> int:
+def cmd_web(args: argparse.Namespace) -> int:
     """The web app alone (gunicorn): the workers run elsewhere, sharing the data folder, the queue
     (REDIS_URL) and the store (DATABASE_URL)."""
     command = web_command(Config.from_env(), args.web_workers)
@@ -119,7 +119,7 @@ class Supervised:
             self.proc.wait()
 
 
-def cmd_worker(args) -> int:
+def cmd_worker(args: argparse.Namespace) -> int:
     config = Config.from_env()
     if not config.unsandboxed:
         from webapp.machine.sandbox import check_bubblewrap
@@ -138,7 +138,7 @@ def cmd_worker(args) -> int:
     return 0
 
 
-def cmd_gc(args) -> int:
+def cmd_gc(args: argparse.Namespace) -> int:
     """The retention policy, now (the worker also runs it every hour)."""
     from webapp.jobs.storage import age_policy, collect_garbage
 
@@ -154,7 +154,7 @@ def cmd_gc(args) -> int:
     return 0
 
 
-def cmd_pool(args) -> int:
+def cmd_pool(args: argparse.Namespace) -> int:
     from webapp.devices.pool import run_pool
 
     return run_pool(Config.from_env())
@@ -202,7 +202,7 @@ def compile_locally(
 TUNING_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
-def cmd_compile(args) -> int:
+def cmd_compile(args: argparse.Namespace) -> int:
     """Like `tvmc compile`: the pipeline on one model, its results in --out and, with -o, a package
     of the compiled model (webapp.exports.package) that runs with the TVM runtime alone."""
     if not args.out and not args.output:
@@ -222,7 +222,7 @@ def cmd_compile(args) -> int:
     return code
 
 
-def cmd_tune(args) -> int:
+def cmd_tune(args: argparse.Namespace) -> int:
     """Like `tvmc tune`: MetaSchedule on the model's kernels, the records written to --output (a
     JSON database that `compile --tuning-records` and a job's upload take)."""
     with tempfile.TemporaryDirectory(prefix="tvm-playground-") as scratch:
@@ -237,7 +237,7 @@ def cmd_tune(args) -> int:
     return code
 
 
-def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> int:
+def run_pipeline(args: argparse.Namespace, out: Path, trials: int, tuning_records: Path | None) -> int:
     """The sandboxed pipeline for compile and tune, its stages and benchmark table printed."""
     from webapp.machine.sandbox import SandboxUnavailable, check_bubblewrap
 
@@ -270,7 +270,7 @@ def run_pipeline(args, out: Path, trials: int, tuning_records: Path | None) -> i
     return 0
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     """Like `tvmc run`: a package's model on --inputs (an .npz), in the sandbox unless --no-sandbox:
     the library is code compiled from a model."""
     from webapp.exports.package import unpack
@@ -303,7 +303,7 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_submit(args) -> int:
+def cmd_submit(args: argparse.Namespace) -> int:
     """A job for a running playground (its JSON API); prints the result's link, and with --wait the
     result's state when it ends."""
     import urllib.error
@@ -457,7 +457,7 @@ def benchmark_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def job_arguments(p, sandbox: bool = True) -> None:
+def job_arguments(p: argparse.ArgumentParser, sandbox: bool = True) -> None:
     """The model and the job's options, as compile, tune and submit take them."""
     d = JobOptions()
     p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")

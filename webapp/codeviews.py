@@ -14,8 +14,10 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pygments
 from markupsafe import Markup
@@ -118,7 +120,7 @@ def kept_highlighted(
     return Markup(rendered_file(job_dir, name, make).decode())
 
 
-def rendered_file(job_dir: Path, name: str, make) -> bytes:
+def rendered_file(job_dir: Path, name: str, make: Callable[[], bytes]) -> bytes:
     """The file `name` of the job's rendered/ folder, made by `make` the first time. Only for a job
     that has ended: the sandbox writes in the job folder while the job runs (see clear_rendered)."""
     return kept(job_dir / RENDERED / name, make, MAX_RENDERED)
@@ -252,7 +254,7 @@ def code_view(
     }
 
 
-def hot_loop_shown(found, text: str, asm_all: bool) -> tuple[tuple[int, int] | None, bool]:
+def hot_loop_shown(found: Any, text: str, asm_all: bool) -> tuple[tuple[int, int] | None, bool]:
     """The lines to mark of the hot loop the job found in the filtered assembly (the kernel row's
     "hot_loop", webapp.asm), in `text` as shown (the whole assembly where `asm_all`), and whether
     llvm-mca analysed it: (None, False) where the job found none, or its lines do not fit the text."""

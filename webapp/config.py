@@ -7,6 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 # Several times what the corpus' largest models take on 2 cores (tests/corpus.py); a stage past its
 # budget is a runaway pass or a model too large for this machine.
@@ -81,7 +82,7 @@ class Config:
             )
 
     @classmethod
-    def from_env(cls, **overrides) -> Config:
+    def from_env(cls, **overrides: Any) -> Config:
         c = cls()
         c = replace(
             c,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def write_json_atomic(path: Path, data) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)

@@ -112,7 +112,7 @@ class JobOptions:
         )
 
 
-def flag(value) -> bool:
+def flag(value: object) -> bool:
     """A form's or an API body's yes: 1, true, on, yes (any case), or True."""
     return str(value or "").strip().lower() in ("1", "true", "on", "yes")
 

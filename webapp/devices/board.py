@@ -9,6 +9,8 @@ session that crashes (a kernel with an instruction the core lacks dies of SIGILL
 not the board: the loop registers again. `playground.board_info` tells a client which board it got.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import logging

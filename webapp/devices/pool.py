@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -102,7 +103,7 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
         close_both(src, dst)
 
 
-def board_registration_only(board: Board):
+def board_registration_only(board: Board) -> Callable[[socket.socket, socket.socket], None]:
     """A pump from a board to the tracker that lets through only the board's own registration (its
     key, its port, loopback) and its keep-alive questions; anything else ends the connection."""
     P = tracker_protocol
@@ -138,7 +139,11 @@ def board_registration_only(board: Board):
     return filtered
 
 
-def relay(listener: socket.socket, connect, upstream=pump) -> None:
+def relay(
+    listener: socket.socket,
+    connect: Callable[[], socket.socket],
+    upstream: Callable[[socket.socket, socket.socket], None] = pump,
+) -> None:
     """Accept on `listener` until it is closed; join each connection to a new one from connect()."""
 
     def serve():
@@ -168,7 +173,7 @@ def unix_listener(path: Path, mode: int = 0o666) -> socket.socket:
     return sock
 
 
-def unix_connector(path: Path):
+def unix_connector(path: Path) -> Callable[[], socket.socket]:
     def connect():
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(path))
@@ -237,7 +242,7 @@ def tracker_command(host: str, port: int) -> list[str]:
             "--port-end", str(port + 1), "--silent"]  # fmt: skip
 
 
-def board_limits():
+def board_limits() -> Callable[[], None]:
     """Before exec: a session of its own, and rlimits on what the board may use."""
 
     def preexec():

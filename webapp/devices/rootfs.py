@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 DEBIAN = ("bookworm", ["python3", "python3-numpy", "python3-psutil", "python3-cloudpickle", "libstdc++6"])
@@ -43,7 +44,7 @@ def ready(rootfs: Path, extras: tuple[str, ...] = ()) -> bool:
     return (rootfs / ".ready").is_file() and all((rootfs / f".ready-{e}").is_file() for e in extras)
 
 
-def ensure_rootfs(rootfs: Path, extras: tuple[str, ...] = (), log=print) -> Path:
+def ensure_rootfs(rootfs: Path, extras: tuple[str, ...] = (), log: Callable[[str], None] = print) -> Path:
     """The root file system at `rootfs`, built if missing (with `extras`); returns it."""
     if ready(rootfs, extras):
         return rootfs
@@ -81,7 +82,7 @@ def extract(packages: list[str], dest: Path, *options: str) -> None:
     )
 
 
-def build(rootfs: Path, log) -> None:
+def build(rootfs: Path, log: Callable[[str], None]) -> None:
     tmp = Path(str(rootfs) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(rootfs, ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from typing import Any
 
 TRACKER_MAGIC = 0x2F271
 SUCCESS, PING, PUT, REQUEST, UPDATE_INFO, SUMMARY, GET_PENDING_MATCHKEYS = 0, 1, 3, 4, 5, 6, 7
@@ -45,7 +46,7 @@ class Tracker:
                 "it runs with `make serve` (or `tvm-playground pool`)."
             ) from None
 
-    def call(self, *message, timeout: float | None = 5.0):
+    def call(self, *message: object, timeout: float | None = 5.0) -> Any:
         self.sock.settimeout(timeout)
         data = json.dumps(list(message)).encode()
         self.sock.sendall(struct.pack("<i", len(data)) + data)

@@ -16,13 +16,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm.runtime
 from tvm.runtime.vm import VirtualMachine
 
 
-def load(folder: Path):
+def load(folder: Path) -> tuple[VirtualMachine, tvm.runtime.Device, dict]:
     """(vm, device, metadata) of the package unpacked in `folder`."""
     meta = json.loads((folder / "metadata.json").read_text())
     dev = tvm.runtime.device(meta.get("device", "cpu"), 0)
@@ -56,7 +57,7 @@ def make_inputs(meta: dict, given: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def flatten(value) -> list[np.ndarray]:
+def flatten(value: Any) -> list[np.ndarray]:
     if isinstance(value, tvm.runtime.Tensor):
         return [value.numpy()]
     if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
@@ -98,7 +99,7 @@ def run(folder: Path, given: dict, repeat: int = 0, profile: bool = False) -> di
     return result
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--package", default=str(Path(__file__).resolve().parent), help="the unpacked package"

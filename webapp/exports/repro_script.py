@@ -43,11 +43,11 @@ if THREADS:
 import tvm  # noqa: E402
 
 
-def load(name: str):
+def load(name: str) -> tvm.tirx.PrimFunc:
     return tvm.script.from_source((HERE / name).read_text())
 
 
-def random_args(func, seed: int) -> list[np.ndarray]:
+def random_args(func: tvm.tirx.PrimFunc, seed: int) -> list[np.ndarray]:
     """One seeded array per parameter, by its dtype: floats normal, 8-bit integers over their range,
     wider integers small (indices, biases)."""
     rng = np.random.default_rng(seed)
@@ -66,13 +66,18 @@ def random_args(func, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def built(func, target):
+def built(func: tvm.tirx.PrimFunc, target: tvm.target.Target | str) -> tvm.runtime.Module:
     """The kernel compiled by TVM's default pipeline for `target`, as a runtime module."""
     executable = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     return getattr(executable, "mod", executable)
 
 
-def call(func, target, arrays: list[np.ndarray], dev):
+def call(
+    func: tvm.tirx.PrimFunc,
+    target: tvm.target.Target | str,
+    arrays: list[np.ndarray],
+    dev: tvm.runtime.Device,
+) -> tuple[list[np.ndarray], tvm.runtime.Module, list[tvm.runtime.Tensor]]:
     """The kernel built for `target` and run once on copies of `arrays`: (its arrays after, the module,
     the tensors)."""
     module = built(func, target)
@@ -85,7 +90,7 @@ COLD_BYTES = 64 << 20  # the copies a cold timing rotates over: 32 of this machi
 COLD_COPIES = 1024
 
 
-def loop_ms(module, sets, runs: int) -> float:
+def loop_ms(module: tvm.runtime.Module, sets: list[list[tvm.runtime.Tensor]], runs: int) -> float:
     """ms a call of `module` called once on each argument set in turn: the median of `runs` passes."""
     main, passes = module["main"], []
     for _ in range(runs):
@@ -96,7 +101,9 @@ def loop_ms(module, sets, runs: int) -> float:
     return float(np.median(passes)) * 1e3
 
 
-def cold_ms(module, arrays: list[np.ndarray], dev, warm: float, runs: int) -> tuple[float, int, float]:
+def cold_ms(
+    module: tvm.runtime.Module, arrays: list[np.ndarray], dev: tvm.runtime.Device, warm: float, runs: int
+) -> tuple[float, int, float]:
     """The kernel's ms a call with its arguments read from beyond the caches, as a model's kernel reads
     weights another kernel's data has pushed out: calls rotated over copies of every argument, COLD_BYTES
     in all, less Python's own cost of a call (one set called as often, against `warm`, TVM's timer).

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from huey import RedisHuey, SqliteHuey
 
 from webapp.config import Config
+
+if TYPE_CHECKING:
+    from huey.consumer import Consumer
 
 
 class JobQueue:
@@ -37,7 +42,7 @@ class JobQueue:
         """A result's model on a user's input (webapp/jobs/own_input.py)."""
         self.run_input_task(job_id, run_id)
 
-    def consumer(self, workers: int = 1):
+    def consumer(self, workers: int = 1) -> Consumer:
         """A huey consumer; `.start()` runs it in threads, `.run()` in the foreground."""
         return self.huey.create_consumer(
             workers=workers, worker_type="thread", periodic=False, initial_delay=0.2, max_delay=1.0

@@ -19,11 +19,19 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from webapp.catalog import STAGES
 from webapp.config import Config
+
+if TYPE_CHECKING:
+    import psycopg
+
+    # a cursor of either engine, its rows dicts (sqlite3.Row: by column name too)
+    Cursor = sqlite3.Cursor | psycopg.Cursor[dict[str, Any]]
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
 
@@ -53,7 +61,7 @@ def new_job_id() -> str:
     return secrets.token_urlsafe(18)  # 144 random bits
 
 
-def read_untrusted_json(path: Path, max_bytes: int = 64 << 20):
+def read_untrusted_json(path: Path, max_bytes: int = 64 << 20) -> Any:
     """JSON the sandboxed pipeline wrote: a regular file inside the job folder, bounded in size."""
     try:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
@@ -85,7 +93,7 @@ class JobStore:
             cur.execute("CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)")
             cur.execute("CREATE INDEX IF NOT EXISTS jobs_fingerprint ON jobs (fingerprint)")
 
-    def column_names(self, cur) -> set[str]:
+    def column_names(self, cur: Cursor) -> set[str]:
         if self.database_url:
             cur.execute("SELECT column_name AS name FROM information_schema.columns WHERE table_name='jobs'")
         else:
@@ -93,7 +101,7 @@ class JobStore:
         return {row["name"] for row in cur.fetchall()}
 
     @contextmanager
-    def cursor(self):
+    def cursor(self) -> Iterator[Cursor]:
         """A cursor whose rows are dicts, in a transaction committed at the end of the block."""
         if not self.database_url:
             # one connection per thread and process (a forked child opens its own): opening one per
@@ -126,12 +134,12 @@ class JobStore:
             conn.close()  # the server went away: the next query connects again
             raise
 
-    def query(self, sql: str, *params) -> list[dict]:
+    def query(self, sql: str, *params: object) -> list[dict]:
         with self.cursor() as cur:
             cur.execute(self.placeholders(sql), params)
             return [dict(row) for row in cur.fetchall()]
 
-    def change(self, sql: str, *params) -> int:
+    def change(self, sql: str, *params: object) -> int:
         """Run an UPDATE / INSERT / DELETE; returns how many rows it changed."""
         with self.cursor() as cur:
             cur.execute(self.placeholders(sql), params)
@@ -357,7 +365,7 @@ def job_view(store: JobStore, job_id: str, url_root: str = "") -> dict | None:
     }
 
 
-def seconds_or_none(value) -> float | None:
+def seconds_or_none(value: Any) -> float | None:
     """A count of seconds from an untrusted file: a finite number >= 0, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
     return float(value) if ok else None

@@ -158,7 +158,7 @@ def resubmit_job(
         return submit_job(config, store, queue, form, upload, filename, None, data, client)
 
 
-def form_value(value) -> str:
+def form_value(value: object) -> str:
     """A stored option as a submission form gives it (JobOptions.parse reads strings)."""
     if isinstance(value, bool):
         return "1" if value else ""
@@ -218,7 +218,7 @@ def check_zip(path: Path, what: str, max_mb: int) -> None:
         )
 
 
-def save_upload(upload: IO[bytes], head: bytes, path, max_mb: int) -> None:
+def save_upload(upload: IO[bytes], head: bytes, path: Path, max_mb: int) -> None:
     limit, size = max_mb << 20, len(head)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as out:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def shared_dir(config: Config, preset: str) -> Path:
 
 
 @contextmanager
-def locked(folder: Path):
+def locked(folder: Path) -> Iterator[None]:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -77,11 +78,11 @@ def canonical(line: str) -> str:
         return line
 
 
-def is_workload(entry) -> bool:
+def is_workload(entry: object) -> bool:
     return isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)
 
 
-def is_record(entry) -> bool:
+def is_record(entry: object) -> bool:
     return (
         isinstance(entry, list)
         and len(entry) == 2

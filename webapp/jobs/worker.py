@@ -18,10 +18,10 @@ from webapp.catalog import EXAMPLES, STAGES
 from webapp.codeviews import RENDERED, clear_rendered, prerender
 from webapp.config import Config
 from webapp.jobs.own_input import model_references
-from webapp.jobs.store import job_store, read_untrusted_json
+from webapp.jobs.store import JobStore, job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
-from webapp.machine.sandbox import run_sandboxed
+from webapp.machine.sandbox import Outcome, run_sandboxed
 from webapp.options import JobOptions
 
 
@@ -145,7 +145,9 @@ def run_job(config: Config, job_id: str) -> None:
     threading.Thread(target=prerender_code_views, args=(job_dir,), daemon=True).start()
 
 
-def finish(store, job_id: str, error: dict | None, worker: str, started: float | None = None) -> bool:
+def finish(
+    store: JobStore, job_id: str, error: dict | None, worker: str, started: float | None = None
+) -> bool:
     """Records the job's end (while `worker` holds it, in the attempt that began at `started` if
     given), once whatever the sandbox left at rendered/ is gone (webapp/codeviews.py: clear_rendered):
     from then on the web keeps the pages it renders there."""
@@ -153,7 +155,7 @@ def finish(store, job_id: str, error: dict | None, worker: str, started: float |
     return store.mark_finished(job_id, error, worker, started)
 
 
-def give_up(store, job_id: str, me: str, started: float, why: str, every: float) -> None:
+def give_up(store: JobStore, job_id: str, me: str, started: float, why: str, every: float) -> None:
     """After a job's sandbox was stopped because the job is, or may be, no longer this worker's: once
     the store answers, the attempt this worker began at `started` fails with `why` if it is still its
     own (nothing else would end it: this worker's process lives); another's attempt is left alone."""
@@ -187,7 +189,7 @@ class Heartbeat(threading.Thread):
     over), or may soon not be (no beat has reached the store for `give_up_s`, less than the silence
     after which other workers take a job over; a beat may fail or hang)."""
 
-    def __init__(self, store, job_id: str, worker: str, every: float, give_up_s: float):
+    def __init__(self, store: JobStore, job_id: str, worker: str, every: float, give_up_s: float):
         super().__init__(daemon=True, name=f"heartbeat {job_id}")
         self.store, self.job_id, self.worker, self.every = store, job_id, worker, every
         self.give_up_s, self.last_beat, self.taken = give_up_s, time.monotonic(), False
@@ -245,7 +247,9 @@ def run_prepared_job(
     return close_progress(job_dir, outcome.returncode, outcome.limit, paused)
 
 
-def run_remote_stage(config: Config, job_dir: Path, key: str, stop: Callable[[], str | None] | None = None):
+def run_remote_stage(
+    config: Config, job_dir: Path, key: str, stop: Callable[[], str | None] | None = None
+) -> Outcome:
     """The remote stage (webapp/pipeline/stages/remote.py) on a job the pipeline prepared for a board of
     `key`: in a sandbox of its own that may reach the device pool, and reads no model, only built
     libraries. What it must trust comes from here, on its command line."""
@@ -286,7 +290,7 @@ PIPELINE_OUTPUTS = (
 )
 
 
-def recover_interrupted(config: Config, enqueue) -> list[str]:
+def recover_interrupted(config: Config, enqueue: Callable[[str], None]) -> list[str]:
     """Jobs whose worker is gone: a dead process of this machine (its sandboxes died with it), or a
     worker anywhere whose heartbeat has been silent for lost_after_s (its machine lost). Each is queued
     again once, with what its first attempt wrote removed, and fails with a plain message if its
@@ -315,7 +319,7 @@ def recover_interrupted(config: Config, enqueue) -> list[str]:
     return requeued
 
 
-def retry(store, job_id: str, worker: str, note: str, me: str) -> bool:
+def retry(store: JobStore, job_id: str, worker: str, note: str, me: str) -> bool:
     """Put a job the lost `worker` was running back in the queue, with what its attempt wrote
     removed (its inputs stay). The job is first taken over by `me` (this worker), so that no other
     recovery, and no worker that claims it once queued, meets the removal. False when it was no
@@ -329,14 +333,14 @@ def retry(store, job_id: str, worker: str, note: str, me: str) -> bool:
     return store.requeue(job_id, me, note)
 
 
-def requeue_waiting(config: Config, enqueue) -> None:
+def requeue_waiting(config: Config, enqueue: Callable[[str], None]) -> None:
     """Queue every waiting job again (a worker's start): a queue that lost its messages (a Redis
     without persistence, restarted) loses no job, and a repeated message is a no-op (run_job claims)."""
     for job_id in job_store(config).waiting():
         enqueue(job_id)
 
 
-def look_after(config: Config, enqueue) -> threading.Thread:
+def look_after(config: Config, enqueue: Callable[[str], None]) -> threading.Thread:
     """A thread of the worker process: recover_interrupted every heartbeat period, the retention
     policy (collect_garbage) every gc_every_s."""
     from webapp.jobs.storage import collect_garbage

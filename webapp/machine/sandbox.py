@@ -80,7 +80,7 @@ def gpu_device_nodes() -> list[str]:
     return sorted(str(p) for p in Path("/dev").glob("nvidia*") if not p.is_dir())
 
 
-def set_limits(config: Config, nproc: int):
+def set_limits(config: Config, nproc: int) -> Callable[[], None]:
     # The CUDA driver reserves far more address space than it uses: with a GPU the memory limit
     # cannot be one on address space (the other limits still hold).
     limit_address_space = not gpu_device_nodes()

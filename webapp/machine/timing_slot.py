@@ -32,6 +32,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def take(fd: int, wait_s: float) -> bool:
 
 
 @contextmanager
-def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S):
+def hold(phase: str, job_dir: Path | None = None, wait_s: float = MAX_WAIT_S) -> Iterator[None]:
     """`with hold("benchmark"): ...` times with the machine to itself; where no slot is configured
     (a script, a test outside a worker) it only runs the block."""
     global _holding, waited_s, waiting_since

@@ -22,7 +22,7 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x_train, y_train.astype(np.int64), x_test, y_test.astype(np.int64)
 
 
-def load(name: str):
+def load(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     if name != "digits":
         raise ValueError(f"unknown dataset {name!r}")
     return digits()

@@ -18,7 +18,9 @@ from torch import nn
 from webapp.catalog import EXAMPLES
 
 
-def conv_bn_relu(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1, relu: bool = True):
+def conv_bn_relu(
+    cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1, relu: bool = True
+) -> nn.Module:
     layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
     if relu:
         layers.append(nn.ReLU(inplace=True))
@@ -32,7 +34,7 @@ class MLP(nn.Module):
             nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
 
 
@@ -45,7 +47,7 @@ class SmallCNN(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(64, num_classes)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.features(x)), 1))
 
 
@@ -58,7 +60,7 @@ class BasicBlock(nn.Module):
         self.shortcut = shortcut(cin, width * self.expansion, stride)
         self.relu = nn.ReLU(inplace=True)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.body(x) + self.shortcut(x))
 
 
@@ -76,7 +78,7 @@ class Bottleneck(nn.Module):
         self.shortcut = shortcut(cin, cout, stride)
         self.relu = nn.ReLU(inplace=True)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.body(x) + self.shortcut(x))
 
 
@@ -100,7 +102,7 @@ class ResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(cin, num_classes)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
 
 
@@ -116,7 +118,7 @@ class InvertedResidual(nn.Module):
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x) if self.residual else self.body(x)
 
 
@@ -144,7 +146,7 @@ class MobileNetV2(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(1280, num_classes)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.pool(self.features(x)), 1))
 
 
@@ -160,7 +162,7 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         attn = torch.softmax(q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5, dim=-1)
@@ -178,7 +180,7 @@ class DigitsCNN(nn.Module):
         )
         self.fc = nn.Linear(32 * 4 * 4, 10)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.features(x), 1))
 
 
@@ -212,7 +214,7 @@ class LastOutput(nn.Module):
         super().__init__()
         self.model, self.key = model, key
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return getattr(self.model(x, return_dict=True), self.key)
 
 

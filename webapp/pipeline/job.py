@@ -66,7 +66,7 @@ class Results:
         if resume:  # a later process (the remote stage) adds to what the pipeline found
             self.data = json.loads((job_dir / "result.json").read_text())
 
-    def save(self, **update) -> None:
+    def save(self, **update: Any) -> None:
         self.data.update(update)
         slot = timing_slot.summary(self.job_dir)  # the machine's timing slot: this job's waits for it
         if slot:
@@ -162,7 +162,7 @@ class Progress:
             write_json_atomic(self.path, {"stages": self.stages, "error": self.error})
             self.last_write = time.monotonic()
 
-    def run_stage(self, name: str, fn, required: bool = True):
+    def run_stage(self, name: str, fn: Callable[[Report], T], required: bool = True) -> T | None:
         """fn(report) with its status, seconds and progress recorded; a failure ends the job with its
         message on this stage, or, for a stage not `required`, marks the stage failed with its message
         (the stage's "error") and the job goes on."""
@@ -254,7 +254,7 @@ class Context:
     def options(self) -> JobOptions:
         return self.job.options
 
-    def stage(self, name: str, stage: Callable[..., Given], *inputs, skip: str | None = None,
+    def stage(self, name: str, stage: Callable[..., Given], *inputs: Any, skip: str | None = None,
               required: bool = True) -> Any:  # fmt: skip
         """Runs stage(ctx, report, *inputs) as the stage `name` (its status, seconds and progress
         recorded; a failure ends the job, unless the stage is not `required`: then it is marked failed

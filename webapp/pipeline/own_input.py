@@ -165,7 +165,7 @@ def callers(spec: dict, run_dir: Path) -> dict:
     return out
 
 
-def run_all(call, runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+def run_all(call: Callable[[list[np.ndarray]], list], runs: list[list[np.ndarray]]) -> list[np.ndarray]:
     """Each output of the model over every run, concatenated along the first axis."""
     outs = [[np.asarray(o) for o in call(inputs)] for inputs in runs]
     if len(outs) == 1:

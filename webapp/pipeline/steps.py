@@ -6,6 +6,7 @@ limit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 now = ""  # the step running now in this process ("" when none is named)
@@ -17,7 +18,7 @@ def set_step(name: str) -> None:
 
 
 @contextmanager
-def step(name: str):
+def step(name: str) -> Iterator[None]:
     """`with step("tvm.compile"): ...`: the step named while the block runs."""
     outer = now
     set_step(name)

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING
 
 from webapp.targets.base import LLVMCPU, Target
+
+if TYPE_CHECKING:
+    from tvm.target import Target as TVMTarget
 
 KIND_MODULES = [
     importlib.import_module(f"{__name__}.{m.name}")
@@ -36,7 +40,7 @@ def host() -> Target:
     return TARGETS[HOST]
 
 
-def tir_rewrites(tvm_target) -> tuple[str, ...]:
+def tir_rewrites(tvm_target: TVMTarget) -> tuple[str, ...]:
     """The TIR rewrites (Target.tir_rewrites) of the kind whose code a TVM target builds, by its triple."""
     triple = str(tvm_target.attrs.get("mtriple", ""))
     kinds = (k for k in KINDS if issubclass(k, LLVMCPU) and triple.startswith(f"{k.arch}-"))
@@ -53,7 +57,7 @@ def emulated_boards() -> list[Target]:
     return [t for t in TARGETS.values() if t.board and hasattr(t, "core")]
 
 
-def target_json(tvm_target) -> dict:
+def target_json(tvm_target: TVMTarget) -> dict:
     """The TVM target as the plain JSON dict the result page shows."""
     import tvm
 

@@ -4,9 +4,13 @@ the device pool (webapp/devices): Raspberry Pi 4 and 5, emulated here under QEMU
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from webapp.asm import Dialect, per_instruction
 from webapp.targets.base import LLVMCPU, has_feature
+
+if TYPE_CHECKING:
+    from tvm.target import Target as TVMTarget
 
 OPS = {  # mnemonic -> operations per destination lane (its arrangement: .4s, 4 lanes)
     "fmla": 2,
@@ -61,7 +65,7 @@ class Arm(LLVMCPU):
     def vector_shape(self) -> tuple[int, int]:
         return 4, 32  # NEON: 128-bit vectors, 32 registers
 
-    def tvm_target(self):
+    def tvm_target(self) -> TVMTarget:
         target = super().tvm_target()
         assert has_feature(target, "neon"), f"{self.name}: an aarch64 target without NEON"
         return target

@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from webapp.asm import Dialect
 
+if TYPE_CHECKING:
+    from tvm.runtime import Device, Executable, Module
+    from tvm.target import Target as TVMTarget
+
 
 @dataclass(frozen=True)
 class Target:
@@ -145,12 +149,12 @@ class Target:
         return self.name
 
     # --- what the sandboxed pipeline asks ---
-    def tvm_target(self):
+    def tvm_target(self) -> TVMTarget:
         """A new TVM target for the preset."""
         raise NotImplementedError
 
     @cached_property
-    def tvm(self):
+    def tvm(self) -> TVMTarget:
         """The preset's TVM target, made once per process: what the pipeline hands TVM."""
         return self.tvm_target()
 
@@ -169,7 +173,7 @@ class Target:
         where = self.runs_on.removeprefix("nowhere here: ")
         return f"compiled for {self.name}; {where}, so nothing was timed"
 
-    def device(self):
+    def device(self) -> Device:
         """The TVM device that runs its code."""
         raise NotImplementedError
 
@@ -185,11 +189,11 @@ class Target:
         """Scheduled kernels -> a module ready for tvm.compile(..., relax_pipeline=None)."""
         raise NotImplementedError
 
-    def export_library(self, executable, path: str) -> None:
+    def export_library(self, executable: Executable | Module, path: str) -> None:
         """Writes the built library to `path`, linked for the target."""
         raise NotImplementedError
 
-    def device_module(self, host):
+    def device_module(self, host: Module) -> Module | None:
         """The device module its host module imports (GPUs); None: the code is all in the host's."""
         return None
 
@@ -203,7 +207,7 @@ class LLVMCPU(Target):
     cross_compiler: ClassVar[str | None] = None  # g++ for another architecture, None: the system's
     rule_family = "cpu"
 
-    def tvm_target(self):
+    def tvm_target(self) -> TVMTarget:
         import tvm
 
         spec = dict(self.spec)
@@ -212,7 +216,7 @@ class LLVMCPU(Target):
         spec.setdefault("num-cores", int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1))
         return tvm.target.Target(spec)
 
-    def device(self):
+    def device(self) -> Device:
         import tvm
 
         return tvm.cpu(0)
@@ -298,7 +302,7 @@ class LLVMCPU(Target):
         """The instruction the target's int8 kernels multiply with (vpdpbusd, sdot, vpmaddwd...)."""
         return self.int8_mnemonics.get(self.dot_instruction())
 
-    def export_library(self, executable, path: str) -> None:
+    def export_library(self, executable: Executable | Module, path: str) -> None:
         if self.cross_compiler is None:
             executable.export_library(path)
             return
@@ -319,7 +323,7 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def has_feature(tvm_target, feature: str) -> bool:
+def has_feature(tvm_target: TVMTarget, feature: str) -> bool:
     from tvm.target.codegen import target_has_features
 
     return bool(target_has_features(feature, tvm_target))

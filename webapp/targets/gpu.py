@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import ctypes
 from functools import lru_cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from webapp.targets.base import Target
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from tvm.runtime import Device, Executable, Module
+    from tvm.target import Target as TVMTarget
 
 
 class GPU(Target):
@@ -81,18 +87,18 @@ class GPU(Target):
             present = False
         return None if present else self.no_device_line()
 
-    def device_module(self, host):
+    def device_module(self, host: Module) -> Module | None:
         return next((m for m in host.imports if m.kind == self.runtime), None)
 
     # --- what the sandboxed pipeline asks ---
-    def tvm_target(self):
+    def tvm_target(self) -> TVMTarget:
         import tvm
 
         from webapp.targets import host
 
         return tvm.target.Target(self.spec, host=host().tvm)
 
-    def device(self):
+    def device(self) -> Device:
         import tvm
 
         return tvm.device(self.runtime, 0)
@@ -100,7 +106,7 @@ class GPU(Target):
     def device_name(self) -> str:
         return f"{self.device_word} ({self.tvm.attrs.get('arch', self.runtime)})"
 
-    def backend(self):
+    def backend(self) -> ModuleType:
         from tvm.relax.backend.gpu_generic import pipeline
 
         return pipeline
@@ -116,7 +122,7 @@ class GPU(Target):
         backend = self.backend()
         return backend.dataflow_lower_passes(self.tvm) + backend.finalize_passes(self.tvm)
 
-    def export_library(self, executable, path: str) -> None:
+    def export_library(self, executable: Executable | Module, path: str) -> None:
         executable.export_library(path)
 
 
@@ -134,7 +140,7 @@ class CUDA(GPU):
     def can_run_here(self) -> bool:
         return cuda_devices() > 0
 
-    def backend(self):
+    def backend(self) -> ModuleType:
         from tvm.relax.backend.cuda import pipeline
 
         return pipeline

@@ -5,9 +5,13 @@ assembly is read as this module's dialect and its hot loops simulated by llvm-mc
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from webapp.asm import Dialect
 from webapp.targets.base import LLVMCPU, has_feature
+
+if TYPE_CHECKING:
+    from tvm.target import Target as TVMTarget
 
 VLEN = 512  # the vector registers' bits (zvl512b): the X280's
 # vector float arithmetic as LLVM writes it: a multiply-add counts two per element
@@ -61,7 +65,7 @@ class RISCV(LLVMCPU):
     def mca_cpu(self) -> tuple[str, float | None, str]:
         return str(self.spec["mcpu"]), None, "none: the X280 comes at several clocks, so cycles, not ms"
 
-    def tvm_target(self):
+    def tvm_target(self) -> TVMTarget:
         target = super().tvm_target()
         assert has_feature(target, "v"), f"{self.name}: a RISC-V target without the vector extension"
         return target

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from flask import abort, current_app, request, url_for
 
@@ -11,8 +11,13 @@ from webapp.jobs.store import job_view
 from webapp.jobs.submit import TUNING_UPLOADS, Submitted, submit_job
 from webapp.options import SubmitError
 
+if TYPE_CHECKING:
+    from webapp.config import Config
+    from webapp.jobs.queue import JobQueue
+    from webapp.jobs.store import JobStore
 
-def ctx():
+
+def ctx() -> tuple[Config, JobStore, JobQueue]:
     """(config, store, queue) of the running app."""
     ext = current_app.extensions["playground"]
     return ext["config"], ext["store"], ext["queue"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, jsonify, request, send_file
+from typing import TYPE_CHECKING
+
+from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
@@ -11,16 +13,19 @@ from webapp.jobs.worker import ensure_example_files
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import job_json
 
+if TYPE_CHECKING:
+    from werkzeug.exceptions import HTTPException
+
 bp = Blueprint("api", __name__, url_prefix="/api")
 
 
 @bp.errorhandler(SubmitError)
-def refused(e: SubmitError):
+def refused(e: SubmitError) -> tuple[Response, int, dict]:
     return jsonify({"error": str(e)}), e.status, retry_headers(e)
 
 
 @bp.errorhandler(413)
-def too_large(e):
+def too_large(e: HTTPException) -> tuple[Response, int]:
     # The contract answers 400 for every request refused at once, a too large file included.
     config, _, _ = ctx()
     message = f"The file is larger than this server's limit of {config.max_upload_mb} MB."
@@ -28,12 +33,12 @@ def too_large(e):
 
 
 @bp.errorhandler(404)
-def not_found(e):
+def not_found(e: HTTPException) -> tuple[Response, int]:
     return jsonify({"error": "Not found."}), 404
 
 
 @bp.get("/examples")
-def examples():
+def examples() -> Response:
     return jsonify(
         [
             {
@@ -49,7 +54,7 @@ def examples():
 
 
 @bp.get("/examples/<name>.<fmt>")
-def example_file(name: str, fmt: str):
+def example_file(name: str, fmt: str) -> Response:
     if name not in EXAMPLES or fmt not in ("onnx", "pt2"):
         abort(404)
     config, _, _ = ctx()
@@ -58,12 +63,12 @@ def example_file(name: str, fmt: str):
 
 
 @bp.get("/targets")
-def targets():
+def targets() -> Response:
     return jsonify([t.to_json() for t in TARGETS.values()])
 
 
 @bp.get("/devices")
-def devices():
+def devices() -> Response:
     """The device pool: the tracker, the boards registered per key (free, busy, jobs waiting), and
     the emulated boards the pool runs."""
     config, _, _ = ctx()
@@ -71,13 +76,18 @@ def devices():
 
 
 @bp.post("/jobs")
-def create_job():
+def create_job() -> tuple[Response, int]:
     job = submit_from_request()
     root = request.url_root.rstrip("/")
-    answer = {"id": job.id, "url": f"{root}/r/{job.id}", "api_url": f"{root}/api/jobs/{job.id}"}
+    answer: dict[str, str | bool | None] = {
+        "id": job.id,
+        "url": f"{root}/r/{job.id}",
+        "api_url": f"{root}/api/jobs/{job.id}",
+    }
     if job.reused:  # an identical earlier job answers: 200 with "reused" (send rerun=1 for a fresh run)
         return jsonify(answer | {"reused": True}), 200
     # the submitter's alone: DELETE /api/jobs/<id>?token=... (or the link, in a browser)
+    assert job.delete_token is not None  # a new job's (Submitted: None only for a reused one)
     answer |= {
         "reused": False,
         "delete_url": delete_url(job.id, job.delete_token),
@@ -87,14 +97,14 @@ def create_job():
 
 
 @bp.delete("/jobs/<job_id>")
-def delete(job_id: str):
+def delete(job_id: str) -> Response:
     """Delete a result with its delete token (`token` in the query or the form)."""
     delete_with_token(job_id, request.values.get("token", ""))
     return jsonify({"id": job_id, "deleted": True})
 
 
 @bp.post("/jobs/<job_id>/cancel")
-def cancel_job(job_id: str):
+def cancel_job(job_id: str) -> tuple[Response, int]:
     """Stop a running job's tuning; it keeps what it tuned and goes on to build."""
     view_or_404(job_id)
     ctx()[1].request_cancel(job_id)
@@ -102,5 +112,5 @@ def cancel_job(job_id: str):
 
 
 @bp.get("/jobs/<job_id>")
-def get_job(job_id: str):
+def get_job(job_id: str) -> Response:
     return job_json(job_id)

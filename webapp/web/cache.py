@@ -69,7 +69,7 @@ def static_version(filename: str) -> str | None:
         return None
 
 
-def job_etag(job_id: str, *choices) -> str | None:
+def job_etag(job_id: str, *choices: object) -> str | None:
     """The ETag of a finished job's page rendered for `choices`; None while the job runs (or is gone)."""
     _, store, _ = ctx()
     job = store.get(job_id)
@@ -94,7 +94,11 @@ def requested(etag: str) -> bool:
 
 
 def cached_page(
-    job_id: str, render: Callable[[], str], *choices, mimetype: str = "text/html", private: bool = False
+    job_id: str,
+    render: Callable[[], str],
+    *choices: object,
+    mimetype: str = "text/html",
+    private: bool = False,
 ) -> Response:
     """The page `render` makes for a job: for a finished job, with its ETag, from rendered/ once made."""
     etag = job_etag(job_id, request.url_root, request.full_path, *choices)

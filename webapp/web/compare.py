@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import fields
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def model_differences(job_a: dict, job_b: dict, dir_a: Path, dir_b: Path) -> lis
     return out
 
 
-def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
+def paired(a: list[dict], b: list[dict], key: Callable[[dict], Hashable]) -> list[tuple]:
     """(key, row of a or None, row of b or None) for every key of either, in a's order then b's."""
     index_a, index_b = {key(x): x for x in a}, {key(x): x for x in b}
     keys = list(index_a) + [k for k in index_b if k not in index_a]
@@ -111,7 +112,7 @@ def paired(a: list[dict], b: list[dict], key) -> list[tuple]:
 KERNEL_FIELDS = ("name", "schedule", "calls", "ms", "share", "flop")
 
 
-def joined(items: list[tuple[str, dict]], keys) -> list[list[int]]:
+def joined(items: list[tuple[str, dict]], keys: Callable[[dict], Iterable[Hashable]]) -> list[list[int]]:
     """Items of A and of B ((side, item) pairs) in groups joined by shared keys (keys(item) -> a list),
     each group's members in order; groups in A's order, then B's groups that meet nothing of A."""
     parent = list(range(len(items)))

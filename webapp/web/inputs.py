@@ -8,10 +8,11 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import cast
+from typing import IO, cast
 
-from flask import Blueprint, abort, jsonify, redirect, render_template, request, send_file, url_for
+from flask import Blueprint, Response, abort, jsonify, redirect, render_template, request, send_file, url_for
 from werkzeug.exceptions import BadRequest
+from werkzeug.wrappers import Response as BaseResponse
 
 from webapp import targets
 from webapp.codeviews import safe_job_file
@@ -44,7 +45,7 @@ def why_not(job: dict) -> str | None:
     return None
 
 
-def create_run(config: Config, job: dict, upload, filename: str) -> str:
+def create_run(config: Config, job: dict, upload: IO[bytes], filename: str) -> str:
     """Saves the upload as a new queued run of `job`; returns its id (raises SubmitError)."""
     why = why_not(job)
     if why:
@@ -98,15 +99,15 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
     return view
 
 
-def text(x) -> str | None:
+def text(x: object) -> str | None:
     return str(x)[:2000] if x is not None else None
 
 
-def number(x) -> float | None:
+def number(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def items(x, n: int) -> list:
+def items(x: object, n: int) -> list:
     return x[:n] if isinstance(x, list) else []
 
 
@@ -165,7 +166,7 @@ def clean_result(result: dict) -> dict:
     }
 
 
-def agreement(reading) -> dict:
+def agreement(reading: object) -> dict:
     """How a runtime's reading agrees with the reference's (webapp.pipeline.reports.readings.agreement)."""
     if not isinstance(reading, dict):
         return {}
@@ -197,7 +198,7 @@ def submitted(job_id: str) -> str:
 
 
 @bp.post("/r/<job_id>/inputs")
-def submit(job_id: str):
+def submit(job_id: str) -> tuple[str, int] | BaseResponse:
     """The result page's own-input form: a bad file answers with why and the way back to the form."""
     try:
         run_id = submitted(job_id)
@@ -213,7 +214,7 @@ def submit(job_id: str):
 
 
 @bp.post("/api/jobs/<job_id>/inputs")
-def api_submit(job_id: str):
+def api_submit(job_id: str) -> tuple[Response, int]:
     run_id = submitted(job_id)
     urls = {k: url_for(f"inputs.{k}", job_id=job_id, run_id=run_id, _external=True) for k in ("page", "json")}
     return jsonify({"id": run_id, "url": urls["page"], "api_url": urls["json"]}), 202
@@ -230,18 +231,18 @@ def run_or_404(job_id: str, run_id: str) -> tuple[dict, dict]:
 
 
 @bp.get("/r/<job_id>/inputs/<run_id>.json")
-def json(job_id: str, run_id: str):
+def json(job_id: str, run_id: str) -> Response:
     return jsonify(run_or_404(job_id, run_id)[1])
 
 
 @bp.get("/r/<job_id>/inputs/<run_id>")
-def page(job_id: str, run_id: str):
+def page(job_id: str, run_id: str) -> str:
     job, run = run_or_404(job_id, run_id)
     return render_template("own_input.html", job=job, run=run, job_title=job_title(job))
 
 
 @bp.get("/r/<job_id>/inputs/<run_id>/outputs.npz")
-def outputs(job_id: str, run_id: str):
+def outputs(job_id: str, run_id: str) -> Response:
     _, run = run_or_404(job_id, run_id)
     if not run["outputs_file"]:
         abort(404)

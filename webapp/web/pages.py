@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from flask import (
@@ -38,7 +39,7 @@ from webapp.catalog import (
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.exports.repro import archive_name, reproducer_zip
-from webapp.jobs.submit import SubmitError, resubmit_job
+from webapp.jobs.submit import SubmitError, Submitted, resubmit_job
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
@@ -74,12 +75,12 @@ PARTS = ("head", *SECTION_LABELS)
 PART_TEMPLATES = {"code": "_code_section.html"}  # _code.html is the code panel inside it
 
 
-def choices(name: str, values) -> list[tuple[str, str]]:
+def choices(name: str, values: Iterable[str]) -> list[tuple[str, str]]:
     return [(v, CHOICE_TEXT.get(name, {}).get(v, v)) for v in values]
 
 
 @bp.app_template_filter("natural_sort")
-def natural_sort(items, attribute: str | None = None) -> list:
+def natural_sort(items: Iterable[Any], attribute: str | None = None) -> list:
     return sorted(items, key=lambda x: natural_key(str(x[attribute] if attribute else x)))
 
 
@@ -113,7 +114,7 @@ def matches(value: str, pattern: str) -> bool:
 
 
 @bp.app_context_processor
-def common():
+def common() -> dict[str, Any]:
     config, _, _ = ctx()
     # the code views a graph node's kernel links to (the graph viewer's script reads them)
     links = [[name, v.graph_link] for name, v in CODE_VIEWS.items() if v.graph_link]
@@ -139,7 +140,7 @@ ERROR_TEXT = {
 
 
 @bp.app_errorhandler(HTTPException)
-def http_error(e: HTTPException):
+def http_error(e: HTTPException) -> tuple[str | Response, int]:
     """Every error as a styled page, or as JSON for a .json URL and the API."""
     status = e.code or 500
     message: str | None
@@ -160,7 +161,7 @@ def http_error(e: HTTPException):
 
 
 @bp.app_errorhandler(InternalServerError)
-def server_error(e):
+def server_error(e: InternalServerError) -> tuple[str | Response, int]:
     if wants_json():
         return jsonify({"error": ERROR_TEXT[500]}), 500
     return render_template("error.html", status=500, title="Server error", message=ERROR_TEXT[500]), 500
@@ -178,7 +179,9 @@ def target_groups() -> list[tuple[str, list]]:
     return list(groups.items())
 
 
-def render_index(error: str | None = None, status: int = 200, form=None):
+def render_index(
+    error: str | None = None, status: int = 200, form: Mapping[str, str] | None = None
+) -> tuple[str, int]:
     html = render_template(
         "index.html",
         examples=EXAMPLES.values(),
@@ -198,12 +201,12 @@ def render_index(error: str | None = None, status: int = 200, form=None):
 
 
 @bp.get("/")
-def index():
+def index() -> tuple[str, int]:
     return render_index()
 
 
 @bp.post("/jobs")
-def submit():
+def submit() -> tuple[str, int, dict] | BaseResponse:
     try:
         job = submit_from_request()
     except SubmitError as e:
@@ -211,7 +214,7 @@ def submit():
     return to_result(job)
 
 
-def to_result(job) -> BaseResponse:
+def to_result(job: Submitted) -> BaseResponse:
     """The answer to a submission from a browser: its result page, and the cookies that make the
     result this browser's own (the compare picker's list, the delete link's token)."""
     response = redirect(
@@ -242,7 +245,7 @@ def own_results(but: str) -> list[str]:
 
 
 @bp.get("/compare/picker")
-def compare_picker():
+def compare_picker() -> str:
     """The result page's "compare with" choices, fetched by the page (they change as jobs end; the page
     itself is cached): this browser's own finished results first, then recent ones of the built-in
     examples (an upload is listed only to the browser that submitted it)."""
@@ -258,7 +261,7 @@ PICKER_RECENT = 15
 
 
 @bp.errorhandler(413)
-def too_large(e):
+def too_large(e: HTTPException) -> tuple[str, int]:
     config, _, _ = ctx()
     return render_index(f"The file is larger than this server's limit of {config.max_upload_mb} MB.", 413)
 
@@ -267,7 +270,7 @@ def too_large(e):
 
 
 @bp.get("/r/<job_id>.json")
-def result_json(job_id: str):
+def result_json(job_id: str) -> Response:
     return job_json(job_id)
 
 
@@ -333,7 +336,7 @@ def is_live(job: dict) -> bool:
 
 
 @bp.get("/r/<job_id>")
-def result(job_id: str):
+def result(job_id: str) -> Response:
     reused = request.args.get("reused") == "1"  # the form's submission was answered by this job
     token = request.cookies.get(f"delete-{job_id}", "")  # set for the browser that submitted it
     deletable = delete_url(job_id, token) if ctx()[1].may_delete(job_id, token) else None
@@ -354,14 +357,14 @@ def result(job_id: str):
 
 
 @bp.get("/r/<job_id>/delete")
-def confirm_delete(job_id: str):
+def confirm_delete(job_id: str) -> str:
     """The delete link: a page that asks first (a GET deletes nothing)."""
     job = view_or_404(job_id)
     return render_template("delete.html", job=job, token=request.args.get("token", ""))
 
 
 @bp.post("/r/<job_id>/delete")
-def delete(job_id: str):
+def delete(job_id: str) -> BaseResponse:
     delete_with_token(job_id, request.form.get("token", ""))
     # to an address no browser has cached (the result's own page may be, for an hour): it says 410 Gone
     response = redirect(url_for("pages.result", job_id=job_id, deleted=1), code=303)
@@ -370,7 +373,7 @@ def delete(job_id: str):
 
 
 @bp.get("/r/<job_id>/live")
-def live(job_id: str):
+def live(job_id: str) -> Response:
     """The stages, and every section whose HTML differs from the version the page has (the page
     sends its versions, and its code selection so that the code section renders as it shows it).
     htmx swaps the sections in by id; the answer 286 tells it to stop polling: the job has ended."""
@@ -383,12 +386,12 @@ def live(job_id: str):
 
 
 @bp.get("/r/<job_id>/stages")
-def stages(job_id: str):
+def stages(job_id: str) -> str:
     return render_template("_stages.html", job=view_or_404(job_id))
 
 
 @bp.post("/r/<job_id>/resubmit")
-def resubmit(job_id: str):
+def resubmit(job_id: str) -> BaseResponse:
     """A failed upload submitted again with the input shapes its failure asked for (jobs/submit.py)."""
     config, store, queue = ctx()
     job = view_or_404(job_id)
@@ -402,7 +405,7 @@ def resubmit(job_id: str):
 
 
 @bp.post("/r/<job_id>/cancel")
-def cancel(job_id: str):
+def cancel(job_id: str) -> BaseResponse:
     """Ask a running job to stop tuning: the pipeline sees the flag, keeps its records and builds."""
     view_or_404(job_id)
     ctx()[1].request_cancel(job_id)
@@ -413,7 +416,7 @@ CODE_ARGS = ("view", "kernel", "pass", "diff", "asm_all", "graph", "node", "line
 
 
 @bp.get("/r/<job_id>/code")
-def code(job_id: str):
+def code(job_id: str) -> Response:
     def render() -> str:
         job = view_or_404(job_id)
         return render_template("_code.html", job=job, code=requested_code_view(job))
@@ -433,7 +436,7 @@ RESULT_ID = re.compile(r"(?:/r/|/compare/[^/]+/|^)([A-Za-z0-9_-]{8,64})(?:\.json
 
 
 @bp.get("/compare")
-def compare_form():
+def compare_form() -> BaseResponse:
     """The result page's "compare with..." field: another result's link (or id), or one picked from the
     recent ones -> /compare/<a>/<b>."""
     match = RESULT_ID.search((request.args.get("b") or request.args.get("pick") or "").strip())
@@ -480,20 +483,20 @@ def requested_comparison(a: str, b: str) -> tuple[dict, dict]:
 
 
 @bp.get("/compare/<a>/<b>.json")
-def compare_json(a: str, b: str):
+def compare_json(a: str, b: str) -> Response:
     comparison, diff = requested_comparison(a, b)
     return jsonify(comparison | {"diff": {k: diff[k] for k in ("view", "kernel_a", "kernel_b", "text")}})
 
 
 @bp.get("/compare/<a>/<b>")
-def compare_page(a: str, b: str):
+def compare_page(a: str, b: str) -> str:
     comparison, diff = requested_comparison(a, b)
     html = highlighted(diff["text"], "diff") if diff["text"] else None
     return render_template("compare.html", c=comparison, diff=diff, diff_html=html)
 
 
 @bp.get("/r/<job_id>/graph-<key>.json")
-def graph_json(job_id: str, key: str):
+def graph_json(job_id: str, key: str) -> Response:
     """A graph of the job as JSON (nodes, edges; the layers, kernels and times linked to them)."""
     job = view_or_404(job_id)
     path = safe_job_file(ctx()[1].job_dir(job_id), f"views/graph-{key}.json") if key in GRAPHS else None
@@ -504,7 +507,7 @@ def graph_json(job_id: str, key: str):
 
 
 @bp.get("/r/<job_id>/files/<name>")
-def files(job_id: str, name: str):
+def files(job_id: str, name: str) -> Response:
     job = view_or_404(job_id)
     _, store, _ = ctx()
     if name == "result.json":
@@ -526,7 +529,7 @@ def files(job_id: str, name: str):
 
 
 @bp.get("/r/<job_id>/repro/<path:kernel>.zip")
-def reproducer(job_id: str, kernel: str):
+def reproducer(job_id: str, kernel: str) -> Response:
     """A kernel's reproducer (webapp/exports/repro.py), packed from the job's texts when asked."""
     job = view_or_404(job_id)
     data = job["status"] in FINISHED and reproducer_zip(ctx()[1].job_dir(job_id), job["results"], kernel)
@@ -537,12 +540,12 @@ def reproducer(job_id: str, kernel: str):
 
 
 @bp.get("/pygments.css")
-def pygments_stylesheet():
+def pygments_stylesheet() -> Response:
     """Pygments' colours; its URL carries the site's version (?v=), so browsers keep it a year."""
     return cache_forever(Response(pygments_css(), mimetype="text/css"))
 
 
 @bp.get("/favicon.ico")
-def favicon():
+def favicon() -> BaseResponse:
     """What browsers ask for on their own: the page's icon (an SVG, which they all read)."""
     return redirect(url_for("static", filename="favicon.svg"), code=301)

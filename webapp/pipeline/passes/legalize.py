@@ -4,6 +4,8 @@ FuseOps."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tvm
 from tvm import relax, te
@@ -12,6 +14,9 @@ from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_
 from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.passes.winograd import winograd
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.optimize import FusionTrace
 
 REWRITES = {
     "fast_math": fast_math,
@@ -66,7 +71,7 @@ def widening_multiply(x: te.Tensor, c: te.Tensor) -> te.Tensor:
 
 
 @tvm.transform.module_pass(opt_level=0, name="MultiplyByInt32Constants")
-def multiply_by_int32_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def multiply_by_int32_constants(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """An int64 multiply by a constant whose values fit in 32 bits (a fixed-point requantization's
     multipliers, webapp.pipeline.stages.quantize) reads the constant as int32 and widens it: in its
     fused kernel both operands are then 32-bit values widened, which LLVM multiplies with one
@@ -77,7 +82,7 @@ def multiply_by_int32_constants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return mutate_functions(_Narrow, mod)
 
 
-def fuse(mod: tvm.IRModule, target: Target, trace=None) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target: Target, trace: FusionTrace | None = None) -> tvm.IRModule:
     """Legalized and fused (the kernels before scheduling), as the optimize stage's FuseTIR module,
     without its per-pass views; `trace` (an optimize.FusionTrace) sees its fusion."""
     instruments = [RunningPass(), *([trace] if trace else [])]

@@ -38,7 +38,9 @@ def on_stack(alloc: tirx.AllocBuffer) -> tirx.AllocBuffer:
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="LocalBuffersOnStack")
-def local_buffers_on_stack(func, _mod, _ctx):
+def local_buffers_on_stack(
+    func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext
+) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.AllocBuffer, on_stack)])
 
 
@@ -48,7 +50,7 @@ FCVTMS = "llvm.aarch64.neon.fcvtms"
 FLOOR = tvm.ir.Op.get("tirx.floor")
 
 
-def fcvtms(cast: tirx.Cast) -> tirx.PrimExpr:
+def fcvtms(cast: tirx.Cast) -> tvm.ir.Expr:
     """int32(floor(x)) of float32 as one `fcvtms` (4 lanes an instruction), where LLVM makes a
     `frintm` and an `fcvtzs`: the same result in every case (both saturate beyond int32, NaN gives 0),
     one instruction fewer per vector of every int8 layer's requantization. Under QEMU each of the
@@ -84,7 +86,9 @@ TIR_REWRITES = {"floor_to_int": lambda func: tvm_ffi.structural_map(func, [(tirx
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="TargetRewrites")
-def target_rewrites(func, _mod, _ctx):
+def target_rewrites(
+    func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext
+) -> tirx.PrimFunc:
     """The TIR rewrites the kernel's target names (webapp.targets.tir_rewrites)."""
     target = func.attrs.get("target") if func.attrs else None
     for name in tir_rewrites(target) if target is not None else ():

@@ -37,7 +37,7 @@ LOOKAHEAD = 8  # bindings ConvertLayout may insert before the one it rewrites (t
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundFastMath")
-def fast_math(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def fast_math(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Activations written out in the functions FastMathTransform replaces (Expansions), then TVM's
     FastMathTransform, on a model it can take (it fails on a call of an extern function)."""
     expanded = mod.clone()
@@ -59,7 +59,7 @@ class Expansions(relax.PyExprMutator):
     power(x, 2) and power(x, 3) as products (GPT-2's tanh GELU cubes its input: 3.6 ms of its 48
     here, calling powf per element)."""
 
-    def visit_call_(self, call):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op) or not call.args:
             return call
@@ -89,7 +89,7 @@ class Expansions(relax.PyExprMutator):
         return call
 
 
-def static_shape(ty) -> list[int] | None:
+def static_shape(ty: tvm.ir.Type) -> list[int] | None:
     shape = getattr(ty, "shape", None)
     try:
         return [int(d) for d in shape] if shape is not None else None
@@ -112,7 +112,7 @@ ARITHMETIC: dict[str, Callable[..., Any]] = {
 SHAPING = {"relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to", "relax.permute_dims"}
 
 
-def numpy_value(call, values: list, ty):
+def numpy_value(call: relax.Call, values: list, ty: tvm.ir.Type) -> np.ndarray | None:
     """The value of an op on constants (numpy arrays), or None when it is not computed here."""
     name, shape, dtype = call.op.name, static_shape(ty), str(getattr(ty, "dtype", ""))
     if shape is None or any(v.dtype != np.dtype(dtype) for v in values if dtype):
@@ -138,7 +138,7 @@ class NumpyFold(relax.PyExprMutator):
         super().__init__(mod)
         self.values: dict = {}
 
-    def visit_var_binding_(self, binding):
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         call = binding.value
         if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
             tensors = [a for a in call.args if type(a).__name__ not in ("ShapeExpr", "PrimValue")]
@@ -155,7 +155,9 @@ class NumpyFold(relax.PyExprMutator):
         super().visit_var_binding_(binding)
 
 
-def mutate_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
+def mutate_functions(
+    mutator: Callable[[tvm.IRModule], relax.PyExprMutator], mod: tvm.IRModule
+) -> tvm.IRModule:
     """Every Relax function of `mod` rewritten by `mutator(mod)` (a PyExprMutator class); `mod` as it
     was if that fails (the rewrite is an optimization, never a job's failure)."""
     try:
@@ -170,7 +172,7 @@ def mutate_functions(mutator, mod: tvm.IRModule) -> tvm.IRModule:
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundNumpyFold")
-def fold_with_numpy(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def fold_with_numpy(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Ops on constants computed with numpy (NumpyFold), before FoldConstant does the rest (all of them,
     if NumpyFold fails)."""
     return mutate_functions(NumpyFold, mod)
@@ -199,7 +201,7 @@ def grouped(conv: relax.Call) -> bool:
 
 
 @tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)
-def channels_last(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def channels_last(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Float convolutions in NHWC / HWIO, their neighbours following. A model the conversion cannot
     take stays as it was: the NCHW rules schedule it (never a job's failure). So does a model with a
     grouped convolution (ShuffleNet's): the NCHW rule tiles a group's output channels in registers,
@@ -220,7 +222,7 @@ def main_bindings(mod: tvm.IRModule, name: str = "main") -> list:
     return [b for block in body.blocks for b in block.bindings] if isinstance(body, relax.SeqExpr) else []
 
 
-def same_kind(a, b) -> bool:
+def same_kind(a: relax.Expr, b: relax.Expr) -> bool:
     """Whether two binding values are the same operation (an op, a function, or a tuple / field)."""
     if type(a) is not type(b):
         return False

@@ -14,16 +14,16 @@ class RunningPass:
     def __init__(self):
         self.depth, self.outer = 0, ""
 
-    def enter_pass_ctx(self):
+    def enter_pass_ctx(self) -> None:
         self.depth, self.outer = 0, steps.now
 
-    def exit_pass_ctx(self):
+    def exit_pass_ctx(self) -> None:
         steps.set_step(self.outer)
 
-    def run_before_pass(self, mod, info):
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         self.depth += 1
         if self.depth <= 3 and info.name not in ("sequential", "_pipeline"):
             steps.set_step(info.name)
 
-    def run_after_pass(self, mod, info):
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         self.depth -= 1

@@ -20,14 +20,14 @@ COMPARISONS = {"equal", "not_equal", "less", "less_equal", "greater", "greater_e
 SCANS = {"cumsum", "cumprod"}
 
 
-def dtype_of(expr) -> str | None:
+def dtype_of(expr: relax.Expr) -> str | None:
     ty = getattr(expr, "ty", None)
     return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
 
 
 @relax.expr_functor.mutator
 class AroundGaps(relax.PyExprMutator):
-    def visit_call_(self, call):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op):
             return call
@@ -45,7 +45,7 @@ class AroundGaps(relax.PyExprMutator):
         return call
 
 
-def needs_it(expr) -> bool:
+def needs_it(expr: relax.Expr) -> bool:
     if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
         return False
     name = expr.op.name.removeprefix("relax.")

@@ -22,6 +22,8 @@ one conv + ReLU each (direct / Winograd): 16->32 channels on 28x28 50 / 60 us, 1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import tvm
 from tvm import relax, s_tir, te, tirx
@@ -40,7 +42,7 @@ def transformed_weights(hwio: np.ndarray) -> np.ndarray:
     return np.einsum("ak,bl,klio->abio", G, G, hwio.astype("float64")).astype("float32")
 
 
-def lookup(v, table) -> tirx.PrimExpr:
+def lookup(v: tvm.ir.Expr, table: Sequence[int]) -> tvm.ir.Expr:
     """table[v] for an index expression v (folds to a constant once v's loop is unrolled)."""
     out = tirx.const(table[-1], "int32")
     for i in range(len(table) - 2, -1, -1):
@@ -118,7 +120,7 @@ def direct_flop(func: tirx.PrimFunc) -> float | None:
     return 2.0 * 9 * int(transform.writes[0].source.shape[3]) * float(outputs)
 
 
-def takes(call: relax.Call, weight) -> bool:
+def takes(call: relax.Call, weight: np.ndarray | None) -> bool:
     """Whether the conv2d `call` is one this rewrite takes (see the module docstring)."""
     attrs = call.attrs
     data_ty = call.args[0].ty
@@ -147,7 +149,7 @@ def takes(call: relax.Call, weight) -> bool:
 class Winograd(relax.PyExprMutator):
     """conv2d calls this rewrite takes replaced by the Winograd kernel, each binding's var kept."""
 
-    def constant(self, expr) -> np.ndarray | None:
+    def constant(self, expr: relax.Expr) -> np.ndarray | None:
         while isinstance(expr, relax.Var):
             bound = self.lookup_binding(expr)
             if bound is None:
@@ -155,18 +157,19 @@ class Winograd(relax.PyExprMutator):
             expr = bound
         return expr.value.numpy() if isinstance(expr, tvm.ir.Constant) else None
 
-    def visit_call_(self, call):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
             return call
         weight = self.constant(call.args[1])
         if not takes(call, weight):
             return call
+        assert weight is not None  # takes() refuses a weight not known
         u = relax.const(transformed_weights(weight), "float32")
         return self.builder_.call_te(conv2d_te, call.args[0], u, primfunc_name_hint="winograd_conv2d")
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundWinograd")
-def winograd(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+def winograd(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """The Winograd rewrite (Winograd) on every Relax function; the direct convolutions if it fails."""
     return mutate_functions(Winograd, mod)

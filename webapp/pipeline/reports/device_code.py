@@ -13,11 +13,15 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from webapp.catalog import code_file
 from webapp.targets import Target
+
+if TYPE_CHECKING:
+    from tvm.runtime import Module
 
 TOOL_TIMEOUT_S = 300
 
@@ -40,7 +44,7 @@ def functions(source: str) -> dict[str, str]:
     return out
 
 
-def of_kernel(kernel: str, names) -> list[str]:
+def of_kernel(kernel: str, names: Iterable[str]) -> list[str]:
     """The device functions a kernel launches."""
     pattern = re.compile(rf"{re.escape(kernel)}_kernel(_\d+)?")
     return sorted(n for n in names if pattern.fullmatch(n))
@@ -146,7 +150,7 @@ def kernel_resources(kernel: str, resources: dict[str, dict]) -> dict | None:
 # ---------------------------------------------------------------- the inspect stage's part
 
 
-def write_device_code(host, target: Target, kernels: list[str], job_dir: Path) -> dict | None:
+def write_device_code(host: Module | None, target: Target, kernels: list[str], job_dir: Path) -> dict | None:
     """files/device.<suffix> (and for CUDA device.ptx, device.sass), views/kernels/<k>.device (.ptx,
     .sass); returns results["device_code"]: the language, the files, and per kernel its device
     functions and (CUDA) ptxas resources. None for a CPU build."""

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax
 
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.optimize import Fusion
+
 CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
 
 
-def type_json(ty) -> dict:
+def type_json(ty: tvm.ir.Type) -> dict:
     if isinstance(ty, relax.TensorType):
         shape = None
         if ty.shape is not None and hasattr(ty.shape, "values"):
@@ -25,7 +30,7 @@ def type_json(ty) -> dict:
     return {"kind": "other", "text": str(ty)}
 
 
-def tensor_sources(expr, producer: dict):
+def tensor_sources(expr: relax.Expr, producer: dict) -> Iterator[tuple[str, tvm.ir.Type]]:
     """The (node id, type) of each tensor `expr` is made of (a tuple's fields, each)."""
     if isinstance(expr, relax.Tuple):
         for field in expr.fields:
@@ -200,7 +205,11 @@ TITLES = {
 
 
 def draw_graphs(
-    imported: tvm.IRModule, fused: tvm.IRModule, job_dir: Path, fusion=None, modules: dict | None = None
+    imported: tvm.IRModule,
+    fused: tvm.IRModule,
+    job_dir: Path,
+    fusion: Fusion | None = None,
+    modules: dict | None = None,
 ) -> dict:
     """The graphs before and after fusion (JSON and SVG), as soon as optimize has fused the model;
     with `fusion` (optimize.Fusion) each imported node names its layer and kernel, and each call in
@@ -320,7 +329,7 @@ def kernel_blocks(job_dir: Path) -> dict[str, list[str]]:
     return out
 
 
-def link_graphs(imported: dict, fused: dict, fusion) -> None:
+def link_graphs(imported: dict, fused: dict, fusion: Fusion) -> None:
     """Each imported node names its source layer, its kernel and the fused node (the kernel call)
     computing it; each fused node names the source layers of its call."""
     call_of = {}  # an imported var -> the id of the fused node computing it
@@ -350,7 +359,7 @@ def link_graphs(imported: dict, fused: dict, fusion) -> None:
             node.update(kernel=call["label"], call=call["id"])
 
 
-def overlay_graphs(job_dir: Path, annotate) -> None:
+def overlay_graphs(job_dir: Path, annotate: Callable[..., None]) -> None:
     """views/graph-*.json rewritten with annotate(imported, fused, layers) (any may be None)."""
     paths = [job_dir / "views" / f"graph-{key}.json" for key in ("imported", "fused", "layers")]
     graphs = [json.loads(p.read_text()) if p.is_file() else None for p in paths]

@@ -19,8 +19,13 @@ What the benchmark shows (`rate_findings`, from the timed kernels, in the facts)
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, cast
 
 from webapp.asm import inner_loops
+
+if TYPE_CHECKING:
+    from webapp.asm import Dialect
+    from webapp.targets import LLVMCPU, Target
 
 HAZARDS = {
     "naive": "left on TVM's naive schedule",
@@ -46,7 +51,7 @@ def finding(hazard: str, evidence: str, view: str | None = None, line: int | Non
     return {"hazard": hazard, "title": HAZARDS[hazard], "evidence": evidence, "view": view, "line": line}
 
 
-def findings_or_why(kernel: dict, tir: str, asm: str, target) -> list[dict]:
+def findings_or_why(kernel: dict, tir: str, asm: str, target: Target) -> list[dict]:
     """static_findings, or where the linter fails on the kernel one finding that says so: it never
     fails the job."""
     try:
@@ -55,7 +60,7 @@ def findings_or_why(kernel: dict, tir: str, asm: str, target) -> list[dict]:
         return [finding("unchecked", f"the linter failed on it: {type(exc).__name__}: {exc}")]
 
 
-def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
+def static_findings(kernel: dict, tir: str, asm: str, target: Target) -> list[dict]:
     """The hazards a kernel's build shows. `asm` is its assembly as the page shows it (filtered), so
     that a finding's line is the page's line; `kernel` its kernel-table row."""
     lines = asm.splitlines()
@@ -70,7 +75,8 @@ def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
         evidence = f"no vector register in its innermost loops; the longest: lines {first + 1}-{last + 1}"
         out.append(finding("scalar loop", evidence, "asm", first + 1))
     # a GPU's assembly is its host's
-    mnemonic = target.int8_mnemonic() if dialect is not None and asm.strip() else None
+    # an assembly dialect is a CPU kind's (LLVMCPU)
+    mnemonic = cast("LLVMCPU", target).int8_mnemonic() if dialect is not None and asm.strip() else None
     # a depthwise (grouped) convolution reduces over no input channels: a dot product has nothing to add up
     int8 = WEIGHTY.search(kernel["name"]) and re.search(r'"u?int8"', tir) and "group_conv2d" not in tir
     if mnemonic and int8 and not re.search(rf"^\s+{mnemonic}\b", asm, re.M):
@@ -97,7 +103,7 @@ def static_findings(kernel: dict, tir: str, asm: str, target) -> list[dict]:
     return out
 
 
-def has_vectors(lines: list[str], span: tuple[int, int], dialect) -> bool:
+def has_vectors(lines: list[str], span: tuple[int, int], dialect: Dialect) -> bool:
     """Whether the lines of `span` hold an instruction on whole vectors (the dialect's `packed`)."""
     return any(dialect.packed.search(line) for line in lines[span[0] : span[1] + 1])
 

@@ -21,10 +21,13 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from webapp.asm import Dialect, loop_body, loop_ops
 from webapp.catalog import code_file
+
+if TYPE_CHECKING:
+    from webapp.targets import Target
 
 ITERATIONS = 100
 TIMEOUT_S = 20  # a loop
@@ -120,7 +123,7 @@ def predicted_ms(figures: dict, flop: float, calls: int, clock: float | None, th
 
 
 def analyse_kernels(
-    kernels: list[dict], texts: dict, job_dir: Path, target, flop: dict, threads: int
+    kernels: list[dict], texts: dict, job_dir: Path, target: Target, flop: dict, threads: int
 ) -> dict | None:
     """Each CPU kernel's hot loop analysed: `kernels` (the kernel table's rows) gain "mca", and each
     one's report is its "mca" code view. `texts`: each kernel's (TIR, assembly as the page shows it);

@@ -49,11 +49,11 @@ def read_footprint(lowered: tvm.IRModule) -> dict:
     }
 
 
-def kernel_items(lowered: tvm.IRModule):
+def kernel_items(lowered: tvm.IRModule) -> list[tuple[str, tvm.tirx.PrimFunc]]:
     return [(gv.name_hint, f) for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
-def kernel_workspace(func) -> int:
+def kernel_workspace(func: tvm.tirx.PrimFunc) -> int:
     """Bytes of a kernel's global-scope intermediate buffers with static shapes: those its root block
     allocates, where the schedules put them (read from the TIR, not from its printed text: printing
     every kernel of every build cost seconds a job)."""

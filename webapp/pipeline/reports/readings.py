@@ -6,6 +6,7 @@ input image, a probability per pixel) as the regions above DB's threshold."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,9 @@ def characters(onnx_path: Path) -> list[str] | None:
     return None if not listed else ["", *(c.rstrip("\r") for c in listed.split("\n")), " "]
 
 
-def reader(onnx_path: Path | None, shapes: list[list[int]], outputs: list[np.ndarray]):
+def reader(
+    onnx_path: Path | None, shapes: list[list[int]], outputs: list[np.ndarray]
+) -> tuple[str, Callable[[list[np.ndarray]], list]] | None:
     """("text" or "boxes", a function of a runtime's outputs giving each input's reading), or None for
     a model whose outputs this cannot read. `shapes`: the model's inputs' shapes in one run."""
     first = outputs[0] if outputs else None

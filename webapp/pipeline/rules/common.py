@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import contextvars
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from tvm import s_tir, tirx
 
 from webapp.targets import Target
 
+if TYPE_CHECKING:
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-def extent(sch: s_tir.Schedule, loop) -> int:
+ChoiceT = TypeVar("ChoiceT")
+
+
+def extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
     value = sch.get(loop).extent
     return int(value) if isinstance(value, tirx.IntImm) else -1
 
@@ -21,7 +27,7 @@ def vector_width(n: int, lanes: int, minimum: int = 2) -> int:
     return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= minimum and n % w == 0), 0)
 
 
-def fuse(sch: s_tir.Schedule, loops: list):
+def fuse(sch: s_tir.Schedule, loops: list[LoopRV]) -> LoopRV:
     """One loop for `loops` (the loop itself when there is one)."""
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
 
@@ -30,11 +36,11 @@ def largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
 
 
-def iter_kinds(block: tirx.SBlock) -> str:
+def iter_kinds(block: s_tir.SBlock) -> str:
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
 
 
-def one_matmul_block(sch: s_tir.Schedule):
+def one_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The kernel's one matmul block, C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k]): its
     spatial loops then one reduction, two operands; None where the kernel has none or several."""
     blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "matmul" in sch.get(b).name_hint]
@@ -58,7 +64,7 @@ def is_output(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
 MAX_INLINED_CHARS = 20_000
 
 
-def inline(sch: s_tir.Schedule, block) -> None:
+def inline(sch: s_tir.Schedule, block: SBlockRV) -> None:
     """sch.compute_inline, unless inlining would grow a consumer's expression past
     MAX_INLINED_CHARS; then it raises RuntimeError, as compute_inline does for a block it cannot
     inline."""
@@ -75,7 +81,7 @@ def inline(sch: s_tir.Schedule, block) -> None:
     sch.compute_inline(block)
 
 
-def inline_epilogue(sch: s_tir.Schedule, main) -> object | None:
+def inline_epilogue(sch: s_tir.Schedule, main: SBlockRV) -> SBlockRV | None:
     """Inlines the elementwise blocks after `main` into the block that writes the output, and returns
     that block (None when `main` writes the output itself). Raises when that is not possible. Blocks
     before `main` that only the epilogue reads are inlined into it too where they can be: left apart,
@@ -115,7 +121,7 @@ def simd(target: Target) -> tuple[int, int]:
     return target.vector_shape()
 
 
-def loops_below(sch: s_tir.Schedule, block, loop) -> list:
+def loops_below(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> list[LoopRV]:
     """The loops of `block` nested inside `loop`."""
     loops = sch.get_loops(block)
     at = [i for i, candidate in enumerate(loops) if sch.get(candidate).same_as(sch.get(loop))]
@@ -131,7 +137,7 @@ SERIAL_FLOPS, SERIAL_ELEMENTS = 1 << 19, 1 << 13  # a kernel under both runs on 
 serial_kernel = contextvars.ContextVar("serial", default=False)
 
 
-def parallel(sch: s_tir.Schedule, loop) -> None:
+def parallel(sch: s_tir.Schedule, loop: LoopRV) -> None:
     """sch.parallel(loop), unless the kernel being scheduled is too small to pay for its threads."""
     if not serial_kernel.get():
         sch.parallel(loop)
@@ -151,7 +157,7 @@ def small(sch: s_tir.Schedule) -> bool:
     return flops < SERIAL_FLOPS and elements < SERIAL_ELEMENTS
 
 
-def parallel_outer(sch: s_tir.Schedule, block, count: int):
+def parallel_outer(sch: s_tir.Schedule, block: SBlockRV, count: int) -> LoopRV:
     outer = fuse(sch, sch.get_loops(block)[:count])
     parallel(sch, outer)
     return outer
@@ -162,14 +168,14 @@ space_choices: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 )  # a tuning design space's choices (design_spaces)
 
 
-def choice(name: str, default):
+def choice(name: str, default: ChoiceT) -> ChoiceT:
     """A rule's discrete choice (a loop order, a register tile's vectors): `default`, or in a tuning
     design space the one that space stands for."""
     space = space_choices.get()
     return default if space is None else space.get(name, default)
 
 
-def inner_split(sch: s_tir.Schedule, loop, default: int, limit: int):
+def inner_split(sch: s_tir.Schedule, loop: LoopRV, default: int, limit: int) -> list[LoopRV]:
     """`loop` split into (outer, inner): `default` inner iterations, or in a tuning design space an
     inner factor MetaSchedule samples, a divisor from 2 to `limit`. Not 1: the epilogue computed at
     the outer loop would then have one loop fewer, and MetaSchedule's replay of the space's trace
@@ -191,7 +197,13 @@ def register_tile(width: int, blocks: int, accumulators: int) -> tuple[int, int]
 
 
 def finish_register_tile(
-    sch: s_tir.Schedule, block, tile, epilogue, unrolled: list, vector, reduction
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    tile: LoopRV,
+    epilogue: SBlockRV,
+    unrolled: list[LoopRV],
+    vector: LoopRV,
+    reduction: LoopRV,
 ) -> None:
     """The end of a float register-tile rule: `tile` in parallel, `epilogue` computed at it, the tile's
     `unrolled` loops unrolled (each accumulator its own register), its `vector` loop vectorized, and
@@ -205,7 +217,7 @@ def finish_register_tile(
     sch.vectorize(sch.get_loops(init)[-1])
 
 
-def vector_split(sch: s_tir.Schedule, loop, lanes: int):
+def vector_split(sch: s_tir.Schedule, loop: LoopRV, lanes: int) -> list[LoopRV] | None:
     """Splits off an inner loop of vector_width iterations; None when there is no such width."""
     width = vector_width(extent(sch, loop), lanes)
     return sch.split(loop, [None, width]) if width else None

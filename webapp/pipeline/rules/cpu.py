@@ -25,6 +25,8 @@ that failed on it: "naive (reduction rule failed: ScheduleError: ...)"."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tvm.sym
 from tvm import s_tir, tirx
@@ -50,8 +52,13 @@ from webapp.pipeline.rules.common import (
 )
 from webapp.pipeline.rules.reductions import windowed
 
+if TYPE_CHECKING:
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-def conv_block(sch: s_tir.Schedule, suffix: str):
+    from webapp.targets import Target
+
+
+def conv_block(sch: s_tir.Schedule, suffix: str) -> SBlockRV | None:
     """The kernel's one conv2d block (named ...`suffix`: "conv2d_nchw", "conv2d_nhwc"), four output
     axes and three reduction axes over two inputs; None when the kernel has not exactly one."""
     blocks = [
@@ -63,7 +70,7 @@ def conv_block(sch: s_tir.Schedule, suffix: str):
     return blocks[0] if iter_kinds(stmt) == "SSSSRRR" and len(stmt.reads) == 2 else None
 
 
-def conv2d(sch: s_tir.Schedule, target) -> str | None:
+def conv2d(sch: s_tir.Schedule, target: Target) -> str | None:
     """Regular and grouped conv2d in NCHW with OIHW weights (topi's conv2d_nchw / group_conv2d_nchw)."""
     conv = conv_block(sch, "conv2d_nchw")
     if conv is None:
@@ -115,7 +122,7 @@ def conv2d(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind}"
 
 
-def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
+def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv: SBlockRV, epilogue: SBlockRV | None) -> SBlockRV:
     """An NHWC conv's input and accumulator, for both NHWC rules: legalization's copy of the input
     inlined (the conv reads it where it lies) or its padding run in parallel, and the sums kept in
     registers. Returns the block that writes the output (`epilogue`, or a copy-out made here)."""
@@ -134,7 +141,7 @@ def nhwc_input_and_accumulator(sch: s_tir.Schedule, conv, epilogue):
 L1_WEIGHT_BYTES = 32 * 1024  # a conv's weight block this small stays in the L1 cache
 
 
-def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
+def conv2d_nhwc(sch: s_tir.Schedule, target: Target) -> str | None:
     """Regular conv2d in NHWC with HWIO weights (the float layout CPU targets convert to,
     webapp.pipeline.stages.optimize.cpu_layout): an implicit GEMM over the channel axis. Input channels are
     innermost, so each step broadcasts one input value where it lies and loads one vector of repacked
@@ -184,7 +191,7 @@ def conv2d_nhwc(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: conv2d NHWC"
 
 
-def winograd(sch: s_tir.Schedule, target) -> str | None:
+def winograd(sch: s_tir.Schedule, target: Target) -> str | None:
     """The Winograd convolution (webapp.pipeline.passes.winograd): the input transform parallel over tiles,
     vectorized over input channels; the 16 GEMMs as the NHWC conv's register tile of tiles x vectors
     of output channels (transformed weights repacked at build time), parallel over positions x tile
@@ -242,7 +249,7 @@ def winograd(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: Winograd conv2d"
 
 
-def index_vars(region) -> list:
+def index_vars(region: tirx.BufferRegion) -> list:
     """The block variables that index each dimension of a buffer access (None where not a plain var)."""
     return [r.min if isinstance(r.min, tirx.Var) else None for r in region.region]
 
@@ -269,7 +276,9 @@ def tile_vectors(n: int, width: int, registers: int) -> int:
     return fits[0] if fits else min(options, key=lambda v: waste[v])
 
 
-def padded_operands(sch: s_tir.Schedule, block, rows: int, block_n: int, lanes: int):
+def padded_operands(
+    sch: s_tir.Schedule, block: SBlockRV, rows: int, block_n: int, lanes: int
+) -> tuple[SBlockRV | None, SBlockRV]:
     """A matmul block's rows padded to a multiple of `rows` and its columns to one of `block_n` where
     they are not (pad_einsum): B's padded copy, zeros in the extra columns, is the block that repacks
     B (a weight's is made once, at build time), A's padded rows a copy per call, parallel over rows
@@ -302,7 +311,7 @@ def padded_operands(sch: s_tir.Schedule, block, rows: int, block_n: int, lanes: 
     return epilogue, pack
 
 
-def b_transposed(stmt) -> bool | None:
+def b_transposed(stmt: s_tir.SBlock) -> bool | None:
     """Whether a matmul block reads B[.., j, k] (True) or B[.., k, j] (False); None where either operand
     is no matrix (or stack of them) over i, k and k, j: a vector operand (matrix x vector)."""
     *batch, i_var, j_var, k_var = [iv.var for iv in stmt.iter_vars]
@@ -314,7 +323,7 @@ def b_transposed(stmt) -> bool | None:
     return bool(b_idx[-1].same_as(k_var))
 
 
-def matmul(sch: s_tir.Schedule, target) -> str | None:
+def matmul(sch: s_tir.Schedule, target: Target) -> str | None:
     """Dense, matmul and batch matmul of any shape: C[.., i, j] += A[.., i, k] * B[.., k, j] (or
     B[.., j, k], a weight stored transposed, as nn.Linear's and a tied LM head's). A register tile of
     `rows` x `vectors` vectors of columns; B repacked as (.., N / block_n, K, block_n) panels, once
@@ -371,7 +380,7 @@ def matmul(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: batch matmul" if len(index_vars(stmt.reads[1])) > 2 else "default rule: matmul"
 
 
-def unit_stride_axis(stmt, read) -> int | None:
+def unit_stride_axis(stmt: s_tir.SBlock, read: tirx.BufferRegion) -> int | None:
     """The block axis along which `read` steps one element of its innermost dimension (its index
     simplified within the axes' ranges: a reshape-transpose-reshape chain inlined reads
     q[0, t, h * 64 + d] through nested divisions); None when no axis does."""
@@ -384,7 +393,9 @@ def unit_stride_axis(stmt, read) -> int | None:
     return next((i for i, c in enumerate(coefficients[:-1]) if analyzer.can_prove_equal(c, 1)), None)
 
 
-def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
+def transpose_in_vectors(
+    sch: s_tir.Schedule, block: SBlockRV, loops: list[LoopRV], lanes: int
+) -> LoopRV | None:
     """A transpose whose output's innermost axis has no vector width (NCHW to NHWC with 3 channels:
     an image model's input; attention's keys transposed to (heads, 64, 197 tokens)): the vector loop
     is instead the axis along which the input is contiguous, read in whole vectors and written with
@@ -413,7 +424,7 @@ def transpose_in_vectors(sch: s_tir.Schedule, block, loops: list, lanes: int):
     return None
 
 
-def elementwise(sch: s_tir.Schedule, target) -> str | None:
+def elementwise(sch: s_tir.Schedule, target: Target) -> str | None:
     """Kernels of spatial blocks only (elementwise, broadcast, reshape, transpose): each remaining
     block after inlining runs its loops fused, parallel outside and vectorized inside."""
     root = sch.get_sblock("root")

@@ -20,6 +20,9 @@ TVM's own GPU kernels (sort and scan, dispatched by DispatchSortScan) arrive bou
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight
 from tvm.script import tirx as T
@@ -27,10 +30,18 @@ from tvm.tirx import IndexMap
 
 from webapp.pipeline.rules.common import extent, fuse, inline_epilogue, is_output, iter_kinds
 
+if TYPE_CHECKING:
+    from tvm.ir import Range
+    from tvm.s_tir.dlight import ScheduleRule
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    from webapp.targets import Target
+    from webapp.targets.gpu import GPU
+
 THREADS = 256  # threads per block of the rules here (dlight picks its own)
 
 
-def bind_threads(sch: s_tir.Schedule, loop, threads: int = THREADS):
+def bind_threads(sch: s_tir.Schedule, loop: LoopRV, threads: int = THREADS) -> LoopRV:
     """`loop` spread over blocks of `threads` threads, consecutive iterations on consecutive threads;
     returns the thread loop."""
     n = extent(sch, loop)
@@ -40,11 +51,11 @@ def bind_threads(sch: s_tir.Schedule, loop, threads: int = THREADS):
     return thread_x
 
 
-def blocks_of(sch: s_tir.Schedule) -> list:
+def blocks_of(sch: s_tir.Schedule) -> list[SBlockRV]:
     return sch.get_child_blocks(sch.get_sblock("root"))
 
 
-def one_reduction(sch: s_tir.Schedule):
+def one_reduction(sch: s_tir.Schedule) -> tuple[SBlockRV | None, list[SBlockRV]]:
     """The kernel's single reduction block and the blocks before it; (None, []) unless one."""
     blocks = blocks_of(sch)
     reductions = [i for i, b in enumerate(blocks) if "R" in iter_kinds(sch.get(b))]
@@ -53,7 +64,7 @@ def one_reduction(sch: s_tir.Schedule):
     return blocks[reductions[0]], blocks[: reductions[0]]
 
 
-def thread_per_output(sch: s_tir.Schedule, main, producers: list):
+def thread_per_output(sch: s_tir.Schedule, main: SBlockRV, producers: list[SBlockRV]) -> LoopRV:
     """Producers inlined, one thread per output of `main` with its reduction loops inside the thread,
     the epilogue computed per thread from a register. Returns the thread loop."""
     for block in producers:
@@ -105,7 +116,7 @@ def dp4a_impl(
 s_tir.TensorIntrin.register(DP4A, dp4a_desc, dp4a_impl, override=True)
 
 
-def region_axis(region, var) -> int | None:
+def region_axis(region: Sequence[Range], var: tirx.Var) -> int | None:
     """The axis of a buffer region indexed by `var` alone (None when no axis is)."""
     for axis, r in enumerate(region):
         if isinstance(r.min, tirx.Var) and r.min.same_as(var):
@@ -113,11 +124,11 @@ def region_axis(region, var) -> int | None:
     return None
 
 
-def permutation(perm: list[int]):
+def permutation(perm: list[int]) -> Callable[..., list]:
     return lambda *indices: [indices[p] for p in perm]
 
 
-def int8_dp4a(sch: s_tir.Schedule, target) -> str | None:
+def int8_dp4a(sch: s_tir.Schedule, target: GPU) -> str | None:
     """int8 x int8 -> int32 convolutions and matmuls on CUDA: a thread per output, the innermost
     reduction (the channels, in the NHWC / HWIO layout the quantizer picks) four at a time."""
     if target.int8_dot != "dp4a":
@@ -176,7 +187,7 @@ def int8_dp4a(sch: s_tir.Schedule, target) -> str | None:
 # ---------------------------------------------------------------- windows, elementwise
 
 
-def windowed(sch: s_tir.Schedule, target) -> str | None:
+def windowed(sch: s_tir.Schedule, target: Target) -> str | None:
     """Depthwise conv2d and pooling: one thread per output, its window read from global memory."""
     main, producers = one_reduction(sch)
     if main is None:
@@ -197,7 +208,7 @@ def windowed(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: {kind} (GPU, a thread per output)"
 
 
-def elementwise(sch: s_tir.Schedule, target) -> str | None:
+def elementwise(sch: s_tir.Schedule, target: Target) -> str | None:
     """No reduction: everything inlined into the one output, one thread per element in order."""
     blocks = blocks_of(sch)
     if any("R" in iter_kinds(sch.get(b)) for b in blocks):
@@ -219,8 +230,10 @@ def elementwise(sch: s_tir.Schedule, target) -> str | None:
 # ---------------------------------------------------------------- dlight's rules
 
 
-def from_dlight(rule, label: str):
-    def apply(sch: s_tir.Schedule, target):
+def from_dlight(
+    rule: ScheduleRule, label: str
+) -> Callable[[s_tir.Schedule, Target], tuple[s_tir.Schedule, str] | None]:
+    def apply(sch: s_tir.Schedule, target: Target) -> tuple[s_tir.Schedule, str] | None:
         scheduled = rule.apply(sch.mod["main"], target.tvm, False)
         if isinstance(scheduled, list):
             scheduled = scheduled[0] if scheduled else None
@@ -230,7 +243,7 @@ def from_dlight(rule, label: str):
     return apply
 
 
-def matmul_label(sch: s_tir.Schedule, target):
+def matmul_label(sch: s_tir.Schedule, target: Target) -> tuple[s_tir.Schedule, str] | None:
     """dlight's Matmul, labelled an implicit GEMM where the kernel is a convolution."""
     main, _ = one_reduction(sch)
     conv = main is not None and "conv" in sch.get(main).name_hint

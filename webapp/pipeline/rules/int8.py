@@ -6,7 +6,8 @@ AVX-512BW), Arm NEON without one (int8_neon: `smull` + `smlal` + `sadalp`, the P
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import tvm
 from tvm import s_tir, tirx
@@ -36,6 +37,12 @@ from webapp.pipeline.rules.cpu import (
 )
 from webapp.targets import KINDS
 
+if TYPE_CHECKING:
+    from tvm.ir import Expr
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    from webapp.targets import LLVMCPU
+
 # the modules of the forms other than one dot-product instruction, by their tag
 FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon, "smmla": int8_mmla}
 
@@ -46,7 +53,7 @@ FORMS = {"vpmaddubsw": int8_pairs, "smull": int8_neon, "smmla": int8_mmla}
 DOT_INSTRUCTIONS = {name: rest for cls in KINDS for name, *rest in getattr(cls, "dot_instructions", ())}
 
 
-def form(kind: str):
+def form(kind: str) -> ModuleType:
     """The module of the instruction's form: one dot-product instruction (int8_dot), x86's
     vpmaddubsw + vpmaddwd (int8_pairs), Arm NEON's smull + smlal + sadalp (int8_neon), Arm i8mm's
     smmla (int8_mmla)."""
@@ -60,7 +67,7 @@ def register_dot(kind: str) -> str:
     return form(kind).register(f"playground_dot_{lanes}x4_{kind}", lanes, a_dtype, intrinsic)
 
 
-def weight_tile(kind: str, o, i, lanes: int, vectors: bool = True) -> tuple:
+def weight_tile(kind: str, o: Expr, i: Expr, lanes: int, vectors: bool = True) -> tuple:
     """Where output channel o (within its register tile: several vectors, or one when not `vectors`)
     and input channel i (within its 4) lie in the repacked weights, as the form's intrinsic reads them."""
     return form(kind).weight_tile(o, i, lanes, vectors)
@@ -73,7 +80,7 @@ def register_dots() -> None:
         register_dot(kind)
 
 
-def multiplies_for_dot(stmt, target) -> bool:
+def multiplies_for_dot(stmt: s_tir.SBlock, target: LLVMCPU) -> bool:
     """Whether the block multiplies what the target's dot-product instruction does: its activation
     dtype (uint8 on x86, int8 on Arm) by int8 weights, into int32."""
     kind = target.dot_instruction()
@@ -87,7 +94,7 @@ def tile_vectors(channels: int, lanes: int) -> int:
     return next(v for v in (32 // lanes // (1 if lanes > 4 else 2), 2, 1) if channels % (lanes * v) == 0)
 
 
-def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
+def conv2d_nhwc_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     """8-bit conv2d in NHWC with HWIO weights (the quantized model's layout, webapp.pipeline.stages.quantize)
     on the target's dot-product instruction: input channels are innermost, so each instruction reads
     4 consecutive input bytes where they lie, and the epilogue writes whole vectors of output
@@ -149,7 +156,14 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target) -> str | None:
 
 
 def finish_dot_tile(
-    sch: s_tir.Schedule, block, epilogue, tile, reduction, unrolled: tuple, dot, kind: str
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    epilogue: SBlockRV,
+    tile: LoopRV,
+    reduction: LoopRV,
+    unrolled: tuple[LoopRV, ...],
+    dot: LoopRV,
+    kind: str,
 ) -> None:
     """The int8 rules' common end: the tiles' loop in parallel, the epilogue computed in each tile, the
     accumulators zeroed in vectors before `reduction`, the register tile's loops `unrolled`, the `dot`
@@ -167,7 +181,7 @@ def finish_dot_tile(
         sch.vectorize(sch.split(tail[-1], [None, width])[-1])
 
 
-def mmla_fits(sch: s_tir.Schedule, conv, ic: int) -> bool:
+def mmla_fits(sch: s_tir.Schedule, conv: SBlockRV, ic: int) -> bool:
     """Whether smmla's 2 pixels x 8 input channels fit an NHWC conv: input channels in 8s, ungrouped, an
     even row of output pixels a stride of 1 apart (the two rows of the instruction, one input pixel
     apart). Other convs (a first layer's 4 channels, stride 2, odd rows of 7) take the dot product."""
@@ -185,7 +199,7 @@ def mmla_fits(sch: s_tir.Schedule, conv, ic: int) -> bool:
     )
 
 
-def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv, kind: str) -> str:
+def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv: SBlockRV, kind: str) -> str:
     """conv2d_nhwc_int8 on Arm's smmla: a register tile of pixel pairs x channel pairs (4 x 4: 16
     accumulators of 2 x 2, 4 vectors of weights, 4 of two pixels' input bytes), weights repacked
     (O/v, KH, KW, I/8, v/2, 2, 8), the sums kept as (pixels/2, channels/2, 2, 2) and written out by
@@ -217,7 +231,15 @@ def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv, kind: str) -> str:
     return f"default rule: int8 conv2d NHWC ({kind})"
 
 
-def mmla_tile(sch: s_tir.Schedule, block, epilogue, tile, reduction, pairs: tuple, kind: str) -> None:
+def mmla_tile(
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    epilogue: SBlockRV,
+    tile: LoopRV,
+    reduction: LoopRV,
+    pairs: tuple[LoopRV, LoopRV, LoopRV],
+    kind: str,
+) -> None:
     """The register tile of both smmla rules: parallel over `tile`, the sums zeroed before the
     `reduction` loop (4 lanes at a time), the pairs of rows and of columns unrolled, smmla at the
     pair of rows, and the epilogue unrolled (it reads the tile's sums where they lie, in registers)."""
@@ -233,7 +255,7 @@ def mmla_tile(sch: s_tir.Schedule, block, epilogue, tile, reduction, pairs: tupl
         sch.unroll(loop)
 
 
-def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
+def conv2d_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     """8-bit conv2d with int32 accumulation (NCHW, OIHW, no padding inside: webapp.pipeline.stages.quantize
     pads with the zero point first when it is not 0) on the target's dot-product instruction: AVX-512
     VNNI `vpdpbusd` (uint8 x int8, 16 output channels x 4 input channels an instruction) or Arm `sdot`
@@ -291,7 +313,7 @@ def conv2d_int8(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: int8 conv2d ({kind})"
 
 
-def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
+def matmul_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     """8-bit [.., M, K] x int8 [K, N] (or [N, K], a weight stored transposed: nn.Linear's, a tied LM
     head's) -> int32 (quantized dense layers) on the target's dot-product instruction (see
     conv2d_int8): `lanes` columns x 4 of K an instruction, a register tile of rows x column vectors,
@@ -352,7 +374,7 @@ def matmul_int8(sch: s_tir.Schedule, target) -> str | None:
     return f"default rule: int8 matmul ({kind})"
 
 
-def matmul_mmla(sch: s_tir.Schedule, block, transposed: bool, kind: str) -> str | None:
+def matmul_mmla(sch: s_tir.Schedule, block: SBlockRV, transposed: bool, kind: str) -> str | None:
     """matmul_int8 on Arm's smmla: a register tile of row pairs x column pairs (4 x 4 where they
     divide), the weight repacked (N/v, K/8, v/2, 2, 8), the sums kept as (rows/2, columns/2, 2, 2)
     and written out by an unrolled epilogue; rows and columns padded to the tile as matmul_int8 pads."""

@@ -7,8 +7,14 @@ of CPUs without such an instruction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-def lane_major(name: str, lanes: int, a_dtype: str, products) -> str:
+if TYPE_CHECKING:
+    from tvm.ir import Expr
+
+
+def lane_major(name: str, lanes: int, a_dtype: str, products: Callable[[Expr, Expr, Expr], Expr]) -> str:
     """Registers `name`: `lanes` int32 += 4 activations x 4 int8 weights each, the weights [lanes, 4],
     accumulating in registers ("local"); `products(acc, a, b)` the instructions, given the
     accumulator, the 4 activation bytes broadcast to every lane and the weights' bytes. TVM's own x86
@@ -68,7 +74,7 @@ def register(name: str, lanes: int, a_dtype: str, intrinsic: str) -> str:
     return lane_major(name, lanes, a_dtype, products)
 
 
-def weight_tile(o, i, lanes: int, vectors: bool = True) -> tuple:
+def weight_tile(o: Expr, i: Expr, lanes: int, vectors: bool = True) -> tuple:
     """Where output channel o (within its register tile) and input channel i (within its 4) of a weight
     lie in the repacked weights: a lane's 4 bytes together."""
     return (o, i)

@@ -8,10 +8,15 @@ their sums in (pixels / 2, channels / 2, 2, 2) and pack the weights (channels / 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tvm.ir import Expr
+
 ROWS, COLS, DEPTH = 2, 2, 8  # an instruction: 2 rows x 2 columns, 8 products each
 
 
-def weight_tile(o, i, pairs: int) -> tuple:
+def weight_tile(o: Expr, i: Expr, pairs: int) -> tuple:
     """Where output channel o (within its register tile of `pairs` pairs) and input channel i (within
     its 8) of a weight lie in the repacked weights: a pair of channels' 8 bytes each, together."""
     return ((o // COLS,) if pairs > 1 else ()) + (o % COLS, i)

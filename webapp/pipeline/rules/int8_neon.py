@@ -8,8 +8,13 @@ where `sdot` takes one and float `fmla` four. For this the weights are packed pa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def weight_tile(o, i, lanes: int, vectors: bool = True) -> tuple:
+if TYPE_CHECKING:
+    from tvm.ir import Expr
+
+
+def weight_tile(o: Expr, i: Expr, lanes: int, vectors: bool = True) -> tuple:
     """Where output channel o (within its register tile: several vectors, or one when not `vectors`)
     and input channel i (within its 4) of a weight lie in the repacked weights: ([vector,] i // 2,
     lane, i % 2), input channels 0-1 of every lane of a vector, then 2-3, so that one smull and one

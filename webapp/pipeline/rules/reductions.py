@@ -4,6 +4,8 @@ along the output (`windowed`); other row reductions on TVM's dlight CPU rule (`r
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from tvm import s_tir
 
@@ -23,10 +25,15 @@ from webapp.pipeline.rules.common import (
     vector_width,
 )
 
+if TYPE_CHECKING:
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    from webapp.targets import Target
+
 WINDOW_TILE = 8  # output vectors a windowed reduction accumulates at once
 
 
-def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
+def windowed(sch: s_tir.Schedule, target: Target, block: SBlockRV, kind: str) -> str | None:
     """A reduction over a small window or axis per output element (depthwise conv, pooling, mean):
     the innermost output axis is vectorized with the reduction loops outside it, accumulating in
     registers, the epilogue fused; the other output axes run in parallel."""
@@ -85,7 +92,7 @@ def windowed(sch: s_tir.Schedule, target, block, kind: str) -> str | None:
     return f"default rule: {kind}"
 
 
-def place_padding(sch: s_tir.Schedule, producers: list, outer, lanes: int) -> None:
+def place_padding(sch: s_tir.Schedule, producers: list[SBlockRV], outer: LoopRV, lanes: int) -> None:
     """A windowed reduction's padded input: read where it lies where the vectorized axis (channels,
     NHWC) is not padded, each vector all inside the border or all outside (MobileNetV2's depthwise
     convs here: 0.44 ms in the model, against 0.86 padding each thread's rows first); else the rows a
@@ -114,7 +121,7 @@ def inline_elementwise(sch: s_tir.Schedule) -> None:
                 pass
 
 
-def rows(sch: s_tir.Schedule, target) -> str | None:
+def rows(sch: s_tir.Schedule, target: Target) -> str | None:
     """Softmax, layer norm, RMSNorm: reductions along each row (the last axes) and the elementwise
     work around them (a quantized layer's rounding and clipping after a layer norm), one row at a
     time. The elementwise blocks are inlined, so nothing row-sized is kept between them (dlight's
@@ -173,7 +180,7 @@ def rows(sch: s_tir.Schedule, target) -> str | None:
     return "default rule: row reduction"
 
 
-def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] | None:
+def reduction(sch: s_tir.Schedule, target: Target) -> str | tuple[s_tir.Schedule, str] | None:
     """Row reductions `rows` does not fit (dlight's CPU rule), else a single reduction block with its
     epilogue (pooling, mean) as a windowed reduction."""
     from tvm.s_tir.dlight.cpu import Reduction
@@ -194,7 +201,7 @@ def reduction(sch: s_tir.Schedule, target) -> str | tuple[s_tir.Schedule, str] |
     return windowed(sch, target, main[0], kind)
 
 
-def conv_kind(stmt) -> str:
+def conv_kind(stmt: s_tir.SBlock) -> str:
     """ "conv2d", "grouped conv2d" or "depthwise conv2d", from a conv block's input and weights
     (NCHW with OIHW weights, or NHWC with HWIO)."""
     data, weight = (r.source.shape for r in stmt.reads[:2])

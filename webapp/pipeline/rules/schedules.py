@@ -4,6 +4,9 @@ design spaces tuning searches; the weight repacking split into kernels of their 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import tvm
 from tvm import relax, s_tir, tirx
 
@@ -58,7 +61,9 @@ def design_spaces(sch: s_tir.Schedule, target: Target) -> list[s_tir.Schedule]:
         serial_kernel.reset(serial)
 
 
-def in_space(sch: s_tir.Schedule, target: Target, rule, chosen: dict) -> s_tir.Schedule | None:
+def in_space(
+    sch: s_tir.Schedule, target: Target, rule: Callable[..., Any], chosen: dict
+) -> s_tir.Schedule | None:
     """A copy of `sch` scheduled by `rule` with the choices `chosen`; None when it does not fit."""
     space, copy = space_choices.set(chosen), sch.copy()
     try:
@@ -69,7 +74,7 @@ def in_space(sch: s_tir.Schedule, target: Target, rule, chosen: dict) -> s_tir.S
         space_choices.reset(space)
 
 
-def failure(rule, error: Exception) -> str:
+def failure(rule: Callable[..., Any], error: Exception) -> str:
     """What a rule's failure on a kernel looks like in its label: the rule and the error's first line."""
     kind, lines = type(error).__name__, str(error).strip().splitlines()
     reason = kind if not lines else lines[0] if lines[0].startswith(kind) else f"{kind}: {lines[0]}"
@@ -96,7 +101,7 @@ def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
         serial_kernel.reset(serial)
 
 
-def first_rule(func: tirx.PrimFunc, target: Target, rules) -> tirx.PrimFunc:
+def first_rule(func: tirx.PrimFunc, target: Target, rules: Iterable[Callable[..., Any]]) -> tirx.PrimFunc:
     failures = []
     for rule in rules:
         try:
@@ -118,7 +123,7 @@ def with_failures(label: str, failures: list[str]) -> str:
     return f"{label} ({'; '.join(failures)})" if failures else label
 
 
-def is_scheduled(func) -> bool:
+def is_scheduled(func: tvm.ir.BaseFunc) -> bool:
     return bool(func.attrs and func.attrs.get("tirx.is_scheduled"))
 
 
@@ -135,7 +140,7 @@ def default_schedules(mod: tvm.IRModule, target: Target) -> tvm.IRModule:
     return mod
 
 
-def repacks_weights(func) -> bool:
+def repacks_weights(func: tvm.ir.BaseFunc) -> bool:
     """Whether a kernel has weight repacking blocks (marked PREPROC by a rule, or by a tuning
     record's layout rewrite) for SplitLayoutRewritePreproc to move into a kernel of their own."""
     if not isinstance(func, tirx.PrimFunc):

@@ -12,7 +12,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,9 +34,15 @@ from webapp.pipeline.stages.timing import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import onnxruntime
+    import torch
+    import tvm
+
+    from webapp.pipeline.job import Job
     from webapp.pipeline.stages.build import Built
     from webapp.pipeline.stages.importers import ImportedModel
     from webapp.pipeline.stages.inspect import Inspected
+    from webapp.targets import Target
 
 
 def bench_threads() -> int:
@@ -58,7 +64,7 @@ def sgemm_gflops(threads: int, n: int = 1024, repeats: int = 5) -> float:
         torch.set_num_threads(before)
 
 
-def best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     """The fastest of `repeats` timed calls of `fn`, after one untimed."""
     fn()
     best = float("inf")
@@ -101,7 +107,7 @@ def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]
     return inputs
 
 
-def flatten_outputs(out) -> list[np.ndarray]:
+def flatten_outputs(out: Any) -> list[np.ndarray]:
     if isinstance(out, np.ndarray):
         return [out]
     if hasattr(out, "numpy"):
@@ -114,7 +120,9 @@ def flatten_outputs(out) -> list[np.ndarray]:
 # ---------------------------------------------------------------- runtimes
 
 
-def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
+def tvm_runner(
+    executable: tvm.runtime.Executable, inputs: dict[str, np.ndarray], dev: tvm.runtime.Device | None = None
+) -> Callable[[], Any]:
     """A call of the model on `dev`, the target's device (this machine's CPU when None)."""
     import tvm
     from tvm import relax
@@ -128,7 +136,7 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     if dev.dlpack_device_type() == host().device().dlpack_device_type():
         return lambda: main(*args)
 
-    def run():  # a GPU runs the kernels after the call returns: a run ends when the device is done
+    def run() -> Any:  # a GPU runs the kernels after the call returns: a run ends when the device is done
         out = main(*args)
         dev.sync()
         return out
@@ -136,7 +144,7 @@ def tvm_runner(executable, inputs: dict[str, np.ndarray], dev=None):
     return run
 
 
-def pytorch_module(pt2: Path, threads: int):
+def pytorch_module(pt2: Path, threads: int) -> torch.nn.Module:
     """The .pt2's module, PyTorch on `threads` threads."""
     import torch
 
@@ -146,7 +154,9 @@ def pytorch_module(pt2: Path, threads: int):
     return load_pt2(pt2).module()
 
 
-def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+def pytorch_runner(
+    pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False
+) -> Callable[[], Any]:
     import torch
 
     module = pytorch_module(pt2, threads)
@@ -154,7 +164,7 @@ def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda:
     if cuda:
         module, args = module.to("cuda"), [a.to("cuda") for a in args]
 
-    def run():
+    def run() -> Any:
         with torch.no_grad():
             out = module(*args)
         if cuda:
@@ -164,7 +174,7 @@ def pytorch_runner(pt2: Path, inputs: dict[str, np.ndarray], threads: int, cuda:
     return run
 
 
-def onnxruntime_session(onnx_path: Path, threads: int, cuda: bool = False):
+def onnxruntime_session(onnx_path: Path, threads: int, cuda: bool = False) -> onnxruntime.InferenceSession:
     """An ONNX Runtime session on `threads` threads (one operator at a time)."""
     import onnxruntime as ort
 
@@ -175,13 +185,15 @@ def onnxruntime_session(onnx_path: Path, threads: int, cuda: bool = False):
     return ort.InferenceSession(str(onnx_path), options, providers=[provider])
 
 
-def onnxruntime_runner(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False):
+def onnxruntime_runner(
+    onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False
+) -> Callable[[], list]:
     session = onnxruntime_session(onnx_path, threads, cuda)
     feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
     return lambda: session.run(None, feed)
 
 
-def torch_outputs(out) -> list[np.ndarray]:
+def torch_outputs(out: Any) -> list[np.ndarray]:
     import torch
 
     if isinstance(out, torch.Tensor):
@@ -246,8 +258,8 @@ def benchmark(
     references: dict[str, Path],
     device: str,
     budget_s: float = 3.0,
-    report=lambda f: None,
-    dev=None,
+    report: Callable[..., None] = lambda f: None,
+    dev: tvm.runtime.Device | None = None,
     reference_variant: str = "fp32",
     quiet_wait_s: float = 0.0,
 ) -> dict:
@@ -305,7 +317,13 @@ def fewer_threads(threads: int, of: int) -> dict | None:
 
 
 def runners(
-    executables, inputs, references, threads: int, dev, on_cuda: dict, reference_variant: str
+    executables: dict,
+    inputs: dict[str, np.ndarray],
+    references: dict[str, Path],
+    threads: int,
+    dev: tvm.runtime.Device | None,
+    on_cuda: dict[str, bool],
+    reference_variant: str,
 ) -> dict:
     """(runtime, variant, tuned) -> a function that makes that runtime's run of the model: each TVM
     build, and the references the job has (PyTorch, ONNX Runtime), on the GPU where they can."""
@@ -324,7 +342,7 @@ def runners(
     return makers
 
 
-def first_runs(makers: dict, report) -> tuple[dict, dict, list[dict]]:
+def first_runs(makers: dict, report: Callable[..., None]) -> tuple[dict, dict, list[dict]]:
     """Each runtime made and run once: (its run, by key; its outputs; the reference runtimes that
     could not run the model, with why: reported, not fatal). A TVM build that fails raises."""
     runs, outs, unavailable = {}, {}, []
@@ -354,7 +372,15 @@ def sgemm_reference(threads: int) -> dict | None:
         return None
 
 
-def fidelities(executables, outs: dict, references, inputs, threads: int, on_cuda: dict, classifier) -> list:
+def fidelities(
+    executables: dict,
+    outs: dict,
+    references: dict[str, Path],
+    inputs: dict[str, np.ndarray],
+    threads: int,
+    on_cuda: dict[str, bool],
+    classifier: bool,
+) -> list[dict]:
     """Each build's outputs against each reference's (and a quantized build's against TVM fp32's); with
     references on a GPU, against the float model on the CPU too."""
     references_out = {
@@ -378,7 +404,7 @@ def fidelities(executables, outs: dict, references, inputs, threads: int, on_cud
     return fid
 
 
-def reference_cuda(dev) -> dict[str, bool]:
+def reference_cuda(dev: tvm.runtime.Device | None) -> dict[str, bool]:
     """Which reference runtimes run on the GPU: where the TVM build runs on CUDA and the runtime
     has CUDA (this project installs CPU builds of both; a server with a GPU may install others)."""
     out = {"pytorch": False, "onnxruntime": False}
@@ -413,7 +439,7 @@ def cpu_name() -> str:
     return targets.host().device_name()
 
 
-def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
+def accuracy(executables: dict, dataset: str, dev: tvm.runtime.Device) -> list[dict]:
     """Top-1 accuracy of each TVM build on the dataset's held-out split, one image per run."""
     import tvm
     from tvm import relax
@@ -447,7 +473,7 @@ def accuracy(executables: dict, dataset: str, dev) -> list[dict]:
     return rows
 
 
-def job_inputs(model, job) -> dict[str, np.ndarray]:
+def job_inputs(model: ImportedModel, job: Job) -> dict[str, np.ndarray]:
     """The input every runtime of a job runs on: random of the model's shapes, or for an example
     with a dataset a held-out image (in the range the model was trained and calibrated on)."""
     if job.dataset:
@@ -471,7 +497,14 @@ def benchmark_stage(
     return Given(None, measured | {"kernels": kernels})
 
 
-def benchmark_job(executables: dict, model, job, target, report, shown=None) -> dict:
+def benchmark_job(
+    executables: dict,
+    model: ImportedModel,
+    job: Job,
+    target: Target,
+    report: Callable[..., None],
+    shown: tuple[str, bool] | None = None,
+) -> dict:
     """The builds against the frameworks' references on the target's device, on a random input (a
     held-out image for an example with a dataset), accuracy on the dataset where there is one, and
     each build's kernel profile; `shown`, the build whose kernels the page lists (model.so)."""
@@ -512,7 +545,7 @@ MODEL_CHECK_S = 1.0  # per build: 4 slices of 0.25 s each, ~28 runs of ResNet-50
 MODEL_CHECK_GAIN = 0.02
 
 
-def model_inputs(fused) -> dict | None:
+def model_inputs(fused: tvm.IRModule) -> dict[str, np.ndarray] | None:
     """Seeded random inputs of a (fused) module's shapes, or None when an input has no fixed shape."""
     from tvm import relax
 
@@ -527,7 +560,9 @@ def model_inputs(fused) -> dict | None:
     return make_inputs(specs)
 
 
-def time_models(executables: dict, inputs: dict, dev, budget_s: float = MODEL_CHECK_S) -> dict[str, float]:
+def time_models(
+    executables: dict, inputs: dict[str, np.ndarray], dev: tvm.runtime.Device, budget_s: float = MODEL_CHECK_S
+) -> dict[str, float]:
     """Builds of one model ({name: executable}) timed in turn, as the benchmark times runtimes: the
     median ms of each (of its fastest round)."""
     runs = {name: tvm_runner(exe, inputs, dev) for name, exe in executables.items()}

@@ -8,6 +8,7 @@ the tuning database's best record where there is one ("tuned"), else a default r
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ from webapp.targets import Target
 
 if TYPE_CHECKING:
     from webapp.pipeline.stages.importers import ImportedModel
-    from webapp.pipeline.stages.optimize import Optimized
+    from webapp.pipeline.stages.optimize import Fusion, Optimized
+    from webapp.pipeline.stages.quantize import Quantized
     from webapp.pipeline.stages.quantize.variants import QuantizedJob
     from webapp.pipeline.stages.tune import Tuned
 
@@ -78,7 +80,7 @@ def schedule(
     return lowered, labels
 
 
-def compile_relax(mod: tvm.IRModule, target: Target):
+def compile_relax(mod: tvm.IRModule, target: Target) -> tuple[tvm.runtime.Executable, dict[str, str]]:
     """A Relax module as imported (before legalization) compiled on the default rules, keeping no
     views: for the quantize stage's calibration and per-layer runs. Returns (executable, labels)."""
     lowered, labels = schedule(fuse(mod, target), target)
@@ -89,7 +91,11 @@ FLUSH_BYTES = 64 << 20  # written before each timed run of a kernel: twice this 
 
 
 def kernel_seconds(
-    executable, lowered: tvm.IRModule, dev, names: set[str], repeat: int = 8
+    executable: tvm.runtime.Executable,
+    lowered: tvm.IRModule,
+    dev: tvm.runtime.Device,
+    names: set[str],
+    repeat: int = 8,
 ) -> dict[str, float]:
     """The kernels `names` of a built module, each timed on its own with seeded random inputs: the
     fastest of `repeat` runs, each after FLUSH_BYTES of other data went through the caches. In a
@@ -136,7 +142,13 @@ def record_choice(tuned: dict[str, float], default: dict[str, float], labels: di
     return out
 
 
-def model_check(variant: str, fused: tvm.IRModule, tuned_exe, default_exe, dev) -> dict | None:
+def model_check(
+    variant: str,
+    fused: tvm.IRModule,
+    tuned_exe: tvm.runtime.Executable,
+    default_exe: tvm.runtime.Executable,
+    dev: tvm.runtime.Device,
+) -> dict | None:
     """The whole model with its faster records against the default rules alone (time_models, on
     seeded random inputs): `kept` when the records made it faster by more than MODEL_CHECK_GAIN.
     Records that each beat their rule on cold caches can still lose together: re-tuned records for
@@ -193,7 +205,7 @@ def failing_kernels(lowered: tvm.IRModule, target: Target) -> dict[str, str]:
     return failed
 
 
-def build(lowered: tvm.IRModule, target: Target, out: Path | None):
+def build(lowered: tvm.IRModule, target: Target, out: Path | None) -> tvm.runtime.Executable:
     """Returns the VM executable; writes the loadable library to `out` (a .so) unless it is None. A
     build TVM fails raises KernelBuildError naming the kernels that fail, where it finds them."""
     try:
@@ -212,7 +224,7 @@ def build(lowered: tvm.IRModule, target: Target, out: Path | None):
     return executable
 
 
-def export(executable, target: Target, out: Path) -> None:
+def export(executable: tvm.runtime.Executable, target: Target, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     target.export_library(executable, str(out))
 
@@ -230,7 +242,7 @@ class Built:
     record_choice: list[dict] = field(default_factory=list)  # per tuned kernel: record vs rule
     libraries: dict = field(default_factory=dict)  # (variant, tuned) -> the library exported for it
     record_check: list[dict] = field(default_factory=list)  # per build with faster records: model_check
-    fusion: object = None  # a quantized build's optimize.Fusion (the float one is the optimize stage's)
+    fusion: Fusion | None = None  # a quantized build's Fusion (the float one is the optimize stage's)
     board_plan: dict | None = None  # the layers' kernels a board times alone (fallback.board_plan)
     memory: dict = field(default_factory=dict)  # variant -> its build's footprint (reports/memory.py)
     shown_variant: str = "fp32"  # the variant exported as model.so
@@ -255,14 +267,14 @@ class Built:
 
 
 def build_job(
-    fused,
-    quantized,
-    target,
+    fused: tvm.IRModule,
+    quantized: QuantizedJob | None,
+    target: Target,
     tuning_dir: Path | None,
     job_dir: Path,
-    report,
-    layer_of: dict | None = None,
-    float_fusion=None,
+    report: Callable[..., None],
+    layer_of: dict[str, str] | None = None,
+    float_fusion: Fusion | None = None,
 ) -> Built:
     """The float build (tuned where records win, with its default-rule twin for the benchmark); with
     quantization also each quantized variant, the same way, the first of which becomes model.so and
@@ -284,6 +296,7 @@ def build_job(
         try:
             qfused, variant, fusion = build_quantized(q, target, tuning_dir, layer_of)
             if shown is None and fallback.measures(target, float_fusion):
+                assert float_fusion is not None  # measures() is False without it
                 checked = fallback.check(
                     fallback.Build(q, qfused, variant, fusion),
                     fallback.Build(None, fused, built, float_fusion),
@@ -291,6 +304,7 @@ def build_job(
                     target,
                     lambda q: fallback.Build(q, *build_quantized(q, target, tuning_dir, layer_of)),
                 )
+                assert checked.quantized is not None  # check() gives back a quantized variant
                 q, qfused, variant, fusion = checked.quantized, checked.fused, checked.built, checked.fusion
             elif shown is None and target.timed_on_board and float_fusion is not None:
                 built.board_plan = fallback.board_plan(
@@ -313,7 +327,9 @@ def build_job(
     return built
 
 
-def build_quantized(q, target, tuning_dir: Path | None, layer_of: dict | None) -> tuple:
+def build_quantized(
+    q: Quantized, target: Target, tuning_dir: Path | None, layer_of: dict[str, str] | None
+) -> tuple[tvm.IRModule, Built, Fusion]:
     """A quantized variant fused and built (build_variant), with its fusion in the float model's
     names (its vars stand for the float model's: q.origin)."""
     trace = FusionTrace(q.mod, {})
@@ -322,7 +338,7 @@ def build_quantized(q, target, tuning_dir: Path | None, layer_of: dict | None) -
     return qfused, built, trace.fusion().through(q.origin, layer_of or {})
 
 
-def keep_library(built: Built, target, tuning_dir: Path | None, library: Path) -> Built:
+def keep_library(built: Built, target: Target, tuning_dir: Path | None, library: Path) -> Built:
     """Exports the build's executable (tuned where its records were kept) as `library`, with the
     tuning database beside it when the model has records."""
     used = next(key for key, ex in built.executables.items() if ex is built.executable)
@@ -336,7 +352,7 @@ def keep_library(built: Built, target, tuning_dir: Path | None, library: Path) -
     return built
 
 
-def build_variant(variant: str, fused, target, tuning_dir: Path | None) -> Built:
+def build_variant(variant: str, fused: tvm.IRModule, target: Target, tuning_dir: Path | None) -> Built:
     """One build of the job (the float model, or a quantized variant) on the default rules, or with
     the tuning records where they beat them: with records, each tuned kernel is timed against its
     default-rule twin, and the faster records are used if the whole model is then faster too

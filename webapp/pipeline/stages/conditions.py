@@ -67,7 +67,7 @@ def cpu_seconds() -> tuple[float, float] | None:
 class Watch:
     """`with Watch() as w: ...`, then w.conditions(): how busy the machine was meanwhile."""
 
-    def __enter__(self):
+    def __enter__(self) -> Watch:
         self.started, self.own, self.cpu = time.monotonic(), time.process_time(), cpu_seconds()
         return self
 

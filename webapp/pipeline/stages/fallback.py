@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from webapp.pipeline.errors import error_message
 from webapp.pipeline.stages.bench import MODEL_CHECK_GAIN, model_inputs, time_models
@@ -35,8 +36,14 @@ from webapp.pipeline.stages.profile import profile_kernels
 SLOWER_BY = 1.10
 
 if TYPE_CHECKING:
+    import tvm
+    from tvm.relax.op.op_attrs import Conv2DAttrs
+
     from webapp.pipeline.stages.build import Built
     from webapp.pipeline.stages.quantize import Quantized
+    from webapp.pipeline.stages.quantize.annotate import Layer
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
+    from webapp.targets import Target
 
 
 @dataclass
@@ -49,7 +56,7 @@ class Build:
     fusion: Fusion  # its kernels in the float model's names
 
 
-def measures(target, float_fusion: Fusion | None) -> bool:
+def measures(target: Target, float_fusion: Fusion | None) -> bool:
     """Whether the layers can be timed here: a CPU target whose code this machine runs, and the
     float build's fusion traced (which kernel computes each layer)."""
     return float_fusion is not None and target.runs_cpu_code_here
@@ -69,9 +76,9 @@ def per_layer_ms(layers: list, fusion: Fusion, profile: dict) -> dict[str, tuple
     return out
 
 
-def layer_form(layer) -> str:
+def layer_form(layer: Layer) -> str:
     """What a quantize.Layer computes: "conv2d", "depthwise conv2d", "grouped conv2d" or "matmul"."""
-    if layer.kind == "conv2d" and int(layer.attrs.groups) > 1:
+    if layer.kind == "conv2d" and int(cast("Conv2DAttrs", layer.attrs).groups) > 1:  # a conv2d has attrs
         return "depthwise conv2d" if layer.weight.shape[1] == 1 else "grouped conv2d"
     return layer.kind
 
@@ -156,7 +163,7 @@ def plan_layers(variant: Build, float_build: Build, sweep: bool) -> dict | None:
     }
 
 
-def kernel_args(lowered, names: set[str]) -> dict[str, list]:
+def kernel_args(lowered: tvm.IRModule, names: set[str]) -> dict[str, list]:
     """Kernel name -> its buffer arguments as [shape, dtype], for the kernels among `names` whose
     arguments are all buffers of fixed shape."""
     from tvm import tirx
@@ -199,7 +206,13 @@ def board_speed(plan: dict, times: dict, device: str) -> dict:
     return speed
 
 
-def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:
+def check(
+    variant: Build,
+    float_build: Build,
+    job: QuantizedJob,
+    target: Target,
+    rebuild: Callable[[Quantized], Build],
+) -> Build:
     """The variant's layers timed against the float build's (quantized.layer_speed); the variant
     again with its slower layers in float (job: variants.QuantizedJob; rebuild(quantized) -> Build)
     where that is faster. Never the build's failure: a step that fails leaves the variant as it was,
@@ -213,7 +226,13 @@ def check(variant: Build, float_build: Build, job, target, rebuild) -> Build:
         return variant
 
 
-def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build:
+def fall_back(
+    variant: Build,
+    float_build: Build,
+    job: QuantizedJob,
+    target: Target,
+    rebuild: Callable[[Quantized], Build],
+) -> Build:
     inputs = model_inputs(variant.fused)
     if inputs is None:  # an input without a fixed shape: nothing to time
         return variant
@@ -221,12 +240,8 @@ def fall_back(variant: Build, float_build: Build, job, target, rebuild) -> Build
     float_profile = profile_kernels(float_build.built.executable, inputs, dev)
     q = variant.quantized
     assert q is not None  # the variant checked is a quantized one
-    rows = layer_times(
-        q.layers,
-        float_build,
-        variant,
-        (float_profile, profile_kernels(variant.built.executable, inputs, dev)),
-    )
+    variant_profile = profile_kernels(variant.built.executable, inputs, dev)
+    rows = layer_times(q.layers, float_build, variant, (float_profile, variant_profile))
     if not rows:  # no layer could be followed into the kernels of both builds
         return variant
     slower = [row for row in rows if row["ratio"] is not None and row["ratio"] > SLOWER_BY]

@@ -10,6 +10,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -25,6 +26,14 @@ from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import onnx
+    from torch.export import ExportedProgram
+
+    from webapp.pipeline.stages.prequantized import PreQuantized
 
 
 @dataclass
@@ -146,7 +155,7 @@ def onnx_dtype(elem_type: int) -> str:
     return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
 
 
-def onnx_value_spec(value) -> TensorSpec:
+def onnx_value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
     """A graph input's or output's spec; a sequence, map or optional value has no shape, and its kind
     ("sequence", ...) for dtype."""
     kind = value.type.WhichOneof("value") or "value"
@@ -188,7 +197,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     return imported
 
 
-def load_onnx(path: Path):
+def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
     """The uploaded ONNX model, its weights inside, and the checker's warning where it finds it not valid."""
     import onnx
     from google.protobuf.message import DecodeError
@@ -219,7 +228,9 @@ def load_onnx(path: Path):
     return model, warnings
 
 
-def onnx_inputs(model, input_shapes: dict, input_values: dict):
+def onnx_inputs(
+    model: onnx.ModelProto, input_shapes: dict, input_values: dict
+) -> tuple[list[TensorSpec], dict[str, np.ndarray]]:
     """The model's inputs (not its weights), their shapes fixed and their values where given or the model
     bounds them (an index's table); the values given for inputs the model is built with."""
     # Many exporters list the weights as graph inputs too: the real inputs are the rest.
@@ -244,7 +255,15 @@ def onnx_inputs(model, input_shapes: dict, input_values: dict):
     return inputs, given
 
 
-def to_relax(model, inputs, pre, shapes: dict, given: dict, folded, warnings: list):
+def to_relax(
+    model: onnx.ModelProto,
+    inputs: list[TensorSpec],
+    pre: PreQuantized | None,
+    shapes: dict,
+    given: dict[str, np.ndarray],
+    folded: dict | None,
+    warnings: list[str],
+) -> tuple[onnx.ModelProto, dict | None, tuple[tvm.IRModule, SourceLayers]]:
     """The ONNX model into Relax: (model, its folding, (module, layers)); on a failure, once more with its
     shape arithmetic folded; the failure said with what the user can do (give a branch's input)."""
     try:
@@ -273,7 +292,9 @@ def to_relax(model, inputs, pre, shapes: dict, given: dict, folded, warnings: li
         return model, folded, retried
 
 
-def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
+def onnx_to_relax(
+    model: onnx.ModelProto, inputs: list[TensorSpec], pre: PreQuantized | None
+) -> tuple[tvm.IRModule, SourceLayers]:
     """(the Relax module, its SourceLayers) of an ONNX model whose inputs have the given specs."""
     from tvm.relax.frontend.onnx import from_onnx
 
@@ -291,7 +312,7 @@ def onnx_to_relax(model, inputs: list[TensorSpec], pre) -> tuple:
     return mod, layers
 
 
-def onnx_modules(model) -> dict[str, str]:
+def onnx_modules(model: onnx.ModelProto) -> dict[str, str]:
     """ONNX node name -> the PyTorch module path it was exported from ("encoder.layer.0.attention"):
     the dynamo exporter's name scopes (node metadata), else the TorchScript exporter's node name
     ("/encoder/layer.0/attention/MatMul"). Nodes of other exporters have none."""
@@ -324,7 +345,7 @@ def scope_path(scopes: str | None) -> str:
     return path
 
 
-def prequantized_by_var(pre, tensors: dict[str, str], layer_of: dict[str, str]) -> dict:
+def prequantized_by_var(pre: PreQuantized, tensors: dict[str, str], layer_of: dict[str, str]) -> dict:
     """A PreQuantized's scales by Relax var name: each quantized tensor's var, and for the weights
     every var of the layer (a convolution, a matmul) whose weight input has scales."""
     weights = {}
@@ -353,7 +374,7 @@ class SourceLayers:
         self.modules: dict[str, str] = {}  # a PyTorch layer -> its module path
         self.importer = None  # TVM's ONNX importer, once it converts a node (its tensor -> expr map)
 
-    def mark(self, bb, expr, layer: str):
+    def mark(self, bb: relax.BlockBuilder, expr: relax.Expr, layer: str) -> relax.Expr:
         if self.emit and isinstance(expr, relax.Call) and isinstance(expr.ty, relax.TensorType):
             expr = bb.emit(expr)
         for field_ in expr.fields if isinstance(expr, relax.Tuple) else [expr]:
@@ -362,7 +383,7 @@ class SourceLayers:
         return expr
 
     @contextmanager
-    def onnx(self):
+    def onnx(self) -> Iterator[None]:
         from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
         convert = ONNXGraphImporter._convert_operator
@@ -389,7 +410,7 @@ class SourceLayers:
             ONNXGraphImporter._convert_operator = convert
 
     @contextmanager
-    def pytorch(self):
+    def pytorch(self) -> Iterator[None]:
         from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
         create = ExportedProgramImporter.create_convert_map
@@ -447,7 +468,7 @@ def check_onnx_ops_supported(op_types: list[str]) -> None:
 # ---------------------------------------------------------------- PyTorch .pt2
 
 
-def load_pt2(path: Path):
+def load_pt2(path: Path) -> ExportedProgram:
     """torch.export.load with every unpickling restricted to tensors and plain containers: torch
     2.13 loads a .pt2's weights and constants with weights_only=False, and retries its sample inputs
     that way when the safe load fails, so a pickled payload in an upload would run. Here each such
@@ -520,7 +541,7 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
     return imported
 
 
-def pt2_inputs(ep) -> list[TensorSpec]:
+def pt2_inputs(ep: ExportedProgram) -> list[TensorSpec]:
     user_inputs = set(ep.graph_signature.user_inputs)
     specs = []
     for node in ep.graph.nodes:
@@ -551,7 +572,7 @@ def bind_symbolic_dims(mod: tvm.IRModule, shapes: dict[str, list[int]]) -> tvm.I
 # ---------------------------------------------------------------- shared
 
 
-def type_spec(name: str, ty) -> list[TensorSpec]:
+def type_spec(name: str, ty: tvm.ir.Type) -> list[TensorSpec]:
     if isinstance(ty, relax.TupleType):
         return [s for i, f in enumerate(ty.fields) for s in type_spec(f"{name}[{i}]", f)]
     if isinstance(ty, relax.TensorType):

@@ -7,11 +7,15 @@ gives an input (input_values), checked against its declared type and shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from webapp.pipeline.errors import StageError
+
+if TYPE_CHECKING:
+    import onnx
+    from torch.export import ExportedProgram
 
 # Ops that pass an integer tensor's values on unchanged (followed from an input to where it is used)
 ONNX_SAME_VALUES = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
@@ -48,7 +52,7 @@ class Values:
         return self
 
 
-def onnx_input_values(model, inputs: list[str]) -> dict[str, Values]:
+def onnx_input_values(model: onnx.ModelProto, inputs: list[str]) -> dict[str, Values]:
     """Integer graph input name -> its Values, for the inputs whose use says (after ONNX shape
     inference, which gives the shapes of the tensors they index)."""
     import onnx
@@ -98,7 +102,7 @@ def onnx_input_values(model, inputs: list[str]) -> dict[str, Values]:
     return {name: v for name in inputs if (v := values_of(name)).high is not None or v.fill is not None}
 
 
-def torch_input_values(ep, inputs: list[str]) -> dict[str, Values]:
+def torch_input_values(ep: ExportedProgram, inputs: list[str]) -> dict[str, Values]:
     """The same for a torch.export program: ids into an embedding or index_select."""
     nodes = {n.name: n for n in ep.graph.nodes}
 

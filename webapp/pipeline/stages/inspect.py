@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -33,7 +34,7 @@ from webapp.targets import Target
 if TYPE_CHECKING:
     from webapp.pipeline.stages.build import Built
     from webapp.pipeline.stages.importers import ImportedModel
-    from webapp.pipeline.stages.optimize import Optimized
+    from webapp.pipeline.stages.optimize import Fusion, Optimized
     from webapp.pipeline.stages.quantize.variants import QuantizedJob
 
 CODE_SUFFIXES = {Path(v.path).suffix for v in CODE_VIEWS.values() if v.path}  # the texts ir.zip holds
@@ -81,7 +82,7 @@ class CodeIndex:
         return "\n\n".join(t for t in ll_parts if t), "\n\n".join(t for t in asm_parts if t)
 
 
-def host_code_module(executable) -> tvm.runtime.Module | None:
+def host_code_module(executable: tvm.runtime.Executable) -> tvm.runtime.Module | None:
     for m in executable.mod.imports:
         if m.kind == "llvm":
             return m
@@ -95,13 +96,13 @@ def inspect_build(
     imported: tvm.IRModule,
     fused: tvm.IRModule,
     lowered: tvm.IRModule,
-    executable,
+    executable: tvm.runtime.Executable,
     job_dir: Path,
     labels: dict[str, str],
     target: Target,
-    report=lambda f: None,
+    report: Callable[..., None] = lambda f: None,
     graphs: dict | None = None,
-    fusion=None,
+    fusion: Fusion | None = None,
 ) -> dict:
     """The code views and kernel table of the build the page shows (`graphs`: drawn after optimize); for a
     GPU build its device code too (reports/device_code.py), the LLVM IR and assembly the host side's."""
@@ -153,7 +154,14 @@ def inspect_build(
 
 
 def kernel_rows(
-    lowered, fused, code, labels: dict, calls: dict, fusion, job_dir: Path, target: Target
+    lowered: tvm.IRModule,
+    fused: tvm.IRModule,
+    code: CodeIndex,
+    labels: dict,
+    calls: dict,
+    fusion: Fusion | None,
+    job_dir: Path,
+    target: Target,
 ) -> tuple[list[dict], dict[str, tuple[str, str]], dict[str, float]]:
     """The kernel table's rows of the build, each kernel's code views and reproducer files written:
     (rows, each kernel's (TIR, assembly as the page shows it), the operations each executes)."""
@@ -197,7 +205,14 @@ def kernel_rows(
     return kernels, texts, executed
 
 
-def write_kernel_files(job_dir: Path, name: str, texts: dict, unscheduled, prepack, constants) -> None:
+def write_kernel_files(
+    job_dir: Path,
+    name: str,
+    texts: dict[str, str],
+    unscheduled: tvm.tirx.PrimFunc,
+    prepack: tvm.tirx.PrimFunc | None,
+    constants: dict[str, np.ndarray] | None,
+) -> None:
     """A kernel's code views (`texts`: view -> its text), and its reproducer's files: its TIR before
     scheduling, its weights' repacking, the small constants the model passes it."""
     for view, text in texts.items():
@@ -206,7 +221,10 @@ def write_kernel_files(job_dir: Path, name: str, texts: dict, unscheduled, prepa
     if prepack is not None:
         (job_dir / PREPACK_TIR.format(kernel=file_stem(name))).write_text(prepack.script())
     if constants:
-        np.savez(job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)), **constants)
+        np.savez(
+            job_dir / KERNEL_CONSTANTS.format(kernel=file_stem(name)),
+            **constants,  # type: ignore[arg-type]  # numpy's stub: a ** key might be allow_pickle
+        )
 
 
 def hot_loops(kernels: list[dict], texts: dict, executed: dict, job_dir: Path, target: Target) -> dict | None:
@@ -259,7 +277,7 @@ SASS_MNEMONIC = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9._]*)"
 
 
 def instruction_counts(
-    text: str, counted=COUNTED_INSTRUCTIONS, mnemonic: str = ASM_MNEMONIC
+    text: str, counted: Iterable[str] = COUNTED_INSTRUCTIONS, mnemonic: str = ASM_MNEMONIC
 ) -> dict[str, int]:
     """Occurrences of each counted mnemonic (and its variants) in the assembly (or the SASS)."""
     mnemonics = re.findall(mnemonic, text, re.M)
@@ -358,7 +376,7 @@ def inspect_stage(
 SMALL_CONSTANT = 4096  # elements: scales, zero points, clip bounds, a bias; not a weight
 
 
-def call_constants(lowered) -> dict[str, dict[str, np.ndarray]]:
+def call_constants(lowered: tvm.IRModule) -> dict[str, dict[str, np.ndarray]]:
     """{kernel: the small constants the model's main passes it at its first call, by parameter (arg<i>)}:
     its reproducer runs the kernel on them rather than on random values, which would put a
     requantization's lower clip bound above its upper one (and a cast out of its type's range)."""

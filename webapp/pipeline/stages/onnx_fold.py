@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.steps import step
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import onnx
+
+    from webapp.pipeline.stages.prequantized import PreQuantized
 
 # What makes a graph worth folding: shape arithmetic and branches
 FOLD_OPS = {"Shape", "Size", "If"}
@@ -24,7 +32,7 @@ SKIPPED = ["graph_fusion", "subexpression_elimination", "weight_tying"]
 GIVEN_SUFFIX = ".given"
 
 
-def with_values(model, given: dict[str, np.ndarray]):
+def with_values(model: onnx.ModelProto, given: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The model with each given input read from a constant by every node; the input stays in the
     graph's inputs, unread, so every runtime is called with the same inputs."""
     from onnx import numpy_helper
@@ -44,7 +52,7 @@ def with_values(model, given: dict[str, np.ndarray]):
     return model
 
 
-def all_nodes(graph):
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """The graph's nodes and those of its branches and loop bodies, at any depth."""
     for node in graph.node:
         yield node
@@ -53,7 +61,12 @@ def all_nodes(graph):
                 yield from all_nodes(sub)
 
 
-def fold_onnx(model, shapes: dict[str, list[int]], given: dict[str, np.ndarray], pre=None) -> tuple:
+def fold_onnx(
+    model: onnx.ModelProto,
+    shapes: dict[str, list[int]],
+    given: dict[str, np.ndarray],
+    pre: PreQuantized | None = None,
+) -> tuple[onnx.ModelProto, dict]:
     """(the folded model, what folding did, for the page), or the model as it was and why not. A
     pre-quantized model (`pre`, prequantized.PreQuantized) is folded once its quantization was read
     (its weights are then float constants, its quantized tensors clips): its layers' inputs follow."""
@@ -114,7 +127,7 @@ def fold_text(folded: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def branch_inputs(model) -> list[str]:
+def branch_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph inputs the condition of an If still depends on (after folding): the values a user
     can give so that the branch folds."""
     producer = {out: node for node in model.graph.node for out in node.output}

@@ -7,6 +7,7 @@ and Mean of several inputs are chains of binary ops (Pairwise)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -19,7 +20,7 @@ from webapp.pipeline.errors import StageError
 ACTIVATIONS = {"sigmoid": relax.op.sigmoid, "tanh": relax.op.tanh, "relu": relax.op.nn.relu}
 
 
-def static_shape(expr, what: str) -> list[int]:
+def static_shape(expr: relax.Expr, what: str) -> list[int]:
     shape = expr.ty.shape.values if isinstance(expr.ty, relax.TensorType) and expr.ty.shape else None
     if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
         raise StageError(f"{what} needs a fixed shape (give the model's input shapes); it has {shape}.")
@@ -39,17 +40,17 @@ def activations(attr: dict, count: int, directions: int, op: str) -> list[list]:
     return [funcs[d * count : (d + 1) * count] for d in range(directions)]
 
 
-def of_direction(v, d: int):
+def of_direction(v: relax.Expr, d: int) -> relax.Expr:
     """A per-direction tensor's (weights, biases, states, peepholes: [directions, ...]) part for `d`."""
     return relax.op.squeeze(relax.op.strided_slice(v, [0], [d], [d + 1]), [0])
 
 
-def chunks(v, axis: int, count: int, size: int) -> list:
+def chunks(v: relax.Expr, axis: int, count: int, size: int) -> list[relax.Expr]:
     """`count` consecutive slices of `size` along `axis` (a layer's gates, stacked in its weights)."""
     return [relax.op.strided_slice(v, [axis], [k * size], [(k + 1) * size]) for k in range(count)]
 
 
-def constant_lengths(lengths, seq: int, op: str) -> None:
+def constant_lengths(lengths: relax.Expr | None, seq: int, op: str) -> None:
     """sequence_lens: accepted where every sequence is the whole input (the unrolled steps)."""
     if lengths is None:
         return
@@ -113,7 +114,7 @@ class Recurrent(OnnxOpConverter):
         return relax.Tuple([y, y_h, *rest])
 
     @staticmethod
-    def clipped(v, clip):
+    def clipped(v: relax.Expr, clip: float | None) -> relax.Expr:
         return relax.op.clip(v, -float(clip), float(clip)) if clip is not None else v
 
 
@@ -121,11 +122,24 @@ class LSTM(Recurrent):
     gates, functions = 4, 3
 
     @staticmethod
-    def initial_states(inputs):
+    def initial_states(inputs: list[relax.Expr | None]) -> list[relax.Expr | None]:
         return [inputs[5], inputs[6]]  # initial_h, initial_c
 
     @classmethod
-    def step(cls, bb, x_t, state, r_t, bias, funcs, clip, hidden, inputs, attr, d):
+    def step(
+        cls,
+        bb: relax.BlockBuilder,
+        x_t: relax.Expr,
+        state: list[relax.Expr],
+        r_t: relax.Expr,
+        bias: list[relax.Expr] | None,
+        funcs: list[Callable[..., relax.Expr]],
+        clip: float | None,
+        hidden: int,
+        inputs: list[relax.Expr | None],
+        attr: dict,
+        d: int,
+    ) -> list[relax.Expr]:
         f, g, h = funcs
         h_prev, c_prev = state
         z = relax.op.add(x_t, relax.op.matmul(h_prev, r_t))
@@ -153,11 +167,24 @@ class GRU(Recurrent):
     gates, functions = 3, 2
 
     @staticmethod
-    def initial_states(inputs):
+    def initial_states(inputs: list[relax.Expr | None]) -> list[relax.Expr | None]:
         return [inputs[5]]  # initial_h
 
     @classmethod
-    def step(cls, bb, x_t, state, r_t, bias, funcs, clip, hidden, inputs, attr, d):
+    def step(
+        cls,
+        bb: relax.BlockBuilder,
+        x_t: relax.Expr,
+        state: list[relax.Expr],
+        r_t: relax.Expr,
+        bias: list[relax.Expr] | None,
+        funcs: list[Callable[..., relax.Expr]],
+        clip: float | None,
+        hidden: int,
+        inputs: list[relax.Expr | None],
+        attr: dict,
+        d: int,
+    ) -> list[relax.Expr]:
         f, g = funcs
         (h_prev,) = state
         if bias is not None:
@@ -224,7 +251,7 @@ MORE = {"LSTM": LSTM, "GRU": GRU, "Sum": Sum, "Max": Max, "Min": Min, "Mean": Me
 
 
 @contextmanager
-def more_operators():
+def more_operators() -> Iterator[None]:
     """TVM's ONNX converter map with the operators above added, while a model is imported."""
     from tvm.relax.frontend.onnx import onnx_frontend
 

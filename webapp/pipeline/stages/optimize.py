@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,19 +65,19 @@ class CaptureTopLevelPasses:
     only passes at depth <= 3 (pipeline > sequential > pass) are the pipeline's own.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.depth = 0
         self.started: list[float] = []
         self.snapshots: list[tuple[str, float, tvm.IRModule]] = []
         self.running = ""  # the top-level pass running now: the one a failure names
 
-    def run_before_pass(self, mod, info):
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         self.depth += 1
         self.started.append(time.perf_counter())
         if self.depth <= 3 and info.name not in ("sequential", "_pipeline"):
             self.running = info.name
 
-    def run_after_pass(self, mod, info):
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         depth, started = self.depth, self.started.pop()
         self.depth -= 1
         if depth <= 3 and info.name not in ("sequential", "_pipeline"):
@@ -120,7 +121,7 @@ def optimize(
     mod: tvm.IRModule,
     target: Target,
     job_dir: Path,
-    report=lambda f: None,
+    report: Callable[..., None] = lambda f: None,
     layer_of: dict[str, str] | None = None,
     first: int = 0,
 ) -> Optimized:
@@ -209,13 +210,13 @@ class FusionTrace:
         self.origin: dict[relax.Var, relax.Var]
         self.unconverted, self.origin = None, {}  # the layout pass's input; its vars -> the input's
 
-    def run_before_pass(self, mod, info):
+    def run_before_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         if info.name == FUSE_OPS_PASS:
             self.before = mod.clone()
         elif info.name == LAYOUT_PASS:
             self.unconverted = mod
 
-    def run_after_pass(self, mod, info):
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         if info.name == FUSE_OPS_PASS:
             self.after = mod.clone()
         elif info.name == LAYOUT_PASS and not mod.same_as(self.unconverted):
@@ -366,7 +367,7 @@ class GroupMatch:
         """Whether the function's var `a` (not a parameter) computes main's var `b`."""
         return self.match([(a, b)], first_is_var=True)
 
-    def resolve(self, v):
+    def resolve(self, v: relax.Expr) -> relax.Expr:
         """A var of main through tuples made and taken apart again (x = (y, ...); z = x[0]: y)."""
         for _ in range(len(self.defs) + 1):
             value = self.defs.get(v) if isinstance(v, relax.Var) else None

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 QDQ = {"QuantizeLinear", "DequantizeLinear"}
 QOPERATORS = {"QLinearConv", "QLinearMatMul"}  # and QGemm, QLINEAR_OPS, QLinearConcat (to_qdq)
@@ -39,7 +43,9 @@ class PreQuantized:
     requantized: int = 0  # weights quantized asymmetrically, given symmetric int8 scales here
     dynamic: int = 0  # layers quantized at run time (quantize_dynamic): their activations calibrated here
 
-    def weight(self, name: str, q: np.ndarray, scale, zp, value: np.ndarray) -> None:
+    def weight(
+        self, name: str, q: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, value: np.ndarray
+    ) -> None:
         """The int8 scales of the float weight `name` (`value`, dequantized from `q`): the model's own
         where it quantized symmetrically to int8; where asymmetrically (uint8, a zero point), symmetric
         int8 scales from its values, for the integer kernels (counted: requantized)."""
@@ -69,7 +75,7 @@ def is_prequantized(op_types: set[str]) -> bool:
     return bool(op_types & (QDQ | QOPERATORS | INTEGER_OPS | DYNAMIC_OPS | {"QGemm"}))
 
 
-def dequantized(model):
+def dequantized(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PreQuantized]:
     """(float model, PreQuantized) of a pre-quantized ONNX model (modified in place)."""
     graph = model.graph
     ops = {n.op_type for n in graph.node}
@@ -143,7 +149,9 @@ class Constants:
         return None
 
 
-def dequantize_node(node, constant: Constants, source, pre: PreQuantized) -> tuple:
+def dequantize_node(
+    node: onnx.NodeProto, constant: Constants, source: onnx.NodeProto | None, pre: PreQuantized
+) -> tuple[onnx.NodeProto | None, list[onnx.TensorProto]]:
     """A DequantizeLinear's replacement and the constants it adds: a weight or a bias becomes its float
     constant (no node: None), an activation quantized by `source` (its QuantizeLinear) at one scale a
     Clip to its 8-bit grid's range, its scale and zero point kept in `pre`; the node itself where neither."""
@@ -175,7 +183,7 @@ def dequantize_node(node, constant: Constants, source, pre: PreQuantized) -> tup
     return clip, bounds
 
 
-def dequantize_first(graph, constant) -> dict[str, str]:
+def dequantize_first(graph: onnx.GraphProto, constant: Constants) -> dict[str, str]:
     """QuantizeLinear -> MaxPool (or a reshape, ON_8_BITS) -> DequantizeLinears of the same scale and
     zero point, as ONNX Runtime's QOperator form writes a max pool between two QLinearConvs, becomes
     QuantizeLinear -> DequantizeLinear -> MaxPool: the same values (a max, a reshape of affine values
@@ -227,7 +235,7 @@ def dequantize_first(graph, constant) -> dict[str, str]:
     return moved
 
 
-def quantize(x: np.ndarray, scale, zp, axis: int) -> np.ndarray:
+def quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int) -> np.ndarray:
     """QuantizeLinear of a constant: x / scale rounded to even, plus the zero point, saturated to its
     8 bits (uint8 where no zero point says otherwise)."""
     dtype = np.dtype(zp.dtype) if zp is not None else np.dtype(np.uint8)
@@ -241,7 +249,7 @@ def quantize(x: np.ndarray, scale, zp, axis: int) -> np.ndarray:
     return np.clip(np.rint(x / scale) + zp, info.min, info.max).astype(dtype)
 
 
-def dequantize(q: np.ndarray, scale: np.ndarray, zp, axis: int) -> np.ndarray:
+def dequantize(q: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int) -> np.ndarray:
     q = q.astype(np.float64)
     scale = np.asarray(scale, np.float64)
     zp = np.zeros_like(scale) if zp is None else np.asarray(zp, np.float64)
@@ -267,13 +275,15 @@ class GraphIndex:
                 self.consumers.setdefault(i, []).append(n)
         self.nested = {name for n in graph.node for g in subgraphs(n) for name in names_used(g)}
 
-    def only(self, tensor: str, op: str):
+    def only(self, tensor: str, op: str) -> onnx.NodeProto | None:
         """The one node reading `tensor`, if it is an `op` and no branch reads it too."""
         users = self.consumers.get(tensor, [])
         ok = len(users) == 1 and users[0].op_type == op and tensor not in self.nested
         return users[0] if ok else None
 
-    def weights(self, pre: PreQuantized, q: str, scale: str, zp: str | None, axis: int, name: str):
+    def weights(
+        self, pre: PreQuantized, q: str, scale: str, zp: str | None, axis: int, name: str
+    ) -> str | None:
         """The float weights of a quantized constant, added as `name`, with their int8 scales."""
         from onnx import numpy_helper
 
@@ -296,7 +306,7 @@ class GraphIndex:
         return tensor if tensor in self.inits and self.inits[tensor].ndim == 1 else ""
 
 
-def dynamic_to_float(model, pre: PreQuantized) -> None:
+def dynamic_to_float(model: onnx.ModelProto, pre: PreQuantized) -> None:
     """quantize_dynamic's layers as float layers with the model's weight scales: DynamicQuantizeLinear(x)
     -> MatMulInteger / ConvInteger(x_q, w_q) -> Cast -> Mul(x_scale * w_scale) becomes MatMul / Conv(x,
     w) with w the dequantized weights, and DynamicQuantizeLSTM (ONNX Runtime's contrib operator) an LSTM
@@ -317,7 +327,7 @@ def dynamic_to_float(model, pre: PreQuantized) -> None:
     remove_dead(graph)
 
 
-def integer_layer(index: GraphIndex, node, pre: PreQuantized, replaced: dict) -> None:
+def integer_layer(index: GraphIndex, node: onnx.NodeProto, pre: PreQuantized, replaced: dict) -> None:
     """A MatMulInteger / ConvInteger of quantize_dynamic's, with its Cast and Mul by the scales, as one
     float MatMul / Conv on the dequantized weights (in `replaced`); left as it is where it is not."""
     from onnx import helper
@@ -328,9 +338,13 @@ def integer_layer(index: GraphIndex, node, pre: PreQuantized, replaced: dict) ->
         b = index.float_bias(next(i for i in add.input if i != node.output[0]))
     cast = index.only(add.output[0] if add is not None and b else node.output[0], "Cast")
     mul = cast and index.only(cast.output[0], "Mul")
-    scales = mul and index.producers.get(next(i for i in mul.input if i != cast.output[0]))
+    scales = mul and index.producers.get(
+        # mul is a node only where cast is one
+        next(i for i in mul.input if i != cast.output[0])  # type: ignore[union-attr]
+    )
     if not (dq and dq.op_type == "DynamicQuantizeLinear" and scales and scales.op_type == "Mul"):
         return
+    assert cast is not None and mul is not None  # scales is a node only where both are
     w_scale = next((i for i in scales.input if i != dq.output[1]), "")
     zp = node.input[3] if len(node.input) > 3 else None
     axis = 0 if node.op_type == "ConvInteger" else 1
@@ -347,7 +361,7 @@ def integer_layer(index: GraphIndex, node, pre: PreQuantized, replaced: dict) ->
     pre.dynamic += 1
 
 
-def dynamic_lstm(index: GraphIndex, node, pre: PreQuantized, replaced: dict) -> None:
+def dynamic_lstm(index: GraphIndex, node: onnx.NodeProto, pre: PreQuantized, replaced: dict) -> None:
     """ONNX Runtime's DynamicQuantizeLSTM as an LSTM on its dequantized weights (in `replaced`), whose
     two weights are int8 layers (PreQuantized.recurrent)."""
     from onnx import helper, numpy_helper
@@ -372,7 +386,7 @@ def dynamic_lstm(index: GraphIndex, node, pre: PreQuantized, replaced: dict) -> 
     pre.dynamic += 1
 
 
-def remove_dead(graph) -> None:
+def remove_dead(graph: onnx.GraphProto) -> None:
     """Nodes none of whose outputs is used (the quantizers a rewrite left behind), by the graph or by
     any branch within it, however deep."""
     while True:
@@ -384,12 +398,12 @@ def remove_dead(graph) -> None:
         graph.node.extend(live)
 
 
-def subgraphs(node) -> list:
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs a node holds (an If's branches, a Loop's body)."""
     return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
 
 
-def names_used(graph) -> set[str]:
+def names_used(graph: onnx.GraphProto) -> set[str]:
     """Every tensor name a graph reads or returns, its branches' (at any depth) included."""
     used = {o.name for o in graph.output}
     for n in graph.node:
@@ -414,7 +428,7 @@ QLINEAR_OPS = {
 DROPPED_ATTRIBUTES = {"channels_last", "opset"}  # of the contrib ops, not their float op's
 
 
-def to_qdq(model) -> None:
+def to_qdq(model: onnx.ModelProto) -> None:
     """QLinearConv / QLinearMatMul / QGemm nodes as DequantizeLinear -> Conv / MatMul / Gemm ->
     QuantizeLinear, and ONNX Runtime's other QLinear* operators (QLINEAR_OPS, QLinearConcat) likewise
     around their float op."""
@@ -475,7 +489,7 @@ def to_qdq(model) -> None:
     graph.node.extend(out)
 
 
-def conv_integer_in_float(model) -> list[str]:
+def conv_integer_in_float(model: onnx.ModelProto) -> list[str]:
     """ConvInteger (dynamic quantization, which TVM's importer does not read) as the same arithmetic
     in float: Conv(x - x_zero_point, w - w_zero_point), cast back to the int32 it returns."""
     from onnx import TensorProto, helper

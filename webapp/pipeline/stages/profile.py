@@ -20,11 +20,17 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from webapp.machine import timing_slot
+
+if TYPE_CHECKING:
+    import tvm
+    from tvm import relax
 
 # The VM reads a value a kernel computed (an If's condition, a shape from a tensor): a run with its
 # kernels skipped would decide on stale memory, so the VM's own work is not measured that way
@@ -32,14 +38,17 @@ DATA_DEPENDENT = re.compile(r"vm\.builtin\.(read_if_cond|tensor_to_shape)\b")
 
 
 def profile_kernels(
-    executable, inputs: dict[str, np.ndarray], dev=None, runs: int = 5, trace: list | None = None
+    executable: tvm.runtime.Executable,
+    inputs: dict[str, np.ndarray],
+    dev: tvm.runtime.Device | None = None,
+    runs: int = 5,
+    trace: list | None = None,
 ) -> dict:
     """Where one whole-model run's time goes, each part measured (the module's docstring says how), in
-    interleaved rounds of a run without the hook, a run with the VM's instrument hook timing every call
-    of a compiled kernel (TVM 0.27 has no vm.profile), and a run with every kernel skipped (the VM's own
-    work: allocations, copies, its calls between kernels): a slow spell of the machine falls on all
-    three alike. At least `runs` rounds, more while they take under ROUNDS_S. `trace`, where given,
-    gets each timed call: (run, kernel, start s, end s) from the run's start."""
+    interleaved rounds of a run without the hook, a run whose instrument hook times every kernel call
+    (TVM 0.27 has no vm.profile) and a run with every kernel skipped (the VM's own work), so that a slow
+    spell of the machine falls on all three alike: at least `runs` rounds, more while they take under
+    ROUNDS_S. `trace`, where given, gets each timed call: (run, kernel, start s, end s)."""
     import tvm
 
     from webapp.targets import host
@@ -102,7 +111,9 @@ class HookedRuns:
     end; the hook's invocations in one run, builtins' calls too) and one with every kernel skipped
     (`skipped`, and the hook's invocations in one such run)."""
 
-    def __init__(self, executable, dev, sync):
+    def __init__(
+        self, executable: tvm.runtime.Executable, dev: tvm.runtime.Device, sync: Callable[[], object]
+    ):
         from tvm import relax
 
         self.executable, self.dev = executable, dev
@@ -123,7 +134,9 @@ class HookedRuns:
         self.counted = self.invoked = 0  # of the run going on
         self.skip = False  # every kernel skipped (SKIP_RUN): the VM's own work alone
 
-    def hook(self, func, symbol, before_run, ret_value, *call_args):
+    def hook(
+        self, func: object, symbol: str, before_run: bool, ret_value: object, *call_args: object
+    ) -> relax.VMInstrumentReturnKind:
         self.counted += before_run
         self.invoked += 1
         if "." in symbol:  # a vm.builtin.* call, not a compiled kernel (fused_conv2d_add, ...)
@@ -166,7 +179,7 @@ class HookedRuns:
             self.invocations = self.counted
             skip = skip and self.skipped_run(args)
 
-    def timed(self, run, begun: float | None = None) -> float:
+    def timed(self, run: Callable[[], object], begun: float | None = None) -> float:
         begun = begun or time.perf_counter()
         run()
         self.sync()
@@ -254,7 +267,12 @@ def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned
     }
 
 
-def profile_or_why(executable, inputs: dict[str, np.ndarray], dev, trace: list | None = None) -> dict:
+def profile_or_why(
+    executable: tvm.runtime.Executable,
+    inputs: dict[str, np.ndarray],
+    dev: tvm.runtime.Device | None,
+    trace: list | None = None,
+) -> dict:
     """A build's kernel profile, or why there is none: a profile never fails the job."""
     try:
         return profile_kernels(executable, inputs, dev, trace=trace)
@@ -263,7 +281,12 @@ def profile_or_why(executable, inputs: dict[str, np.ndarray], dev, trace: list |
 
 
 def profile_builds(
-    executables: dict, inputs: dict[str, np.ndarray], dev, benchmarks: list[dict], shown, files: Path
+    executables: dict,
+    inputs: dict[str, np.ndarray],
+    dev: tvm.runtime.Device | None,
+    benchmarks: list[dict],
+    shown: tuple[str, bool] | None,
+    files: Path,
 ) -> list[dict]:
     """Each build's profile (`shown`: the build whose kernels the page lists, model.so), with its
     benchmark median, in one hold of the timing slot; their calls written to files/TRACE_FILE."""

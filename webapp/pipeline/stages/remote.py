@@ -16,6 +16,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +29,14 @@ from webapp.pipeline.errors import StageError
 from webapp.pipeline.job import Context, Given, Report
 
 if TYPE_CHECKING:
+    import tvm
+    from tvm import relax, rpc
+
+    from webapp.pipeline.job import Job
     from webapp.pipeline.stages.build import Built
     from webapp.pipeline.stages.importers import ImportedModel
     from webapp.pipeline.stages.quantize.variants import QuantizedJob
+    from webapp.targets import Target
 
 SESSION_TIMEOUT_S = 3600  # the board ends a session that runs longer
 MAX_ARGS_BYTES = 1 << 30  # a kernel whose arguments take more is not timed alone
@@ -52,7 +58,7 @@ def prepare_remote_stage(
     return Given(None, prepare_remote(built, quantized, model, ctx.job, ctx.target, report))
 
 
-def on_this_server(mod, inputs: dict) -> list:
+def on_this_server(mod: tvm.IRModule, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The outputs of `mod` built by TVM's default pipeline for this server's CPU, on `inputs`."""
     import tvm
     from tvm import relax
@@ -66,36 +72,23 @@ def on_this_server(mod, inputs: dict) -> list:
     return flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()]))
 
 
-def prepare_remote(built, quantized, model, job, target, report) -> dict:
+def prepare_remote(
+    built: Built,
+    quantized: QuantizedJob | None,
+    model: ImportedModel,
+    job: Job,
+    target: Target,
+    report: Callable[..., None],
+) -> dict:
     """remote/: a library per build, inputs.npz, expected.npz (reference outputs), plan.json."""
     import os
 
-    from webapp.pipeline.stages.bench import (
-        bench_threads,
-        flatten_outputs,
-        is_classifier,
-        job_inputs,
-        onnxruntime_runner,
-        pytorch_runner,
-        torch_outputs,
-    )
+    from webapp.pipeline.stages.bench import is_classifier, job_inputs
 
     folder = job.dir / "remote"
     folder.mkdir(exist_ok=True)
     inputs = job_inputs(model, job)
-    expected, unavailable = {}, []
-    runners = {"pytorch": pytorch_runner, "onnxruntime": onnxruntime_runner}
-    for name, path in job.references.items():  # the frameworks' fp32 outputs, on this server
-        try:
-            out = runners[name](path, inputs, bench_threads())()
-        except Exception as exc:
-            unavailable.append({"runtime": name, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
-            continue
-        expected[name] = torch_outputs(out) if name == "pytorch" else flatten_outputs(out)
-    report(0.3)
-    for q in quantized.variants if quantized else []:  # the same integer model, built for this server
-        expected[f"{q.variant} on this server"] = on_this_server(q.mod, inputs)
-    report(0.6)
+    expected, unavailable = reference_outputs(job, quantized, inputs, report)
     builds = []
     layers = built.board_plan
     for (variant, tuned), executable in sorted(built.executables.items()):
@@ -110,10 +103,8 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
             builds[-1]["kernels_file"] = f"{slug(variant, tuned)}-kernels.so"
             target.export_library(executable.mod.imports[0], str(folder / builds[-1]["kernels_file"]))
     np.savez(folder / "inputs.npz", *inputs.values())
-    np.savez(
-        folder / "expected.npz",
-        **{f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)},  # type: ignore[arg-type]  # numpy's stub: a ** key might be allow_pickle
-    )
+    arrays = {f"{k}|{i}": a for k, outs in expected.items() for i, a in enumerate(outs)}
+    np.savez(folder / "expected.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub: a key may be allow_pickle
     plan = {"builds": builds, "references": list(expected), "classifier": is_classifier(model.outputs)}
     plan |= {"layers": layers} if layers else {}
     if quantized:  # what the board's layer times join (quantization.layer_speed)
@@ -121,6 +112,36 @@ def prepare_remote(built, quantized, model, job, target, report) -> dict:
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     report(1.0)
     return {"unavailable_runtimes": unavailable, "classifier": plan["classifier"]}
+
+
+def reference_outputs(
+    job: Job, quantized: QuantizedJob | None, inputs: dict[str, np.ndarray], report: Callable[..., None]
+) -> tuple[dict[str, list[np.ndarray]], list[dict]]:
+    """The outputs a board's run is checked against, computed on this server: the frameworks' fp32
+    ones, and each quantized variant's integer model built for this server; with the runtimes that
+    could not run and why."""
+    from webapp.pipeline.stages.bench import (
+        bench_threads,
+        flatten_outputs,
+        onnxruntime_runner,
+        pytorch_runner,
+        torch_outputs,
+    )
+
+    expected, unavailable = {}, []
+    runners = {"pytorch": pytorch_runner, "onnxruntime": onnxruntime_runner}
+    for name, path in job.references.items():
+        try:
+            out = runners[name](path, inputs, bench_threads())()
+        except Exception as exc:
+            unavailable.append({"runtime": name, "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            continue
+        expected[name] = torch_outputs(out) if name == "pytorch" else flatten_outputs(out)
+    report(0.3)
+    for q in quantized.variants if quantized else []:
+        expected[f"{q.variant} on this server"] = on_this_server(q.mod, inputs)
+    report(0.6)
+    return expected, unavailable
 
 
 # ---------------------------------------------------------------- the remote stage's own process
@@ -134,7 +155,7 @@ def load_expected(path: Path) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def board_of(session, key: str, host: str, port: int) -> dict:
+def board_of(session: rpc.RPCSession, key: str, host: str, port: int) -> dict:
     """What the board says it is (an emulated board of the pool answers playground.board_info); a
     board without that function is a real one running TVM's stock rpc_server."""
     try:
@@ -145,7 +166,13 @@ def board_of(session, key: str, host: str, port: int) -> dict:
     return info | {"address": f"{host}:{port}"}
 
 
-def timed(vm, dev, args, budget_s: float, first_s: float) -> dict:
+def timed(
+    vm: relax.VirtualMachine,
+    dev: tvm.runtime.Device,
+    args: list[tvm.runtime.Tensor],
+    budget_s: float,
+    first_s: float,
+) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
     warm-up call; first_s, the time of the call that fetched the outputs, sizes it."""
     from webapp.pipeline.stages.timing import summarize
@@ -174,7 +201,7 @@ class Remote:
 LIBRARY_NAME = re.compile(r"[\w.-]+\.so")
 
 
-def run_remote(job: Remote, report) -> dict:
+def run_remote(job: Remote, report: Callable[..., None]) -> dict:
     import tvm
     from tvm import relax, rpc
 
@@ -250,7 +277,9 @@ def board_fidelity(outs: dict, expected: dict, board_key: str, classifier: bool)
     return fid
 
 
-def time_layers(session, dev, folder: Path, plan: dict, board: dict) -> dict | None:
+def time_layers(
+    session: rpc.RPCSession, dev: tvm.runtime.Device, folder: Path, plan: dict, board: dict
+) -> dict | None:
     """The quantized layers timed against float on the board (quantization.layer_speed): each
     layer's kernel in both builds, alone, on random inputs of its arguments' shapes (`time_evaluator`,
     the median of 3 repeats of at least 20 ms), from each build's library of kernels. A failure
@@ -280,12 +309,14 @@ def time_layers(session, dev, folder: Path, plan: dict, board: dict) -> dict | N
         return {"device": board["name"], "error": crash_message(board, "the layers' kernels", exc)}
 
 
-def tvm_tensor(rng, shape: list[int], dtype: str, dev):
+def tvm_tensor(
+    rng: np.random.Generator, shape: list[int], dtype: str, dev: tvm.runtime.Device
+) -> tvm.runtime.Tensor:
     """Random values of a kernel argument (small integers for integer dtypes), on the board."""
     import tvm
 
     if dtype.startswith(("int", "uint")):
-        values = rng.integers(0 if dtype.startswith("uint") else -8, 8, size=shape)
+        values: np.ndarray = rng.integers(0 if dtype.startswith("uint") else -8, 8, size=shape)
     else:
         values = rng.standard_normal(shape)
     return tvm.runtime.tensor(values.astype(dtype), dev)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +37,12 @@ def free_cores(threads: int, window_s: float = 0.5) -> int:
 SETTLE_S = 0.05
 
 
-def measure_interleaved(runs: dict, budget_s: float = 3.0, rounds: int = 4, report=lambda f: None) -> dict:
+def measure_interleaved(
+    runs: dict[Any, Callable[[], object]],
+    budget_s: float = 3.0,
+    rounds: int = 4,
+    report: Callable[..., None] = lambda f: None,
+) -> dict:
     """Time each of `runs` ({key: fn}, each already called once) in `rounds` rounds that take every
     fn in turn, a slice of budget_s / rounds each (at least one call), `budget_s` in all per fn. A
     slow spell of a shared machine (another tenant on the other core) then falls on every runtime
@@ -99,7 +106,11 @@ def wait_quiet(wait_s: float) -> float:
 
 
 def measure_watched(
-    runs: dict, budget_s: float, report, wait_s: float, timings: int = TIMINGS
+    runs: dict[Any, Callable[[], object]],
+    budget_s: float,
+    report: Callable[..., None],
+    wait_s: float,
+    timings: int = TIMINGS,
 ) -> tuple[dict, dict]:
     """measure_interleaved, with how busy the machine was meanwhile (conditions.Watch). A disturbed
     timing (`disturbance`) is timed again, up to `timings` in all, each after waiting for the machine to

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import tvm
 import tvm_ffi
@@ -109,7 +109,7 @@ class InTimingSlot(ms.runner.PyRunner):
     def __init__(self, inner: ms.runner.Runner):
         self.inner = inner
 
-    def run(self, runner_inputs):
+    def run(self, runner_inputs: list[ms.runner.RunnerInput]) -> list[ms.runner.RunnerFuture]:
         with timing_slot.hold("tuning"):
             return self.inner.run(runner_inputs)
 
@@ -129,13 +129,20 @@ class WithinBudget(ms.search_strategy.PySearchStrategy):
     def _initialize_with_tune_context(self, context) -> None:
         self.inner._initialize_with_tune_context(context)
 
-    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None):
+    def pre_tuning(
+        self,
+        max_trials: int,
+        num_trials_per_iter: int,
+        design_spaces: list[s_tir.Schedule],
+        database: ms.database.Database | None = None,
+        cost_model: ms.cost_model.CostModel | None = None,
+    ) -> None:
         self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()
 
-    def generate_measure_candidates(self):
+    def generate_measure_candidates(self) -> list[ms.MeasureCandidate] | None:
         if self.left[0] <= 0:
             return None
         candidates = self.inner.generate_measure_candidates()
@@ -145,14 +152,18 @@ class WithinBudget(ms.search_strategy.PySearchStrategy):
         self.left[0] -= len(candidates)
         return candidates
 
-    def notify_runner_results(self, measure_candidates, results) -> None:
+    def notify_runner_results(
+        self, measure_candidates: list[ms.MeasureCandidate], results: list[ms.runner.RunnerResult]
+    ) -> None:
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> WithinBudget:
         return WithinBudget(self.inner.clone(), self.left)
 
 
-def fast_build(mod, target, _params):
+def fast_build(
+    mod: tvm.IRModule, target: tvm.target.Target, _params: dict[str, tvm.runtime.Tensor] | None
+) -> tvm.runtime.Module:
     """MetaSchedule's builder without its 30 s `import tvm.s_tir.tensor_intrin` in every worker
     (which times out on 2 cores)."""
     import tvm as _tvm
@@ -187,7 +198,9 @@ def extract_tasks(modules: dict[str, tvm.IRModule], target: Target) -> list[tupl
     return tasks
 
 
-def tune_contexts(tasks, target: Target, work_dir: Path, strategy) -> tuple[list, list[float]]:
+def tune_contexts(
+    tasks: list[ms.ExtractedTask], target: Target, work_dir: Path, strategy: ms.search_strategy.SearchStrategy
+) -> tuple[list[ms.TuneContext], list[float]]:
     """One TuneContext per task: MetaSchedule's own design space (its schedule rules for the target),
     or where a rule of schedules.SPACES fits (the int8 kernels, on the project's dot-product
     intrinsics, which MetaSchedule's CPU rules never use) that rule's spaces, with the register
@@ -218,7 +231,14 @@ class Search:
     """What the search has found so far, kept by its measure callback: each task's best measured seconds,
     the estimated model latency after each batch (`curve`), each task's improvements (`history`)."""
 
-    def __init__(self, best: dict, weights: dict, trials: int, report, cancelled):
+    def __init__(
+        self,
+        best: dict[int, float | None],
+        weights: dict[int, int],
+        trials: int,
+        report: Callable[..., None],
+        cancelled: Callable[[], bool],
+    ):
         self.best, self.weights, self.trials = best, weights, trials
         self.report, self.cancelled = report, cancelled
         self.curve: list[dict] = []
@@ -227,12 +247,12 @@ class Search:
         self.done = 0
         self.stop_requested = False
 
-    def measured(self, task_id: int, count: int, runner_results) -> None:
+    def measured(self, task_id: int, count: int, runner_results: list[ms.runner.RunnerResult]) -> None:
         self.done += count
         for trial, r in enumerate(runner_results, self.done - count + 1):
             if r.run_secs:
                 secs = sum(float(s) for s in r.run_secs) / len(r.run_secs)
-                if self.best.get(task_id) is None or secs < self.best[task_id]:
+                if self.best.get(task_id) is None or secs < cast(float, self.best[task_id]):
                     self.best[task_id] = secs
                 steps = self.history.setdefault(task_id, [])
                 if not steps or secs * 1e6 < steps[-1]["us"]:
@@ -246,7 +266,7 @@ class Search:
             self.stop_requested = True
             raise TuningCancelled()
 
-    def callback(self):
+    def callback(self) -> ms.measure_callback.MeasureCallback:
         search = self
 
         @derived_object
@@ -293,7 +313,9 @@ def tune(
     )
 
 
-def run_search(tasks: list, target: Target, work_dir: Path, db, search: Search) -> bool:
+def run_search(
+    tasks: list[ms.ExtractedTask], target: Target, work_dir: Path, db: ms.database.Database, search: Search
+) -> bool:
     """MetaSchedule's evolutionary search over `tasks`, `search.trials` measurements in all, its records
     in `db`; whether the user cancelled it."""
     trials = search.trials
@@ -350,7 +372,9 @@ def task_table(variants: list, work_dir: Path, weights: dict, before: dict, hist
     return table
 
 
-def watch_dispatch(work_dir: Path, trials: int, report, measured: Callable[[], int]) -> threading.Event:
+def watch_dispatch(
+    work_dir: Path, trials: int, report: Callable[..., None], measured: Callable[[], int]
+) -> threading.Event:
     """Until the returned event is set, report how many candidates MetaSchedule has sent to the builder.
 
     Its measure callbacks arrive only when a round's results are joined, after every task has been
@@ -389,7 +413,7 @@ def estimated_total_ms(best: dict, weights: dict) -> float | None:
     return sum(best[n] * weights[n] for n in best) * 1e3
 
 
-def tunes(ctx) -> bool:
+def tunes(ctx: Context) -> bool:
     """Whether the job has a tune stage: trials asked for, or shared records copied into its folder."""
     records = ctx.dir / "tuning" / "database_tuning_record.json"
     return ctx.options.tune_trials > 0 or (records.is_file() and records.stat().st_size > 0)

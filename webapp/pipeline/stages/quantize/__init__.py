@@ -10,6 +10,7 @@ is the CPU's 8-bit arithmetic (no CPU here has sub-byte dot products).
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,7 +100,7 @@ QUANTIZE_OPTIONS = (
 )
 
 
-def scales_power2(*scales) -> bool:
+def scales_power2(*scales: float | np.ndarray) -> bool:
     return all(is_power_of_two(s) for s in scales)
 
 
@@ -142,7 +143,9 @@ def with_outputs(mod: tvm.IRModule, func: relax.Function, extra: list) -> tvm.IR
     return relax.transform.ConvertToDataflow()(with_main(mod, bb.get()["main"]))
 
 
-def run_all(executable, samples: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+def run_all(
+    executable: tvm.runtime.Executable, samples: list[dict[str, np.ndarray]]
+) -> list[list[np.ndarray]]:
     from webapp.pipeline.stages.bench import flatten_outputs
 
     dev = host().device()  # calibration runs on this machine, whatever the target
@@ -170,7 +173,7 @@ def observe(
     mod: tvm.IRModule,
     options: JobOptions,
     samples: list[dict[str, np.ndarray]],
-    report=lambda f: None,
+    report: Callable[..., None] = lambda f: None,
     prequantized: dict | None = None,
     dtype: str = "uint8",
 ) -> Observed:
@@ -221,11 +224,11 @@ def given_act(scale: float, zero_point: int, dtype: str, target_dtype: str) -> A
 
 
 def quantize(
-    mod: tvm.IRModule,
+    mod: tvm.IRModule | None,
     target: Target,
     options: JobOptions,
     samples: list[dict[str, np.ndarray]],
-    report=lambda f: None,
+    report: Callable[..., None] = lambda f: None,
     observed: Observed | None = None,
 ) -> Quantized:
     """`observed`, when given, is the float run several quantizations of one job share (observe())."""
@@ -296,7 +299,13 @@ def channel_means(observed: Observed) -> dict:
 
 
 def layer_errors(
-    observed: Observed, acts, options, sample, pair_limit=None, means=None, fixed_point=False
+    observed: Observed,
+    acts: dict,
+    options: JobOptions,
+    sample: dict[str, np.ndarray],
+    pair_limit: int | None = None,
+    means: dict | None = None,
+    fixed_point: bool = False,
 ) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer (the target's arithmetic,

@@ -50,7 +50,7 @@ def bindings(func: relax.Function) -> list[relax.VarBinding]:
     return [b for block in func.body.blocks for b in block.bindings]
 
 
-def op_name(value) -> str:
+def op_name(value: relax.Expr) -> str:
     return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
 
 
@@ -65,7 +65,7 @@ def users(func: relax.Function) -> dict[relax.Var, list]:
     return found
 
 
-def constant(expr) -> np.ndarray | None:
+def constant(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
@@ -125,7 +125,7 @@ def find_layers(func: relax.Function) -> list[Layer]:
     return layers
 
 
-def single_user(uses: dict, var: relax.Var):
+def single_user(uses: dict, var: relax.Var) -> relax.VarBinding | None:
     readers = uses.get(var, [])
     return readers[0] if len(readers) == 1 and readers[0] != "output" else None
 

@@ -10,8 +10,14 @@ Relay's global_scale; nothing is run).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from webapp.pipeline.stages.importers import TensorSpec
 
 PERCENTILE = 99.99
 SAMPLE_CAP = 1 << 18  # magnitudes kept per tensor for the percentile and the histogram
@@ -90,7 +96,7 @@ def threshold(stats: TensorStats, mode: str, levels: int, global_threshold: floa
 MAX_SAMPLES = 64
 
 
-def samples_from_npz(path, specs) -> list[dict[str, np.ndarray]]:
+def samples_from_npz(path: Path, specs: list[TensorSpec]) -> list[dict[str, np.ndarray]]:
     """Calibration inputs from a user's .npz: one array per model input, named like it (a single
     input may use any name), holding N inputs stacked on a new first axis: shape (N, *input shape),
     or (N, *input shape[1:]) when the batch is 1. Raises StageError saying what does not fit."""

@@ -29,6 +29,7 @@ soft-float code (docs/quantization.md, On other targets).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -46,6 +47,9 @@ from webapp.pipeline.stages.quantize.scales import (
     quantize_weights,
     weight_scales,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 @dataclass
@@ -81,18 +85,18 @@ class Affine:
 DENSE_GROUPS = 8
 
 
-def const(values, dtype: str) -> relax.Expr:
+def const(values: ArrayLike, dtype: str) -> relax.Expr:
     return relax.const(np.ascontiguousarray(np.asarray(values).astype(dtype)), dtype)
 
 
-def scalar(value, dtype: str, like) -> relax.Expr:
+def scalar(value: float | np.ndarray, dtype: str, like: relax.Expr) -> relax.Expr:
     """A constant shaped [1, 1, ...] like `like`: layout conversion (ConvertLayout) follows binary ops
     whose operands have the same rank, not a 0-d one."""
     ndim = len(like.ty.shape.values) if like.ty.shape is not None else 0
     return const(np.full([1] * ndim, value), dtype)
 
 
-def substitute(expr, env: dict):
+def substitute(expr: relax.Expr, env: dict) -> relax.Expr:
     """`expr` with its variables replaced through env (Call, Tuple, TupleGetItem, leaves)."""
     if isinstance(expr, relax.Var):
         return env.get(expr, expr)
@@ -147,7 +151,7 @@ class Realizer:
         self.origin: dict[str, list[str]] = {}
         self.current: list[str] | None = None  # what the vars emitted now compute
 
-    def emit(self, expr, name: str = "q"):
+    def emit(self, expr: relax.Expr, name: str = "q") -> relax.Var:
         """`expr` bound to a var named after `name`, its nested calls first (each a var of its own): a
         name the block builder chose itself ("lv", "lv1", ...) could be a var name of the float model,
         which the layer map (webapp.pipeline.stages.optimize.Fusion) reads as that var."""
@@ -159,7 +163,7 @@ class Realizer:
             self.origin[var.name] = list(self.current)
         return var
 
-    def float_value(self, var):
+    def float_value(self, var: relax.Var) -> relax.Var:
         if var not in self.floats:  # only a requantized layer result: dequantize it
             p = self.acts[var]
             q = self.emit(R.astype(self.quants[var], "int32"))
@@ -170,7 +174,7 @@ class Realizer:
             self.affine[var] = Affine([(q, np.float64(p.scale))], -p.zero_point * np.float64(p.scale))
         return self.floats[var]
 
-    def quant_value(self, var):
+    def quant_value(self, var: relax.Var) -> relax.Var:
         """`var` in 8 bits. The quantizing ops belong to what computed `var` (they fuse into its kernel),
         not to the layer that reads it; a model input's to its first reader."""
         if var in self.quants:
@@ -182,7 +186,7 @@ class Realizer:
         finally:
             self.current = reader
 
-    def quantize(self, var):
+    def quantize(self, var: relax.Var) -> relax.Var:
         if var not in self.quants and self.fixed_point and var in self.affine:
             p = self.acts[var]
             q = self.fixed_point_multiply(self.affine[var], p, p.qmin, p.qmax, "quantized")
@@ -231,13 +235,13 @@ class Realizer:
         # the float values that a fixed-point requantization made unread
         return relax.analysis.remove_all_unused(bb.get()["main"])
 
-    def note_affine(self, binding) -> None:
+    def note_affine(self, binding: relax.VarBinding) -> None:
         """A float add of two affine values (a residual block's sum) is affine too."""
         args = binding.value.args if isinstance(binding.value, relax.Call) else []
         if op_name(binding.value) == "relax.add" and all(a in self.affine for a in args):
             self.affine[binding.var] = self.affine[args[0]] + self.affine[args[1]]
 
-    def stored_in_8_bits(self, var) -> bool:
+    def stored_in_8_bits(self, var: relax.Var) -> bool:
         """At 8 bits, a tensor with a calibrated quantization that is not the model's output is stored
         as 8 bits even where float ops read it (residual adds, pooling): they dequantize it on entry,
         in their own kernel. Between kernels a model then moves bytes, not float32s, as ONNX Runtime's
@@ -250,7 +254,7 @@ class Realizer:
             and str(getattr(var.ty, "dtype", "")) == "float32"
         )
 
-    def relu_in_the_clip(self, binding) -> bool:
+    def relu_in_the_clip(self, binding: relax.VarBinding) -> bool:
         """A ReLU whose result is stored in 8 bits that are never below their zero point (a residual
         block's ReLU(h + y)): its input is quantized in its place, the clip at the zero point being the
         ReLU, bit for bit (floor(x / scale + zero point + 1/2) is at most the zero point where x <= 0).
@@ -261,7 +265,7 @@ class Realizer:
         p = self.acts[binding.var]
         return p.qmin >= p.zero_point
 
-    def reaches_output(self, var) -> bool:
+    def reaches_output(self, var: relax.Var) -> bool:
         """The function returns `var`, directly or through bindings that only rename or group it."""
         return any(
             r == "output"
@@ -270,7 +274,7 @@ class Realizer:
             for r in self.uses.get(var, [])
         )
 
-    def readers_quantized(self, var) -> tuple[bool, bool]:
+    def readers_quantized(self, var: relax.Var) -> tuple[bool, bool]:
         """(some reader is a quantized layer, some reader needs float32)."""
         readers = self.uses.get(var, [])
         quant = [
@@ -317,6 +321,7 @@ class Realizer:
         # that one float op reads alone is left to it in float32, as that op is fused into this
         # layer's kernel in most models (ResNet's residual add), where 8 bits would only cost time.
         shared = len(self.uses.get(layer.out, [])) > 1
+        p_out: ActQuant | None  # None: the result stays float32
         if to_quant and not to_float or shared and self.stored_in_8_bits(layer.out):
             p_out, multiplier, how = self.requantized_output(layer, acc, products, acc_scale, shape)
         else:
@@ -326,7 +331,9 @@ class Realizer:
             LayerQuant(layer, p_in, flat_scale, wq, bias_q, np.asarray(multiplier), p_out, how)
         )
 
-    def integer_conv2d(self, layer: Layer, xq, wq: np.ndarray, p_in) -> tuple:
+    def integer_conv2d(
+        self, layer: Layer, xq: relax.Var, wq: np.ndarray, p_in: ActQuant
+    ) -> tuple[relax.Var, np.ndarray]:
         """The layer's convolution in integers into int32: its input padded with its zero point, its
         input channels to a multiple of 4 (the dot-product instructions take 4 a time). (Its output, its
         weights as convolved: a grouped convolution of few groups made one block-diagonal.)"""
@@ -359,7 +366,9 @@ class Realizer:
         )
         return self.emit(conv, "acc"), wq
 
-    def requantized_output(self, layer: Layer, acc, products, acc_scale: np.ndarray, shape: tuple):
+    def requantized_output(
+        self, layer: Layer, acc: relax.Var, products: Affine, acc_scale: np.ndarray, shape: tuple
+    ) -> tuple[ActQuant, np.ndarray, str]:
         """The layer's result requantized to 8 bits from its accumulator (with its ReLU's clip): its
         quantization parameters, the multiplier, and how (fixed point, or in float)."""
         p_out = self.acts[layer.out]
@@ -379,7 +388,9 @@ class Realizer:
             self.quants[layer.out] = self.to_bits(y, lo, hi, p_out.dtype, "requantized")
         return p_out, multiplier, how
 
-    def float_output(self, layer: Layer, acc, products, acc_scale: np.ndarray, shape: tuple) -> None:
+    def float_output(
+        self, layer: Layer, acc: relax.Var, products: Affine, acc_scale: np.ndarray, shape: tuple
+    ) -> None:
         """The layer's result in float32, for the float ops that read it: the accumulator scaled, then its
         ReLU or clip."""
         y = self.emit(R.multiply(R.astype(acc, "float32"), const(acc_scale.reshape(shape), "float32")))
@@ -405,7 +416,7 @@ class Realizer:
         per_group = mean.reshape(groups, -1)[np.arange(error.shape[0]) // (error.shape[0] // groups)]
         return np.einsum("oihw,oi->o", error, per_group)
 
-    def to_bits(self, y, lo: int, hi: int, dtype: str, name: str):
+    def to_bits(self, y: relax.Var, lo: int, hi: int, dtype: str, name: str) -> relax.Var:
         """A rounded value (float32 integers, or int32 from a rounding shift) clipped to [lo, hi] and
         stored in `dtype`. Where the target's float -> int conversion saturates (Arm: a float beyond the
         int32 range becomes its bound, as the clip would make it), the float converts first and the clip
@@ -417,7 +428,7 @@ class Realizer:
             y = self.emit(R.astype(y, "int32"), f"{name}_int")
         return self.emit(R.astype(self.clip(y, lo, hi, str(y.ty.dtype)), dtype), name)
 
-    def clip(self, x, lo, hi, dtype: str):
+    def clip(self, x: relax.Var, lo: float, hi: float, dtype: str) -> relax.Var:
         """max then min with constants: unlike R.clip, these keep the layout ConvertLayout chose."""
         return self.emit(R.minimum(R.maximum(x, scalar(lo, dtype, x)), scalar(hi, dtype, x)))
 
@@ -440,7 +451,9 @@ class Realizer:
         coarser = scale * np.maximum(sums.max(axis=reduce, keepdims=True) / self.pair_limit, 1.0)
         return power2_up(coarser) if self.weight_mode == "power2" else coarser
 
-    def fixed_point_multiply(self, value: Affine, out: ActQuant, lo: int, hi: int, name: str):
+    def fixed_point_multiply(
+        self, value: Affine, out: ActQuant, lo: int, hi: int, name: str
+    ) -> relax.Var | None:
         """`value` in `out`'s 8 bits, floor(value / scale + zero point + 1/2) clipped to [lo, hi], in
         integers (None where the form cannot hold the multipliers): each term's int32 tensor widened
         to int64 times its multiplier in fixed point (scales.fixed_point_terms), summed with the
@@ -468,7 +481,7 @@ class Realizer:
             y = self.clip(y, lo, hi, "int64")
         return self.emit(R.astype(y, out.dtype), name)
 
-    def requantize(self, acc, multiplier: np.ndarray, zero_point: int):
+    def requantize(self, acc: relax.Var, multiplier: np.ndarray, zero_point: int) -> tuple[relax.Var, str]:
         """int32 accumulator x multiplier + zero point, rounded half up (before the clip to 8 bits):
         a rounding shift when the multipliers are powers of two, else a float32 multiply, as
         ONNX Runtime's kernels requantize (scales.requantize_reference). The float32 form costs a
@@ -508,5 +521,5 @@ def pair_axis(layer: Layer) -> int:
     return 1 if layer.kind == "conv2d" else layer.weight.ndim - 2
 
 
-def free_vars(expr) -> list:
+def free_vars(expr: relax.Expr) -> list[relax.Var]:
     return list(relax.analysis.free_vars(expr))

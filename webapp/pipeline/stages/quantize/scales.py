@@ -7,12 +7,18 @@ Pure numpy; the tests check these against their definitions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def power2_up(scale):
+# a float scale or an array of them (per channel): power2_up gives back the same kind
+Scale = TypeVar("Scale", float, np.ndarray)
+
+
+def power2_up(scale: Scale) -> Scale:
     """The smallest power of two >= scale (rounding down would saturate the largest values)."""
     return 2.0 ** np.ceil(np.log2(np.maximum(scale, np.finfo(np.float32).tiny)))
 
@@ -118,7 +124,7 @@ def fit_pairs(wq: np.ndarray, exact: np.ndarray, limit: int, axis: int) -> np.nd
     return np.moveaxis(w[..., : w.shape[-1] - odd], -1, axis).astype(np.int8)
 
 
-def fma32(a, b, c) -> np.ndarray:
+def fma32(a: ArrayLike, b: ArrayLike, c: ArrayLike) -> np.ndarray:
     """float32 a * b + c rounded once, as a fused multiply-add: TVM's LLVM code generation fuses a
     float multiply with the add after it (the quantize and requantize steps compile to `vfmadd`).
     The float32 product is exact in float64, and so is the sum at the magnitudes 8-bit values take."""
@@ -126,13 +132,15 @@ def fma32(a, b, c) -> np.ndarray:
     return (a * b + c).astype(np.float32)
 
 
-def is_power_of_two(x) -> bool:
+def is_power_of_two(x: ArrayLike) -> bool:
     x = np.asarray(x, dtype=np.float64)
     mantissa, _ = np.frexp(x)
     return bool(np.all((x > 0) & (mantissa == 0.5)))
 
 
-def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant, lo: int, hi: int):
+def requantize_reference(
+    acc: np.ndarray, multiplier: np.ndarray, out: ActQuant, lo: int, hi: int
+) -> np.ndarray:
     """The arithmetic the quantized kernels do after their int32 accumulation (numpy). A power-of-two
     multiplier is a rounding shift; any other a float32 multiply, rounded half up (floor of + 1/2)."""
     if not is_power_of_two(multiplier):
@@ -146,7 +154,7 @@ def requantize_reference(acc: np.ndarray, multiplier: np.ndarray, out: ActQuant,
     return np.clip(y + out.zero_point, lo, hi).astype(out.dtype)
 
 
-def fixed_point_terms(multipliers: list, offset) -> tuple[list, np.ndarray, int] | None:
+def fixed_point_terms(multipliers: list, offset: ArrayLike) -> tuple[list, np.ndarray, int] | None:
     """sum(t x m) + offset, t int32 (at most two terms), as (sum(t x M) + C) >> shift in int64 (an
     arithmetic shift: the floor): M = round(m x 2**shift), C = round(offset x 2**shift), one shift for
     all, so that the largest M lies in [2**29, 2**30] (the shift at most 52) and each product is
@@ -165,7 +173,9 @@ def fixed_point_terms(multipliers: list, offset) -> tuple[list, np.ndarray, int]
     return fixed, rounding.astype(np.int64), shift
 
 
-def fixed_point_reference(terms: list, multipliers: list, offset: float, lo: int, hi: int, dtype: str):
+def fixed_point_reference(
+    terms: list, multipliers: list, offset: float, lo: int, hi: int, dtype: str
+) -> np.ndarray:
     """The arithmetic of a fixed-point requantization (Realizer.fixed_point_multiply) in numpy."""
     # the caller's requantization is of this form (fixed_point_terms is None for one that is not)
     fixed, rounding, shift = cast("tuple[list, np.ndarray, int]", fixed_point_terms(multipliers, offset))

@@ -15,11 +15,12 @@ from webapp.catalog import CALIBRATION_MODES, code_file
 from webapp.options import JobOptions
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
-from webapp.pipeline.stages.quantize import Quantized, observe, quantize
+from webapp.pipeline.stages.quantize import Observed, Quantized, observe, quantize
 from webapp.pipeline.stages.quantize.scales import pack_bits
 
 if TYPE_CHECKING:
     from webapp.pipeline.stages.importers import ImportedModel
+    from webapp.targets import Target
 
 
 @dataclass
@@ -87,7 +88,7 @@ def variant_options(options: JobOptions) -> list[tuple[str, JobOptions]]:
 
 
 def calibration_samples(
-    model, calibration_data: Path | None, dataset: str | None
+    model: ImportedModel, calibration_data: Path | None, dataset: str | None
 ) -> tuple[list[dict[str, np.ndarray]], str]:
     """The calibration inputs and where they came from: the user's .npz, the example's training
     images, or random inputs of the model's shapes."""
@@ -105,13 +106,13 @@ def calibration_samples(
 
 
 def quantize_job(
-    model,
-    target,
+    model: ImportedModel,
+    target: Target,
     options: JobOptions,
     job_dir: Path,
     calibration_data: Path | None,
     dataset: str | None,
-    report,
+    report: Report,
 ) -> QuantizedJob:
     pre = (model.prequantized or {}).get("layers") and model.prequantized  # one int8 variant on its scales
     variants = [("int8", replace(options, quantize="int8"))] if pre else variant_options(options)
@@ -151,13 +152,13 @@ def quantize_job(
 
 def quantize_variant(
     job_dir: Path,
-    target,
+    target: Target,
     name: str,
     options: JobOptions,
-    samples,
+    samples: list[dict[str, np.ndarray]],
     source: str,
-    observed,
-    report=lambda f: None,
+    observed: Observed,
+    report: Report = lambda f: None,
     save: bool = True,
 ) -> Quantized:
     """One quantized variant of the observed float model; its bit-packed weights are saved unless
@@ -181,7 +182,7 @@ def save_weights(job_dir: Path, quantized: Quantized) -> None:
     quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))
 
 
-def quantizes(ctx, model) -> bool:
+def quantizes(ctx: Context, model: ImportedModel) -> bool:
     """Whether the job has a quantize stage: asked for, or a model with scales of its own."""
     return ctx.options.quantize != "none" or bool((model.prequantized or {}).get("layers"))
 
