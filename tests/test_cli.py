@@ -80,6 +80,7 @@ def test_tune_compile_to_a_package_and_run_it_with_the_runtime_alone(example_fil
         "sys",
         "time",
         "pathlib",
+        "typing",
         "numpy",
         "tvm.runtime",
         "tvm.runtime.vm",
