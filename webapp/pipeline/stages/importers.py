@@ -22,7 +22,7 @@ from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
-from webapp.pipeline.stages.onnx_ops import more_operators, supported_operators
+from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
@@ -149,15 +149,11 @@ def check_input_names(inputs: list[TensorSpec], input_shapes: dict) -> None:
 # ---------------------------------------------------------------- ONNX
 
 
-def onnx_dtype(elem_type: int) -> str:
-    import onnx
-
-    return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
-
-
 def onnx_value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
     """A graph input's or output's spec; a sequence, map or optional value has no shape, and its kind
     ("sequence", ...) for dtype."""
+    import onnx
+
     kind = value.type.WhichOneof("value") or "value"
     if kind != "tensor_type":
         return TensorSpec(value.name, [], kind.removesuffix("_type"))
@@ -166,7 +162,9 @@ def onnx_value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
         d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
         for d in tensor_type.shape.dim
     ]
-    return TensorSpec(value.name, shape, onnx_dtype(tensor_type.elem_type))
+    return TensorSpec(
+        value.name, shape, str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    )
 
 
 def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedModel:
@@ -453,16 +451,6 @@ class SourceLayers:
                     out.update(dict.fromkeys(pending, layer))
                     pending = []
         return out
-
-
-def check_onnx_ops_supported(op_types: list[str]) -> None:
-    supported = supported_operators()
-    missing = [op for op in op_types if op not in supported]
-    if missing:
-        raise StageError(
-            f"TVM's ONNX importer does not support the operator{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(missing)} (used by this model)."
-        )
 
 
 # ---------------------------------------------------------------- PyTorch .pt2

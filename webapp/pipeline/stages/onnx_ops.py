@@ -269,3 +269,14 @@ def supported_operators() -> set[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     return set(_get_convert_map()) | set(MORE) | {"If", "Constant"}
+
+
+def check_onnx_ops_supported(op_types: list[str]) -> None:
+    """A StageError naming the model's operators that no converter (TVM's or those above) takes."""
+    supported = supported_operators()
+    missing = [op for op in op_types if op not in supported]
+    if missing:
+        raise StageError(
+            f"TVM's ONNX importer does not support the operator{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} (used by this model)."
+        )
