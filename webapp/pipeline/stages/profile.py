@@ -247,7 +247,7 @@ def with_benchmark_ms(profile: dict, benchmarks: list[dict], variant: str, tuned
     """A profile with its build's benchmark median (benchmark_ms: its fastest round's) and how much of it
     the profile's parts account for (accounted: the kernels' and the VM's own work's measured ms over it;
     None where the VM's own work could not be measured apart), and of the profile's own run without the
-    hook, timed a moment before the hooked runs (accounted_of_run)."""
+    hook, timed in the same rounds as the hooked runs (accounted_of_run)."""
     if "kernels" not in profile:
         return profile
     median = next(
