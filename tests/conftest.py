@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -85,6 +86,16 @@ def config(data_dir) -> Config:
         # and timing again is tested where a test sets it (tests/test_api.py, the busy loop)
         quiet_wait_s=0.0,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_environment(config) -> None:
+    """The servers, workers and CLI commands tests start as processes of their own (Config.from_env)
+    time as this session's jobs do: a short budget, timed once, in this session's timing slot (not the
+    machine's, which the other test process's servers would share)."""
+    os.environ["PLAYGROUND_BENCH_BUDGET_S"] = str(config.bench_budget_s)
+    os.environ["PLAYGROUND_QUIET_WAIT_S"] = str(config.quiet_wait_s)
+    os.environ["PLAYGROUND_TIMING_LOCK"] = str(config.timing_lock)
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,8 @@ JUMP = re.compile(r"^\s+\S+\s+(?:[^#/]*,\s*)?(\.LBB[\w$.]+)\s*(?:(?:#|//).*)?$")
 def filter_asm(text: str) -> str:
     """The assembly without assembler directives (.cfi_*, .p2align, .type, ...) and without the local
     labels nothing jumps to (.Ltmp*, .Lfunc_end*): what Compiler Explorer shows by default."""
-    return "\n".join(text.splitlines()[i] for i in kept_lines(text)) + "\n"
+    lines = text.splitlines()
+    return "\n".join(lines[i] for i in kept_lines(text)) + "\n"
 
 
 def kept_lines(text: str) -> list[int]:

@@ -102,6 +102,7 @@ class Config:
             nice=env_int("PLAYGROUND_JOB_NICE", c.nice),
             process_limit=env_int("PLAYGROUND_PROCESS_LIMIT", c.process_limit),
             bench_threads=env_int("PLAYGROUND_BENCH_THREADS", c.bench_threads),
+            bench_budget_s=float(os.environ.get("PLAYGROUND_BENCH_BUDGET_S") or c.bench_budget_s),
             quiet_wait_s=float(os.environ.get("PLAYGROUND_QUIET_WAIT_S") or c.quiet_wait_s),
             stage_budgets_s=c.stage_budgets_s
             | json.loads(os.environ.get("PLAYGROUND_STAGE_BUDGETS") or "{}"),
