@@ -5,6 +5,7 @@ AVX-512BW), Arm NEON without one (int8_neon: `smull` + `smlal` + `sadalp`, the P
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ def form(kind: str) -> ModuleType:
     return int8_dot if isinstance(intrinsic, str) else FORMS[intrinsic[0]]
 
 
+@functools.cache  # once a process: each registration parses TVMScript (0.4 s; 78 of them for one OCR model)
 def register_dot(kind: str) -> str:
     """The tensor intrinsic of one of the target's int8 instructions (its form's), registered."""
     lanes, a_dtype, intrinsic, _ = DOT_INSTRUCTIONS[kind]
