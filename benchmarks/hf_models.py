@@ -1,0 +1,361 @@
+"""Hugging Face transformer architectures as users bring them: each built from its config (random,
+seeded weights, a few layers at its real width) and exported as its users export it, with the inputs
+they pass (attention masks, token type ids, decoder ids), by `torch.onnx.export(dynamo=True)`, by the
+TorchScript exporter, or to a `.pt2` (torch.export). benchmarks/transformer_sweep.py runs them.
+
+    .venv/bin/python benchmarks/hf_models.py bert 128 dynamo /tmp/bert.onnx   # one export, by hand
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HOW = ("dynamo", "torchscript", "pt2")
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    family: str  # encoder, decoder, encoder-decoder, vision, audio
+    build: Callable[[], torch.nn.Module]  # the model, from its config
+    inputs: Callable[[int], dict[str, torch.Tensor]]  # what users pass, for a sequence length
+    output: str  # the output users take (last_hidden_state, logits)
+    max_seq: int = 1024  # the longest sequence the architecture takes (its position table)
+
+
+def hf():  # transformers, imported where a model is built (slow to import)
+    import transformers
+
+    return transformers
+
+
+def tokens(vocab: int, *names: str) -> Callable[[int], dict[str, torch.Tensor]]:
+    """input_ids of `seq` random tokens, and each of `names`: attention_mask (all ones but the last
+    quarter, padding, as a batch of one padded sentence has), token_type_ids (zeros, then ones for the
+    second half: a sentence pair), position_ids."""
+
+    def make(seq: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(1)
+        out = {"input_ids": torch.randint(0, vocab, (1, seq), generator=generator)}
+        if "attention_mask" in names:
+            out["attention_mask"] = torch.ones(1, seq, dtype=torch.int64)
+            out["attention_mask"][:, seq - seq // 4 :] = 0
+        if "token_type_ids" in names:
+            out["token_type_ids"] = torch.zeros(1, seq, dtype=torch.int64)
+            out["token_type_ids"][:, seq // 2 :] = 1
+        if "position_ids" in names:
+            out["position_ids"] = torch.arange(seq).unsqueeze(0)
+        if "decoder_input_ids" in names:
+            out["decoder_input_ids"] = torch.randint(0, vocab, (1, max(1, seq // 4)), generator=generator)
+        return out
+
+    return make
+
+
+def pixels(size: int = 224, channels: int = 3) -> Callable[[int], dict[str, torch.Tensor]]:
+    return lambda _seq: {
+        "pixel_values": torch.randn(1, channels, size, size, generator=torch.Generator().manual_seed(1))
+    }
+
+
+def audio(seconds: float = 1.0) -> Callable[[int], dict[str, torch.Tensor]]:
+    return lambda _seq: {
+        "input_values": torch.randn(1, int(16000 * seconds), generator=torch.Generator().manual_seed(1))
+    }
+
+
+def whisper_inputs(_seq: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return {
+        "input_features": torch.randn(1, 80, 3000, generator=generator),
+        "decoder_input_ids": torch.randint(0, 51865, (1, 4), generator=generator),
+    }
+
+
+def encoder(config: str, model: str, layers: int = 4, **extra) -> Callable[[], torch.nn.Module]:
+    return lambda: getattr(hf(), model)(getattr(hf(), config)(num_hidden_layers=layers, **extra))
+
+
+def causal(config: str, model: str, **extra) -> Callable[[], torch.nn.Module]:
+    return lambda: getattr(hf(), model)(getattr(hf(), config)(use_cache=False, **extra))
+
+
+SMALL_LM = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8}
+MASK = ("attention_mask",)
+PAIR = ("attention_mask", "token_type_ids")
+
+ARCHS = {
+    a.name: a
+    for a in [
+        # encoders: a padded sentence or sentence pair, as tokenizers give them
+        Arch(
+            "bert",
+            "encoder",
+            encoder("BertConfig", "BertModel"),
+            tokens(30522, *PAIR),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "roberta",
+            "encoder",
+            encoder("RobertaConfig", "RobertaModel"),
+            tokens(50265, *MASK),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "distilbert",
+            "encoder",
+            lambda: hf().DistilBertModel(hf().DistilBertConfig(n_layers=4)),
+            tokens(30522, *MASK),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "albert",
+            "encoder",
+            encoder(
+                "AlbertConfig", "AlbertModel", hidden_size=768, num_attention_heads=12, intermediate_size=3072
+            ),
+            tokens(30000, *PAIR),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "electra",
+            "encoder",
+            encoder("ElectraConfig", "ElectraModel"),
+            tokens(30522, *PAIR),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "deberta-v2",
+            "encoder",
+            encoder(
+                "DebertaV2Config",
+                "DebertaV2Model",
+                hidden_size=768,
+                num_attention_heads=12,
+                intermediate_size=3072,
+            ),
+            tokens(128100, *PAIR),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "xlm-roberta",
+            "encoder",
+            encoder("XLMRobertaConfig", "XLMRobertaModel"),
+            tokens(250002, *MASK),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "mpnet",
+            "encoder",
+            encoder("MPNetConfig", "MPNetModel"),
+            tokens(30527, *MASK),
+            "last_hidden_state",
+            512,
+        ),
+        Arch(
+            "modernbert",
+            "encoder",
+            encoder("ModernBertConfig", "ModernBertModel"),
+            tokens(50368, *MASK),
+            "last_hidden_state",
+            1024,
+        ),
+        # decoders: a prompt with its mask, logits out
+        Arch(
+            "gpt2",
+            "decoder",
+            causal("GPT2Config", "GPT2LMHeadModel", n_layer=4),
+            tokens(50257, *MASK),
+            "logits",
+        ),
+        Arch(
+            "llama",
+            "decoder",
+            causal("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "mistral",
+            "decoder",
+            causal(
+                "MistralConfig", "MistralForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM
+            ),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "qwen2",
+            "decoder",
+            causal("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "qwen3",
+            "decoder",
+            causal(
+                "Qwen3Config",
+                "Qwen3ForCausalLM",
+                num_key_value_heads=4,
+                vocab_size=32000,
+                head_dim=64,
+                **SMALL_LM,
+            ),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "gemma",
+            "decoder",
+            causal(
+                "GemmaConfig",
+                "GemmaForCausalLM",
+                num_key_value_heads=4,
+                vocab_size=32000,
+                head_dim=64,
+                **SMALL_LM,
+            ),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "phi",
+            "decoder",
+            causal("PhiConfig", "PhiForCausalLM", vocab_size=32000, **SMALL_LM),
+            tokens(32000, *MASK),
+            "logits",
+        ),
+        Arch(
+            "gpt-neo",
+            "decoder",
+            causal(
+                "GPTNeoConfig",
+                "GPTNeoForCausalLM",
+                num_layers=4,
+                attention_types=[[["global", "local"], 2]],
+                hidden_size=768,
+                num_heads=12,
+            ),
+            tokens(50257, *MASK),
+            "logits",
+        ),
+        Arch(
+            "opt",
+            "decoder",
+            causal("OPTConfig", "OPTForCausalLM", num_hidden_layers=4),
+            tokens(50272, *MASK),
+            "logits",
+        ),
+        Arch(
+            "bloom",
+            "decoder",
+            causal("BloomConfig", "BloomForCausalLM", n_layer=4, hidden_size=768, n_head=12),
+            tokens(250880, *MASK),
+            "logits",
+        ),
+        # encoder-decoders: the source with its mask, a few decoder tokens
+        Arch(
+            "t5",
+            "encoder-decoder",
+            lambda: hf().T5Model(hf().T5Config(num_layers=4, num_decoder_layers=4, use_cache=False)),
+            tokens(32128, "attention_mask", "decoder_input_ids"),
+            "last_hidden_state",
+            1024,
+        ),
+        Arch(
+            "bart",
+            "encoder-decoder",
+            lambda: hf().BartModel(hf().BartConfig(encoder_layers=4, decoder_layers=4, use_cache=False)),
+            tokens(50265, "attention_mask", "decoder_input_ids"),
+            "last_hidden_state",
+        ),
+        # vision: one image
+        Arch("vit", "vision", encoder("ViTConfig", "ViTModel"), pixels(), "last_hidden_state"),
+        Arch("deit", "vision", encoder("DeiTConfig", "DeiTModel"), pixels(), "last_hidden_state"),
+        Arch("beit", "vision", encoder("BeitConfig", "BeitModel"), pixels(), "last_hidden_state"),
+        Arch(
+            "dinov2",
+            "vision",
+            encoder("Dinov2Config", "Dinov2Model", image_size=224),
+            pixels(),
+            "last_hidden_state",
+        ),
+        Arch(
+            "swin",
+            "vision",
+            lambda: hf().SwinModel(hf().SwinConfig(depths=[2, 2, 2, 2])),
+            pixels(),
+            "last_hidden_state",
+        ),
+        Arch(
+            "segformer",
+            "vision",
+            lambda: hf().SegformerModel(hf().SegformerConfig()),
+            pixels(512),
+            "last_hidden_state",
+        ),
+        # audio front ends: a second of 16 kHz sound; Whisper's 30 s of log-mel frames
+        Arch("wav2vec2", "audio", encoder("Wav2Vec2Config", "Wav2Vec2Model"), audio(), "last_hidden_state"),
+        Arch("hubert", "audio", encoder("HubertConfig", "HubertModel"), audio(), "last_hidden_state"),
+        Arch(
+            "whisper",
+            "audio",
+            lambda: hf().WhisperModel(
+                hf().WhisperConfig(encoder_layers=2, decoder_layers=2, use_cache=False)
+            ),
+            whisper_inputs,
+            "last_hidden_state",
+        ),
+    ]
+}
+
+
+class Output(torch.nn.Module):
+    """The model with its inputs by keyword, one output tensor: how exporters want it."""
+
+    def __init__(self, model: torch.nn.Module, names: list[str], output: str):
+        super().__init__()
+        self.model, self.names, self.output = model, names, output
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model(**dict(zip(self.names, args, strict=True)), return_dict=True), self.output)
+
+
+def export(arch: Arch, seq: int, how: str, out: Path) -> Path:
+    """The architecture exported to `out` (.onnx, or .pt2 for how="pt2"), as users export it."""
+    torch.manual_seed(0)
+    inputs = arch.inputs(min(seq, arch.max_seq))
+    model = Output(arch.build().eval(), list(inputs), arch.output).eval()
+    args = tuple(inputs.values())
+    with torch.no_grad():
+        if how == "pt2":
+            torch.export.save(torch.export.export(model, args), str(out))
+        else:
+            exporter = (
+                {"dynamo": True, "external_data": False}
+                if how == "dynamo"
+                else {"dynamo": False, "opset_version": 17}
+            )
+            torch.onnx.export(
+                model, args, str(out), input_names=list(inputs), output_names=[arch.output], **exporter
+            )
+    return out
+
+
+if __name__ == "__main__":
+    name, seq, how, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    print(export(ARCHS[name], seq, how, out))
