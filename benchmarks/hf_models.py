@@ -85,30 +85,49 @@ def causal(config: str, model: str, **extra) -> Callable[[], torch.nn.Module]:
     return lambda: getattr(hf(), model)(getattr(hf(), config)(use_cache=False, **extra))
 
 
-SMALL_LM = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8}
 MASK = ("attention_mask",)
 PAIR = ("attention_mask", "token_type_ids")
+BASE = {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072}  # BERT-base's width
+
+
+def text_encoder(name: str, prefix: str, vocab: int, inputs: tuple, **extra) -> Arch:
+    """`prefix`Model of 4 layers, as a tokenizer feeds it: a padded sentence (pair), 512 tokens at most."""
+    model = encoder(f"{prefix}Config", f"{prefix}Model", **extra)
+    return Arch(name, "encoder", model, tokens(vocab, *inputs), "last_hidden_state", 512)
+
+
+def small_lm(name: str, prefix: str, **extra) -> Arch:
+    """`prefix`ForCausalLM shaped as the Llama example: width 512, 8 query and 4 key-value heads, 4
+    layers, 32,000 words; a prompt with its mask in, logits out."""
+    config = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8}
+    config |= {"num_key_value_heads": 4, "vocab_size": 32000} | extra
+    return Arch(
+        name,
+        "decoder",
+        causal(f"{prefix}Config", f"{prefix}ForCausalLM", **config),
+        tokens(32000, *MASK),
+        "logits",
+    )
+
+
+def lm(name: str, prefix: str, vocab: int, **config) -> Arch:
+    """`prefix`LMHeadModel or ForCausalLM of its family's own width, 4 layers."""
+    model = f"{prefix}LMHeadModel" if prefix == "GPT2" else f"{prefix}ForCausalLM"
+    return Arch(name, "decoder", causal(f"{prefix}Config", model, **config), tokens(vocab, *MASK), "logits")
+
+
+def vision(name: str, prefix: str, **extra) -> Arch:
+    return Arch(
+        name, "vision", encoder(f"{prefix}Config", f"{prefix}Model", **extra), pixels(), "last_hidden_state"
+    )
+
 
 ARCHS = {
     a.name: a
     for a in [
         # encoders: a padded sentence or sentence pair, as tokenizers give them
-        Arch(
-            "bert",
-            "encoder",
-            encoder("BertConfig", "BertModel"),
-            tokens(30522, *PAIR),
-            "last_hidden_state",
-            512,
-        ),
-        Arch(
-            "roberta",
-            "encoder",
-            encoder("RobertaConfig", "RobertaModel"),
-            tokens(50265, *MASK),
-            "last_hidden_state",
-            512,
-        ),
+        text_encoder("bert", "Bert", 30522, PAIR),
+        text_encoder("roberta", "Roberta", 50265, MASK),
         Arch(
             "distilbert",
             "encoder",
@@ -117,54 +136,11 @@ ARCHS = {
             "last_hidden_state",
             512,
         ),
-        Arch(
-            "albert",
-            "encoder",
-            encoder(
-                "AlbertConfig", "AlbertModel", hidden_size=768, num_attention_heads=12, intermediate_size=3072
-            ),
-            tokens(30000, *PAIR),
-            "last_hidden_state",
-            512,
-        ),
-        Arch(
-            "electra",
-            "encoder",
-            encoder("ElectraConfig", "ElectraModel"),
-            tokens(30522, *PAIR),
-            "last_hidden_state",
-            512,
-        ),
-        Arch(
-            "deberta-v2",
-            "encoder",
-            encoder(
-                "DebertaV2Config",
-                "DebertaV2Model",
-                hidden_size=768,
-                num_attention_heads=12,
-                intermediate_size=3072,
-            ),
-            tokens(128100, *PAIR),
-            "last_hidden_state",
-            512,
-        ),
-        Arch(
-            "xlm-roberta",
-            "encoder",
-            encoder("XLMRobertaConfig", "XLMRobertaModel"),
-            tokens(250002, *MASK),
-            "last_hidden_state",
-            512,
-        ),
-        Arch(
-            "mpnet",
-            "encoder",
-            encoder("MPNetConfig", "MPNetModel"),
-            tokens(30527, *MASK),
-            "last_hidden_state",
-            512,
-        ),
+        text_encoder("albert", "Albert", 30000, PAIR, **BASE),
+        text_encoder("electra", "Electra", 30522, PAIR),
+        text_encoder("deberta-v2", "DebertaV2", 128100, PAIR, **BASE),
+        text_encoder("xlm-roberta", "XLMRoberta", 250002, MASK),
+        text_encoder("mpnet", "MPNet", 30527, MASK),
         Arch(
             "modernbert",
             "encoder",
@@ -174,99 +150,24 @@ ARCHS = {
             1024,
         ),
         # decoders: a prompt with its mask, logits out
-        Arch(
-            "gpt2",
-            "decoder",
-            causal("GPT2Config", "GPT2LMHeadModel", n_layer=4),
-            tokens(50257, *MASK),
-            "logits",
-        ),
-        Arch(
-            "llama",
-            "decoder",
-            causal("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
-            "mistral",
-            "decoder",
-            causal(
-                "MistralConfig", "MistralForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM
-            ),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
-            "qwen2",
-            "decoder",
-            causal("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=4, vocab_size=32000, **SMALL_LM),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
-            "qwen3",
-            "decoder",
-            causal(
-                "Qwen3Config",
-                "Qwen3ForCausalLM",
-                num_key_value_heads=4,
-                vocab_size=32000,
-                head_dim=64,
-                **SMALL_LM,
-            ),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
-            "gemma",
-            "decoder",
-            causal(
-                "GemmaConfig",
-                "GemmaForCausalLM",
-                num_key_value_heads=4,
-                vocab_size=32000,
-                head_dim=64,
-                **SMALL_LM,
-            ),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
-            "phi",
-            "decoder",
-            causal("PhiConfig", "PhiForCausalLM", vocab_size=32000, **SMALL_LM),
-            tokens(32000, *MASK),
-            "logits",
-        ),
-        Arch(
+        lm("gpt2", "GPT2", 50257, n_layer=4),
+        small_lm("llama", "Llama"),
+        small_lm("mistral", "Mistral"),
+        small_lm("qwen2", "Qwen2"),
+        small_lm("qwen3", "Qwen3", head_dim=64),
+        small_lm("gemma", "Gemma", head_dim=64),
+        small_lm("phi", "Phi"),
+        lm(
             "gpt-neo",
-            "decoder",
-            causal(
-                "GPTNeoConfig",
-                "GPTNeoForCausalLM",
-                num_layers=4,
-                attention_types=[[["global", "local"], 2]],
-                hidden_size=768,
-                num_heads=12,
-            ),
-            tokens(50257, *MASK),
-            "logits",
+            "GPTNeo",
+            50257,
+            num_layers=4,
+            attention_types=[[["global", "local"], 2]],
+            hidden_size=768,
+            num_heads=12,
         ),
-        Arch(
-            "opt",
-            "decoder",
-            causal("OPTConfig", "OPTForCausalLM", num_hidden_layers=4),
-            tokens(50272, *MASK),
-            "logits",
-        ),
-        Arch(
-            "bloom",
-            "decoder",
-            causal("BloomConfig", "BloomForCausalLM", n_layer=4, hidden_size=768, n_head=12),
-            tokens(250880, *MASK),
-            "logits",
-        ),
+        lm("opt", "OPT", 50272, num_hidden_layers=4),
+        lm("bloom", "Bloom", 250880, n_layer=4, hidden_size=768, n_head=12),
         # encoder-decoders: the source with its mask, a few decoder tokens
         Arch(
             "t5",
@@ -284,16 +185,10 @@ ARCHS = {
             "last_hidden_state",
         ),
         # vision: one image
-        Arch("vit", "vision", encoder("ViTConfig", "ViTModel"), pixels(), "last_hidden_state"),
-        Arch("deit", "vision", encoder("DeiTConfig", "DeiTModel"), pixels(), "last_hidden_state"),
-        Arch("beit", "vision", encoder("BeitConfig", "BeitModel"), pixels(), "last_hidden_state"),
-        Arch(
-            "dinov2",
-            "vision",
-            encoder("Dinov2Config", "Dinov2Model", image_size=224),
-            pixels(),
-            "last_hidden_state",
-        ),
+        vision("vit", "ViT"),
+        vision("deit", "DeiT"),
+        vision("beit", "Beit"),
+        vision("dinov2", "Dinov2", image_size=224),
         Arch(
             "swin",
             "vision",
