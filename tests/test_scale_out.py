@@ -19,7 +19,15 @@ import pytest
 
 from tests.conftest import wait_for_job
 from tests.servers import CutProxy, free_port, postgres_server, redis_server, stop, wait_until
-from tests.test_supervision import Prober, get, gone_within, processes_of, submit, wait_finished
+from tests.test_supervision import (
+    SANDBOX_DIES_S,
+    Prober,
+    get,
+    gone_within,
+    processes_of,
+    submit,
+    wait_finished,
+)
 from webapp.jobs.store import JobStore
 from webapp.jobs.worker import Heartbeat, recover_interrupted, run_job
 from webapp.machine.sandbox import run_sandboxed
@@ -93,7 +101,7 @@ def test_two_workers_share_jobs_and_a_lost_ones_job_moves_to_the_other(cluster):
     sandbox = processes_of(store.job_dir(lost))
     os.killpg(procs["machine-a"].pid, signal.SIGKILL)  # machine-a is lost: its worker, mid-job
     procs["machine-a"].wait()
-    assert all(gone_within(pid, 2.0) for pid in sandbox), sandbox  # its sandbox died with it
+    assert all(gone_within(pid, SANDBOX_DIES_S) for pid in sandbox), sandbox  # its sandbox died with it
     killed_at = time.monotonic()
 
     moved = wait_until(lambda: store.get(lost)["attempts"] == 1 and store.get(lost), 60, "retry")
