@@ -15,7 +15,11 @@ from pathlib import Path
 
 import torch
 
-HOW = ("dynamo", "torchscript", "pt2")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from webapp.pipeline.examples import ONNX_EXPORTERS  # noqa: E402
+
+HOW = (*ONNX_EXPORTERS, "pt2")
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ def hf():  # transformers, imported where a model is built (slow to import)
 def tokens(vocab: int, *names: str) -> Callable[[int], dict[str, torch.Tensor]]:
     """input_ids of `seq` random tokens, and each of `names`: attention_mask (all ones but the last
     quarter, padding, as a batch of one padded sentence has), token_type_ids (zeros, then ones for the
-    second half: a sentence pair), position_ids."""
+    second half: a sentence pair), decoder_input_ids (a quarter as many tokens)."""
 
     def make(seq: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(1)
@@ -48,8 +52,6 @@ def tokens(vocab: int, *names: str) -> Callable[[int], dict[str, torch.Tensor]]:
         if "token_type_ids" in names:
             out["token_type_ids"] = torch.zeros(1, seq, dtype=torch.int64)
             out["token_type_ids"][:, seq // 2 :] = 1
-        if "position_ids" in names:
-            out["position_ids"] = torch.arange(seq).unsqueeze(0)
         if "decoder_input_ids" in names:
             out["decoder_input_ids"] = torch.randint(0, vocab, (1, max(1, seq // 4)), generator=generator)
         return out
@@ -232,6 +234,8 @@ class Output(torch.nn.Module):
 
 def export(arch: Arch, seq: int, how: str, out: Path) -> Path:
     """The architecture exported to `out` (.onnx, or .pt2 for how="pt2"), as users export it."""
+    if how not in HOW:
+        raise ValueError(f"{how!r}: export with one of {', '.join(HOW)}")
     torch.manual_seed(0)
     inputs = arch.inputs(min(seq, arch.max_seq))
     model = Output(arch.build().eval(), list(inputs), arch.output).eval()
@@ -240,13 +244,13 @@ def export(arch: Arch, seq: int, how: str, out: Path) -> Path:
         if how == "pt2":
             torch.export.save(torch.export.export(model, args), str(out))
         else:
-            exporter = (
-                {"dynamo": True, "external_data": False}
-                if how == "dynamo"
-                else {"dynamo": False, "opset_version": 17}
-            )
             torch.onnx.export(
-                model, args, str(out), input_names=list(inputs), output_names=[arch.output], **exporter
+                model,
+                args,
+                str(out),
+                input_names=list(inputs),
+                output_names=[arch.output],
+                **ONNX_EXPORTERS[how],
             )
     return out
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import fmt, median  # the corpus table's cells and its benchmark rows
 from hf_models import ARCHS, export
 from record import host_cpu, keep, script_parser
 
@@ -51,12 +52,6 @@ def model_file(case: str) -> Path:
         export(ARCHS[name], int(seq), how, partial)
         partial.rename(path)
     return path
-
-
-def median(result: dict, runtime: str) -> float | None:
-    rows = [b for b in result.get("benchmarks", []) if (b["runtime"], b["variant"]) == (runtime, "fp32")]
-    rows = [b for b in rows if not b.get("tuned")]
-    return rows[0]["median_ms"] if rows and rows[0].get("median_ms") else None
 
 
 def matmul_share_of_sgemm(result: dict) -> float | None:
@@ -88,7 +83,8 @@ def run_case(config: Config, case: str, preset: str, tmp: Path) -> dict:
     error = compile_locally(config, str(path), {"target": preset}, out)
     row["seconds"] = time.perf_counter() - started
     result = json.loads((out / "result.json").read_text()) if (out / "result.json").is_file() else {}
-    tvm, ort, torch = median(result, "tvm"), median(result, "onnxruntime"), median(result, "pytorch")
+    tvm, ort = median(result, "tvm", "fp32"), median(result, "onnxruntime", "fp32")
+    torch = median(result, "pytorch", "fp32")
     return row | {
         "error": error,
         "tvm_ms": tvm,
@@ -100,14 +96,10 @@ def run_case(config: Config, case: str, preset: str, tmp: Path) -> dict:
     }
 
 
-def fmt(value, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(rows: list[dict]) -> str:
-    head = "| case | family | TVM ms | ORT ms | PyTorch ms | TVM/ORT | matmuls % of sgemm | slowest kernel "
-    head += "| rule "
-    head += "| s | failure |"
+    columns = ["case", "family", "TVM ms", "ORT ms", "PyTorch ms", "TVM/ORT", "matmuls % of sgemm"]
+    columns += ["slowest kernel", "rule", "s", "failure"]
+    head = "| " + " | ".join(columns) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         k, error = r.get("slowest") or {}, r.get("error")

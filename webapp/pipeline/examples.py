@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -277,6 +278,14 @@ def example_input(name: str) -> torch.Tensor:
     return torch.randn(*example.input_shape, generator=generator)
 
 
+# torch.onnx.export's arguments for each exporter users export with: the dynamo exporter (today's default,
+# weights inside the file) and the TorchScript one
+ONNX_EXPORTERS: dict[str, dict[str, Any]] = {
+    "dynamo": {"dynamo": True, "external_data": False},
+    "torchscript": {"dynamo": False, "opset_version": 17},
+}
+
+
 def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     """Write `<name>.pt2` and `<name>.onnx` into out_dir; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -286,11 +295,7 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     with torch.no_grad():
         torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
         # the transformers as Hugging Face models are exported today, their weights inside the file
-        exporter = (
-            {"dynamo": True, "external_data": False}
-            if EXAMPLES[name].transformers
-            else {"dynamo": False, "opset_version": 17}
-        )
+        exporter = ONNX_EXPORTERS["dynamo" if EXAMPLES[name].transformers else "torchscript"]
         torch.onnx.export(
             model, (x,), str(onnx_tmp), input_names=["input"], output_names=["output"], **exporter
         )
