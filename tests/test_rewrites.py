@@ -127,10 +127,12 @@ def test_a_model_with_grouped_convolutions_stays_nchw_on_the_grouped_rule(tmp_pa
     assert "default rule: grouped conv2d" in labels.values()
 
 
-def test_a_transposed_convolution_between_nhwc_convolutions_stays_nchw_and_runs(tmp_path):
+def test_a_transposed_convolution_between_nhwc_convolutions_runs_as_a_gemm(tmp_path):
     """A text detector's head (PP-OCR's DB: conv, then two stride-2 ConvTranspose up to the input's
     size): TVM legalizes conv2d_transpose only in NCHW, so channels last leaves it there (it was
-    carried into NHWC and the build failed: "CodeGenVM cannot emit ... R.nn.conv2d_transpose")."""
+    carried into NHWC and the build failed: "CodeGenVM cannot emit ... R.nn.conv2d_transpose"); then
+    the upsampling rewrite makes each (stride = kernel) a GEMM on the NHWC activations and an
+    interleave: no conv2d_transpose kernel is left, and the result is ONNX Runtime's."""
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("Relu", ["a"], ["r"]),
@@ -152,8 +154,10 @@ def test_a_transposed_convolution_between_nhwc_convolutions_stays_nchw_and_runs(
     transposed = [c for c in calls if c.op.name == "relax.nn.conv2d_transpose"]
     assert [c.attrs.data_layout for c in transposed] == ["NCHW", "NCHW"]
     inputs = {"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)}
-    ours, reference, _ = run_both(tmp_path / "m.onnx", inputs)
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
     np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
+    assert not [name for name in labels if "conv2d_transpose" in name], labels
+    assert sum(label == "default rule: matmul" for label in labels.values()) == 2, labels
     # quantized, its integer convolutions NHWC, the transposed ones (float) still NCHW, and it builds
     samples = [{"x": RNG.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
     target = get("x86-host")

@@ -247,9 +247,15 @@ class LLVMCPU(Target):
             importlib.import_module(f"{name}.{submodule}")
 
     # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
-    # fast math, float convolutions channels last, transposed weights computed with numpy, and
-    # 3x3 convolutions by Winograd.
-    rewrites: ClassVar[tuple[str, ...]] = ("fast_math", "channels_last", "fold_with_numpy", "winograd")
+    # fast math, float convolutions channels last, stride-k transposed convolutions as GEMMs,
+    # transposed weights computed with numpy, and 3x3 convolutions by Winograd.
+    rewrites: ClassVar[tuple[str, ...]] = (
+        "fast_math",
+        "channels_last",
+        "upsampling",
+        "fold_with_numpy",
+        "winograd",
+    )
 
     def legalize_passes(self) -> list:
         """TVM's passes from Relax (after the rewrites) to fused TIR kernels (before scheduling)."""

@@ -1,0 +1,86 @@
+"""Transposed convolutions whose stride equals their kernel (a DB text detector's 2x2 stride-2 upsampling
+of its probability map, U-Nets' and FPNs' learned upsampling), a rewrite a CPU kind makes after
+channels_last (webapp/targets/base.py). Each input pixel writes its own KH x KW block of outputs, no two
+blocks overlap, so the layer is one GEMM over the input channels and an interleave:
+
+    Y[n, h, w, (i, j, co)] = sum_ci X[n, h, w, ci] W[ci, (i, j, co)]     the input in NHWC rows
+    out[n, co, h*KH + i, w*KW + j] = Y[n, h, w, i, j, co]                  (reshape and transpose)
+
+where TVM's legalization (topi.nn.conv2d_transpose_nchw) dilates the input with zeros and runs a direct
+convolution over it: KH x KW times the multiply-adds, in a kernel no schedule rule takes.
+
+The GEMM reads its input in NHWC: channels_last leaves the transposed convolution in NCHW behind a
+transpose of the NHWC activations, and the transposes on either side of the rewritten layer cancel
+(Transposes): a transpose of a transpose is one transpose, or none.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+
+from webapp.pipeline.passes.rewrites import mutate_functions
+
+PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+
+
+def takes(call: relax.Call) -> bool:
+    """A float conv2d_transpose in NCHW / IOHW, of one group, stride = kernel, no padding, no output
+    padding, no dilation, its shapes known."""
+    attrs, data, weight = call.attrs, call.args[0].ty, call.args[1].ty
+    if data.shape is None or weight.shape is None or str(data.dtype) != "float32":
+        return False
+    shapes = [*data.shape.values, *weight.shape.values]
+    return (
+        all(isinstance(d, tirx.IntImm) for d in shapes)
+        and str(attrs.data_layout) == "NCHW"
+        and str(attrs.kernel_layout) == "IOHW"
+        and str(attrs.out_layout or "NCHW") == "NCHW"
+        and str(attrs.out_dtype or "float32") in ("float32", "")
+        and int(attrs.groups) == 1
+        and [int(v) for v in attrs.strides] == [int(d) for d in weight.shape.values[2:]]
+        and all(int(v) == 0 for v in [*attrs.padding, *attrs.output_padding])
+        and all(int(v) == 1 for v in attrs.dilation)
+    )
+
+
+@relax.expr_functor.mutator
+class Transposes(relax.PyExprMutator):
+    """Transposed convolutions this rewrite takes as GEMMs; then, in the same walk, a transpose of a
+    transpose as one (or none: the identity)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op):
+            return call
+        if call.op.name == "relax.nn.conv2d_transpose" and takes(call):
+            return self.as_gemm(call)
+        if call.op.name == "relax.permute_dims" and call.attrs.axes is not None:
+            return self.transpose(call.args[0], [int(a) for a in call.attrs.axes])
+        return call
+
+    def transpose(self, x: relax.Expr, axes: list[int]) -> relax.Expr:
+        """permute_dims(x, axes), x's own transpose (if it is one) folded in."""
+        bound = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        if isinstance(bound, relax.Call) and bound.op.same_as(PERMUTE) and bound.attrs.axes is not None:
+            first = [int(a) for a in bound.attrs.axes]
+            x, axes = bound.args[0], [first[a] for a in axes]
+        return x if axes == list(range(len(axes))) else relax.op.permute_dims(x, axes)
+
+    def as_gemm(self, call: relax.Call) -> relax.Expr:
+        """The transposed convolution `call` (one that `takes`) as a GEMM and an interleave."""
+        x, w = call.args
+        n, _, h, wd = (int(d) for d in x.ty.shape.values)
+        ci, co, kh, kw = (int(d) for d in w.ty.shape.values)
+        op, emit = relax.op, self.builder_.emit
+        rows = emit(self.transpose(x, [0, 2, 3, 1]))
+        columns = emit(op.reshape(emit(op.permute_dims(w, [0, 2, 3, 1])), [ci, kh * kw * co]))
+        y = emit(op.reshape(emit(op.matmul(rows, columns)), [n, h, wd, kh, kw, co]))
+        nhwc = emit(op.reshape(emit(op.permute_dims(y, [0, 1, 3, 2, 4, 5])), [n, h * kh, wd * kw, co]))
+        return op.permute_dims(nhwc, [0, 3, 1, 2])
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundUpsampling")
+def upsampling(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """The rewrite (Transposes) on every Relax function; the module as it was if it fails."""
+    return mutate_functions(Transposes, mod)
