@@ -169,6 +169,27 @@ def test_a_transposed_convolution_between_nhwc_convolutions_runs_as_a_gemm(tmp_p
     assert np.abs(int8 - reference).max() < 0.05
 
 
+def test_one_dimensional_convolutions_run_as_two_dimensional_ones(tmp_path):
+    """An audio front end's 1-D convolutions (wav2vec2's: wide kernel and stride, a grouped one with
+    dilation and padding): conv2d of height 1, on the conv2d rules (TVM's conv1d kernel took the
+    generic row reduction), and the result is ONNX Runtime's."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[10], strides=[5]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[3], pads=[2, 2], dilations=[2], group=4),
+    ]
+    weights = {"w1": RNG.normal(0, 0.3, (16, 1, 10)), "w2": RNG.normal(0, 0.3, (16, 4, 3))}
+    save(nodes, {"x": (1, 1, 400)}, weights, tmp_path / "m.onnx", (1, 16, 79))
+    inputs = {"x": RNG.normal(0, 1, (1, 1, 400)).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    assert not [name for name in labels if "conv1d" in name], labels
+    assert sorted(label.split(":")[1].strip() for label in labels.values() if "conv2d" in label) == [
+        "conv2d",
+        "grouped conv2d",
+    ], labels
+
+
 def test_numpy_folding_computes_what_fold_constant_does(tmp_path):
     """A batch norm that follows no convolution (decomposed into arithmetic on its constants) and
     transposed weights: folded with numpy, then FoldConstant, the module is the one FoldConstant

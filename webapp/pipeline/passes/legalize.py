@@ -10,9 +10,9 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from webapp.pipeline.passes.convolutions import as_conv2d, upsampling
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
 from webapp.pipeline.passes.running import RunningPass
-from webapp.pipeline.passes.upsampling import upsampling
 from webapp.pipeline.passes.winograd import winograd
 from webapp.targets import Target
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 REWRITES = {
     "fast_math": fast_math,
+    "conv1d_as_conv2d": as_conv2d,
     "channels_last": channels_last,
     "upsampling": upsampling,
     "fold_with_numpy": fold_with_numpy,

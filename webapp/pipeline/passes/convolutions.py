@@ -1,17 +1,25 @@
-"""Transposed convolutions whose stride equals their kernel (a DB text detector's 2x2 stride-2 upsampling
-of its probability map, U-Nets' and FPNs' learned upsampling), a rewrite a CPU kind makes after
-channels_last (webapp/targets/base.py). Each input pixel writes its own KH x KW block of outputs, no two
-blocks overlap, so the layer is one GEMM over the input channels and an interleave:
+"""Convolutions TVM legalizes into kernels no schedule rule takes, rewritten as ones the rules take: two
+rewrites a CPU kind makes (webapp/targets/base.py).
+
+One-dimensional convolutions (audio front ends: wav2vec2's and HuBERT's feature encoder, their
+grouped positional convolution of kernel 128, Whisper's two on the mel spectrogram; a 1-D CNN over
+bytes) as two-dimensional ones of height 1 (`as_conv2d`, before channels_last, which then takes them to
+NHWC as any conv2d): TVM's conv1d kernel went to the generic row-reduction schedule, 54x ONNX Runtime's
+time on wav2vec2.
+
+Transposed convolutions whose stride equals their kernel (a DB text detector's 2x2 stride-2
+upsampling of its probability map, U-Nets' and FPNs' learned upsampling: `upsampling`, after
+channels_last). Each input pixel writes its own KH x KW block of outputs, no two blocks overlap, so the
+layer is one GEMM over the input channels and an interleave:
 
     Y[n, h, w, (i, j, co)] = sum_ci X[n, h, w, ci] W[ci, (i, j, co)]     the input in NHWC rows
     out[n, co, h*KH + i, w*KW + j] = Y[n, h, w, i, j, co]                  (reshape and transpose)
 
 where TVM's legalization (topi.nn.conv2d_transpose_nchw) dilates the input with zeros and runs a direct
-convolution over it: KH x KW times the multiply-adds, in a kernel no schedule rule takes.
-
-The GEMM reads its input in NHWC: channels_last leaves the transposed convolution in NCHW behind a
-transpose of the NHWC activations, and the transposes on either side of the rewritten layer cancel
-(Transposes): a transpose of a transpose is one transpose, or none.
+convolution over it: KH x KW times the multiply-adds, in a kernel no schedule rule takes. The GEMM
+reads its input in NHWC: channels_last leaves the transposed convolution in NCHW behind a transpose of
+the NHWC activations, and the transposes on either side of the rewritten layer cancel (Transposes): a
+transpose of a transpose is one transpose, or none.
 """
 
 from __future__ import annotations
@@ -80,7 +88,39 @@ class Transposes(relax.PyExprMutator):
         return op.permute_dims(nhwc, [0, 3, 1, 2])
 
 
+@relax.expr_functor.mutator
+class OneD(relax.PyExprMutator):
+    """Float conv1d calls in NCW / OIW as conv2d of height 1 between an expand_dims and a squeeze."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d"):
+            return call
+        attrs, emit = call.attrs, self.builder_.emit
+        layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout or "NCW"))
+        if layouts != ("NCW", "OIW", "NCW") or str(call.args[0].ty.dtype) != "float32":
+            return call
+        left, right = (int(v) for v in attrs.padding)
+        conv = relax.op.nn.conv2d(
+            emit(relax.op.expand_dims(call.args[0], [2])),
+            emit(relax.op.expand_dims(call.args[1], [2])),
+            strides=(1, int(attrs.strides[0])),
+            padding=(0, left, 0, right),
+            dilation=(1, int(attrs.dilation[0])),
+            groups=int(attrs.groups),
+            out_dtype=attrs.out_dtype,
+        )
+        return relax.op.squeeze(emit(conv), [2])
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundConv1dAsConv2d")
+def as_conv2d(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """The conv1d rewrite (OneD) on every Relax function; the module as it was if it fails."""
+    return mutate_functions(OneD, mod)
+
+
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundUpsampling")
 def upsampling(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    """The rewrite (Transposes) on every Relax function; the module as it was if it fails."""
+    """The transposed convolutions' rewrite (Transposes) on every Relax function; the module as it was
+    if it fails."""
     return mutate_functions(Transposes, mod)
