@@ -7,17 +7,18 @@ flops over their measured time), the slowest kernel with its share of a run and 
 upload to result, and the first failure. Then the median and the worst TVM / ONNX Runtime.
 
     .venv/bin/python benchmarks/transformer_sweep.py [--cases bert:128:dynamo,gpt2:1024:pt2]
-        [--preset x86-avx2] [--json out.json] [--record]
+        [--preset x86-avx2] [--json out.json] [--record] [--jobs DIR]
 
 Without --cases: every architecture at its default case, then the extra cases (other exporters,
 sequence lengths from 16 to 1,024). Exports are cached in PLAYGROUND_SWEEP_CACHE
-(~/.cache/tvm-playground-sweep).
+(~/.cache/tvm-playground-sweep). --jobs keeps each case's job folder (its result.json, views, log) there.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def run_case(config: Config, case: str, preset: str, tmp: Path) -> dict:
     except Exception as e:  # an exporter's failure is this case's result
         return row | {"error": {"stage": "export", "message": f"{type(e).__name__}: {str(e)[:300]}"}}
     out = tmp / case.replace(":", "-")
+    shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
     error = compile_locally(config, str(path), {"target": preset}, out)
     row["seconds"] = time.perf_counter() - started
@@ -125,13 +127,14 @@ def main() -> int:
     parser = script_parser(__doc__, "transformer_sweep")
     parser.add_argument("--cases", default=",".join(DEFAULT + EXTRA))
     parser.add_argument("--preset", default="x86-host")
+    parser.add_argument("--jobs", help="a folder to keep the job folders in")
     args = parser.parse_args()
     config = Config.from_env()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases.split(","):
             print(case, file=sys.stderr, flush=True)
-            rows.append(run_case(config, case, args.preset, Path(tmp)))
+            rows.append(run_case(config, case, args.preset, Path(args.jobs or tmp)))
             print(table(rows[-1:]).splitlines()[2], file=sys.stderr, flush=True)
     print(f"measured on {host_cpu()}, {config.bench_threads} threads, preset {args.preset}")
     print(table(rows))

@@ -90,7 +90,9 @@ def conv2d(sch: s_tir.Schedule, target: Target) -> str | None:
     # vector registers (measured on ResNet-50 here: 28 accumulators spill, 16 run twice as fast).
     vectors = 2 if oc_per_group % (2 * lanes) == 0 else 1
     cols = largest_divisor(ow, registers // 2 // vectors)
-    if vectors == 2 and cols < 4:
+    if cols < 4 and ow > registers:  # a width of few divisors (an audio encoder's 1,599 or 799
+        cols = registers // 2 // vectors  # samples): full tiles, the last one cut short
+    elif vectors == 2 and cols < 4:
         vectors, cols = 1, largest_divisor(ow, registers // 2)
     block_oc = vectors * lanes
 
