@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from webapp.options import JobOptions
+from webapp.pipeline.passes.attention import padded_keys
 from webapp.pipeline.passes.legalize import fuse
 from webapp.pipeline.passes.rewrites import channels_last, fold_with_numpy, main_bindings
 from webapp.pipeline.stages.build import build, schedule
@@ -188,6 +189,40 @@ def test_one_dimensional_convolutions_run_as_two_dimensional_ones(tmp_path):
         "conv2d",
         "grouped conv2d",
     ], labels
+
+
+def test_attention_over_197_keys_pads_them_to_whole_vectors(tmp_path):
+    """ViT's attention (197 keys; torch.export's `where(isnan(p), 0, p)` after the softmax): the scores
+    padded with -inf to 208 keys and the values with zero rows, softmax on the padded rows, and the
+    result is ONNX Runtime's."""
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["pz"]),
+        helper.make_node("MatMul", ["pz", "v"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT, (2, 197, 16))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 197, 16))],
+        [
+            numpy_helper.from_array(RNG.normal(0, 0.5, (2, 16, 197)).astype(np.float32), "kt"),
+            numpy_helper.from_array(RNG.normal(0, 1, (2, 197, 16)).astype(np.float32), "v"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with tvm.transform.PassContext(opt_level=3):
+        padded = padded_keys(import_model(tmp_path / "m.onnx").mod)
+    calls = [b.value for b in main_bindings(padded) if isinstance(b.value, relax.Call)]
+    softmax = [c for c in calls if c.op.name == "relax.nn.softmax"]
+    assert [[int(d) for d in c.args[0].ty.shape.values] for c in softmax] == [[2, 197, 208]]
+    inputs = {"q": RNG.normal(0, 1, (2, 197, 16)).astype(np.float32)}
+    ours, reference, _ = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_numpy_folding_computes_what_fold_constant_does(tmp_path):

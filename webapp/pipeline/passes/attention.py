@@ -1,0 +1,91 @@
+"""Attention over a number of keys that is no multiple of a vector (ViT's 197 tokens, Whisper's 1,500
+frames), a rewrite a CPU kind makes first (webapp/targets/base.py): the scores are padded with -inf to a
+multiple of KEYS and the values with zero rows, so that softmax runs on full vectors of 16
+(rules/reductions.py, rows: a row of 197 had vectors of 1, one of 1,500 vectors of 4) and the
+probabilities times the values need no slice:
+
+    P = softmax([S, -inf ...])        the padded keys' probabilities are exp(-inf) = 0
+    P V = P[:, :n] V = P [V; 0 ...]   the padded values are never weighted
+
+Taken: matmul(P, V) where P is softmax(S) over its last axis, float32, directly or through elementwise
+ops that map NaN to 0 (torch.export writes `where(isnan(p), 0, p)` after the softmax), with static
+shapes. A fully masked row (all -inf) stays NaN, as it was.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+
+from webapp.pipeline.passes.rewrites import mutate_functions
+
+KEYS = 16  # the widest float32 vector the CPU kinds have (AVX-512); a multiple of 4 and 8
+ELEMENTWISE = {"relax.isnan", "relax.where"}  # what torch.export writes between softmax and matmul
+
+
+def static_last(ty: tvm.ir.Type) -> int | None:
+    shape = getattr(ty, "shape", None)
+    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape.values):
+        return None
+    return int(shape.values[-1]) if shape.values else None
+
+
+@relax.expr_functor.mutator
+class PaddedKeys(relax.PyExprMutator):
+    """matmul(softmax(S), V) with S and V padded (the module docstring)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+            return call
+        probabilities, values = call.args
+        keys = static_last(probabilities.ty)
+        if keys is None or keys % KEYS == 0 or keys < 2 * KEYS or str(probabilities.ty.dtype) != "float32":
+            return call
+        padded = self.padded(probabilities, keys, {})
+        if padded is None:
+            return call
+        if getattr(values.ty, "shape", None) is None:
+            return call
+        extra = -(-keys // KEYS) * KEYS - keys
+        ndim = len(values.ty.shape.values)
+        zeros = [0] * (2 * ndim)
+        zeros[2 * (ndim - 2) + 1] = extra  # after the keys' axis (the values' rows)
+        rows = self.builder_.emit(relax.op.nn.pad(values, zeros))
+        return relax.op.matmul(padded, rows, out_dtype=call.attrs.out_dtype)
+
+    def padded(self, expr: relax.Expr, keys: int, done: dict) -> relax.Expr | None:
+        """`expr` (the probabilities, or an elementwise op of them) computed on padded scores; None
+        where it is not one this rewrite takes."""
+        if not isinstance(expr, relax.Var):
+            return expr if isinstance(expr, tvm.ir.Constant) and not expr.ty.shape.values else None
+        if expr in done:
+            return done[expr]
+        bound = self.lookup_binding(expr)
+        if not (isinstance(bound, relax.Call) and isinstance(bound.op, tvm.ir.Op)):
+            return None
+        if bound.op.name == "relax.nn.softmax":
+            scores = bound.args[0]
+            ndim = len(scores.ty.shape.values)
+            if int(bound.attrs.axis) not in (-1, ndim - 1) or static_last(scores.ty) != keys:
+                return None
+            width = [0] * (2 * ndim)
+            width[-1] = -(-keys // KEYS) * KEYS - keys
+            scores = self.builder_.emit(relax.op.nn.pad(scores, width, pad_value=float("-inf")))
+            done[expr] = self.builder_.emit(relax.op.nn.softmax(scores, axis=-1))
+            return done[expr]
+        if bound.op.name not in ELEMENTWISE:
+            return None
+        args = [self.padded(arg, keys, done) for arg in bound.args]
+        if any(arg is None for arg in args):
+            return None
+        done[expr] = self.builder_.emit(relax.Call(bound.op, args, bound.attrs))
+        return done[expr]
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlaygroundPaddedKeys")
+def padded_keys(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """The attention rewrite (PaddedKeys) on every Relax function, the softmax it replaced removed; the
+    module as it was if it fails."""
+    rewritten = mutate_functions(PaddedKeys, mod)
+    return mod if rewritten is mod else relax.transform.DeadCodeElimination()(rewritten)
