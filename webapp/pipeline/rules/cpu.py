@@ -313,6 +313,11 @@ def padded_operands(
     return epilogue, pack
 
 
+def shape_of(sch: s_tir.Schedule, block: SBlockRV) -> list[int]:
+    """The shape of the buffer `block` writes."""
+    return [int(d) for d in sch.get(block).writes[0].source.shape]
+
+
 def b_transposed(stmt: s_tir.SBlock) -> bool | None:
     """Whether a matmul block reads B[.., j, k] (True) or B[.., k, j] (False); None where either operand
     is no matrix (or stack of them) over i, k and k, j: a vector operand (matrix x vector)."""
@@ -346,6 +351,7 @@ def matmul(sch: s_tir.Schedule, target: Target) -> str | None:
     if len(loops) != len(stmt.iter_vars) or any(extent(sch, loop) < 1 for loop in loops):
         return None
     m, n = extent(sch, loops[-3]), extent(sch, loops[-2])
+    shape = shape_of(sch, block)
     width = lanes if n >= lanes else vector_width(n, lanes) or lanes
     vectors = tile_vectors(n, width, registers)
     block_n = vectors * width
@@ -369,7 +375,10 @@ def matmul(sch: s_tir.Schedule, target: Target) -> str | None:
     sch.reorder(*batch_loops, j_o, i_o, k_loop, i_i, j_v, j_l)
     parallel(sch, sch.fuse(*batch_loops, j_o, i_o))
     tile = sch.get_loops(block)[0]
-    sch.reverse_compute_at(epilogue, tile)
+    if shape_of(sch, epilogue) == shape:
+        sch.reverse_compute_at(epilogue, tile)
+    else:  # an epilogue of another shape (scores padded to whole vectors, passes/attention.py) is
+        tile = parallel_outer(sch, epilogue, len(shape) - 1)  # not the tile's: its own loops after
     sch.unroll(i_i)
     sch.unroll(j_v)
     sch.vectorize(j_l)
