@@ -88,7 +88,9 @@ def set_tvm_threads(threads: int) -> None:
 def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs of the model's shapes and dtypes, the same for every runtime; an integer input
     holds the values its use in the model allows (TensorSpec.values: ids below the table's rows, a
-    Slice's starts and ends), else 0 to 9."""
+    Slice's starts and ends), else ones for a mask (Hugging Face's `attention_mask`: every token
+    attended; 0 to 9 made OPT's positions, its mask's cumulative sum, run past their table), else 0
+    to 9."""
     rng = np.random.default_rng(seed)
     inputs = {}
     for spec in specs:
@@ -101,6 +103,8 @@ def make_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]
             inputs[spec.name] = rng.integers(0, 2, spec.shape).astype(dtype)
         elif values is not None and values.fill is not None:
             inputs[spec.name] = np.broadcast_to(np.asarray(values.fill, dtype), spec.shape).copy()
+        elif values is None and "mask" in spec.name.lower():
+            inputs[spec.name] = np.ones(spec.shape, dtype)
         else:
             high = values.high if values is not None and values.high else 10
             inputs[spec.name] = rng.integers(0, high, spec.shape).astype(dtype)
