@@ -15,19 +15,12 @@ shapes. A fully masked row (all -inf) stays NaN, as it was.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 
-from webapp.pipeline.passes.rewrites import mutate_functions
+from webapp.pipeline.passes.rewrites import mutate_functions, static_shape
 
 KEYS = 16  # the widest float32 vector the CPU kinds have (AVX-512); a multiple of 4 and 8
 ELEMENTWISE = {"relax.isnan", "relax.where"}  # what torch.export writes between softmax and matmul
-
-
-def static_last(ty: tvm.ir.Type) -> int | None:
-    shape = getattr(ty, "shape", None)
-    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape.values):
-        return None
-    return int(shape.values[-1]) if shape.values else None
 
 
 @relax.expr_functor.mutator
@@ -39,24 +32,25 @@ class PaddedKeys(relax.PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
             return call
         probabilities, values = call.args
-        keys = static_last(probabilities.ty)
-        if keys is None or keys % KEYS == 0 or keys < 2 * KEYS or str(probabilities.ty.dtype) != "float32":
+        shape = static_shape(probabilities.ty)
+        if not shape or str(probabilities.ty.dtype) != "float32" or getattr(values.ty, "shape", None) is None:
             return call
-        padded = self.padded(probabilities, keys, {})
-        if padded is None:
-            return call
-        if getattr(values.ty, "shape", None) is None:
+        keys = shape[-1]
+        if keys % KEYS == 0 or keys < 2 * KEYS:
             return call
         extra = -(-keys // KEYS) * KEYS - keys
+        padded = self.padded(probabilities, keys, extra, {})
+        if padded is None:
+            return call
         ndim = len(values.ty.shape.values)
         zeros = [0] * (2 * ndim)
         zeros[2 * (ndim - 2) + 1] = extra  # after the keys' axis (the values' rows)
         rows = self.builder_.emit(relax.op.nn.pad(values, zeros))
         return relax.op.matmul(padded, rows, out_dtype=call.attrs.out_dtype)
 
-    def padded(self, expr: relax.Expr, keys: int, done: dict) -> relax.Expr | None:
-        """`expr` (the probabilities, or an elementwise op of them) computed on padded scores; None
-        where it is not one this rewrite takes."""
+    def padded(self, expr: relax.Expr, keys: int, extra: int, done: dict) -> relax.Expr | None:
+        """`expr` (the probabilities, or an elementwise op of them) computed on scores padded by `extra`
+        keys; None where it is not one this rewrite takes."""
         if not isinstance(expr, relax.Var):
             return expr if isinstance(expr, tvm.ir.Constant) and not expr.ty.shape.values else None
         if expr in done:
@@ -66,17 +60,18 @@ class PaddedKeys(relax.PyExprMutator):
             return None
         if bound.op.name == "relax.nn.softmax":
             scores = bound.args[0]
-            ndim = len(scores.ty.shape.values)
-            if int(bound.attrs.axis) not in (-1, ndim - 1) or static_last(scores.ty) != keys:
+            scores_shape = static_shape(scores.ty)
+            last = (-1, len(scores_shape or []) - 1)
+            if not scores_shape or scores_shape[-1] != keys or int(bound.attrs.axis) not in last:
                 return None
-            width = [0] * (2 * ndim)
-            width[-1] = -(-keys // KEYS) * KEYS - keys
+            width = [0] * (2 * len(scores_shape))
+            width[-1] = extra
             scores = self.builder_.emit(relax.op.nn.pad(scores, width, pad_value=float("-inf")))
             done[expr] = self.builder_.emit(relax.op.nn.softmax(scores, axis=-1))
             return done[expr]
         if bound.op.name not in ELEMENTWISE:
             return None
-        args = [self.padded(arg, keys, done) for arg in bound.args]
+        args = [self.padded(arg, keys, extra, done) for arg in bound.args]
         if any(arg is None for arg in args):
             return None
         done[expr] = self.builder_.emit(relax.Call(bound.op, args, bound.attrs))

@@ -25,9 +25,9 @@ transpose of a transpose is one transpose, or none.
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 
-from webapp.pipeline.passes.rewrites import mutate_functions
+from webapp.pipeline.passes.rewrites import mutate_functions, static_shape
 
 PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 
@@ -35,18 +35,17 @@ PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 def takes(call: relax.Call) -> bool:
     """A float conv2d_transpose in NCHW / IOHW, of one group, stride = kernel, no padding, no output
     padding, no dilation, its shapes known."""
-    attrs, data, weight = call.attrs, call.args[0].ty, call.args[1].ty
-    if data.shape is None or weight.shape is None or str(data.dtype) != "float32":
+    attrs, data = call.attrs, call.args[0].ty
+    weight = static_shape(call.args[1].ty)
+    if static_shape(data) is None or weight is None or str(data.dtype) != "float32":
         return False
-    shapes = [*data.shape.values, *weight.shape.values]
     return (
-        all(isinstance(d, tirx.IntImm) for d in shapes)
-        and str(attrs.data_layout) == "NCHW"
+        str(attrs.data_layout) == "NCHW"
         and str(attrs.kernel_layout) == "IOHW"
         and str(attrs.out_layout or "NCHW") == "NCHW"
         and str(attrs.out_dtype or "float32") in ("float32", "")
         and int(attrs.groups) == 1
-        and [int(v) for v in attrs.strides] == [int(d) for d in weight.shape.values[2:]]
+        and [int(v) for v in attrs.strides] == weight[2:]
         and all(int(v) == 0 for v in [*attrs.padding, *attrs.output_padding])
         and all(int(v) == 1 for v in attrs.dilation)
     )
