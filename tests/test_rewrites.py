@@ -192,6 +192,34 @@ def test_one_dimensional_convolutions_run_as_two_dimensional_ones(tmp_path):
     ], labels
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_output_channels_no_multiple_of_4_are_padded_to_whole_vectors(tmp_path, layout):
+    """An STFT's 258 output channels (Silero VAD's: 258 = 2 x 129; a grouped conv after it keeps the
+    model NCHW) and a detection head's 18 (channels last): the weights padded with zero filters, the
+    output sliced back, both convolutions on the conv2d rules (they fell to a scalar windowed rule, or
+    none), and the result is ONNX Runtime's."""
+    if layout == "NCHW":
+        nodes = [
+            helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[256], strides=[128]),
+            helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[3], pads=[1, 1], group=2),
+        ]
+        weights = {"w1": RNG.normal(0, 0.1, (258, 1, 256)), "w2": RNG.normal(0, 0.1, (16, 129, 3))}
+        shape, out, expected = (1, 1, 576), (1, 16, 3), ["conv2d", "grouped conv2d"]
+    else:
+        nodes = [
+            helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[1, 1]),
+        ]
+        weights = {"w1": RNG.normal(0, 0.2, (32, 3, 3, 3)), "w2": RNG.normal(0, 0.2, (18, 32, 1, 1))}
+        shape, out, expected = (1, 3, 20, 20), (1, 18, 20, 20), ["conv2d NHWC", "conv2d NHWC"]
+    save(nodes, {"x": shape}, weights, tmp_path / "m.onnx", out)
+    inputs = {"x": RNG.normal(0, 1, shape).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    convs = sorted(label.split(":")[1].strip() for name, label in labels.items() if "conv2d" in name)
+    assert convs == expected, labels
+
+
 @pytest.mark.parametrize("preset", ["x86-host", "x86-avx2"])
 def test_attention_over_197_keys_pads_them_to_whole_vectors(tmp_path, preset):
     """ViT's attention (197 keys; torch.export's `where(isnan(p), 0, p)` after the softmax): the scores

@@ -248,7 +248,8 @@ class LLVMCPU(Target):
 
     # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
     # attention's keys padded to whole vectors, fast math, 1-D convolutions as 2-D ones, float
-    # convolutions channels last, stride-k transposed convolutions as GEMMs, transposed weights
+    # convolutions channels last, stride-k transposed convolutions as GEMMs, output channels padded to
+    # whole vectors, transposed weights
     # computed with numpy, and 3x3 convolutions by Winograd.
     rewrites: ClassVar[tuple[str, ...]] = (
         "padded_keys",
@@ -256,6 +257,7 @@ class LLVMCPU(Target):
         "conv1d_as_conv2d",
         "channels_last",
         "upsampling",
+        "padded_channels",
         "fold_with_numpy",
         "winograd",
     )

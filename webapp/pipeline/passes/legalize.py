@@ -11,7 +11,7 @@ import tvm
 from tvm import relax, te
 
 from webapp.pipeline.passes.attention import padded_keys
-from webapp.pipeline.passes.convolutions import as_conv2d, upsampling
+from webapp.pipeline.passes.convolutions import as_conv2d, channels, upsampling
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
 from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.passes.winograd import winograd
@@ -26,6 +26,7 @@ REWRITES = {
     "conv1d_as_conv2d": as_conv2d,
     "channels_last": channels_last,
     "upsampling": upsampling,
+    "padded_channels": channels,
     "fold_with_numpy": fold_with_numpy,
     "winograd": winograd,
 }

@@ -59,10 +59,12 @@ def windowed(sch: s_tir.Schedule, target: Target, block: SBlockRV, kind: str) ->
     # Parallel over the leading output axes (batch, channels), rows and columns inside.
     lead = max(1, min(2, spatial - 1))
     outer = fuse(sch, loops[:lead])
-    parallel(sch, outer)
-    place_padding(sch, producers, outer, lanes)
     rows = loops[lead : spatial - 1]
     split = vector_split(sch, loops[spatial - 1], lanes) if spatial > lead else None
+    # One output row (a max over a sequence, Magika's: 1 x 1 x 512): its vectors in parallel instead.
+    threads = split[0] if split and not rows and extent(sch, outer) == 1 else outer
+    parallel(sch, threads)
+    place_padding(sch, producers, outer, lanes)
     reductions = loops[spatial:]
     if split is None:
         sch.reverse_compute_at(epilogue, outer)
@@ -198,6 +200,9 @@ def reduction(sch: s_tir.Schedule, target: Target) -> str | tuple[s_tir.Schedule
     if len(main) != 1:
         return None
     kind = "pooling" if pooling else conv_kind(sch.get(main[0])) if "conv2d" in name else "reduction"
+    if kind == "reduction":  # each input read once: the elementwise work before it (a max over a
+        inline_elementwise(sch)  # sequence of GELUs, Magika's) computed as it is read, in vectors
+        main = [b for b in sch.get_child_blocks(root) if sch.get(b).name_hint == name]
     return windowed(sch, target, main[0], kind)
 
 
