@@ -1274,6 +1274,23 @@ def test_a_large_graph_opens_folded_by_block_and_a_small_one_whole():
     assert blocks_text(["layers.0", "layers.2"]) == "layers.0, layers.2"
 
 
+def test_a_graph_dot_lays_out_slowly_is_drawn_with_the_quick_layout(tmp_path, monkeypatch):
+    """dot's own layout of an LSTM recognizer's 282 fused kernels took 164 s (both of ddddocr's graphs
+    went undrawn after 90 s each, three of the job's four minutes): past FULL_LAYOUT_S the graph is
+    laid out again with one network-simplex pass and straight edges (here: the full layout given no
+    time at all)."""
+    from webapp.pipeline.reports import graphs
+
+    monkeypatch.setattr(graphs, "FULL_LAYOUT_S", 0.001)
+    nodes = [{"id": f"n{i}", "label": "op", "kind": "op"} for i in range(40)]
+    edges = [
+        {"src": f"n{i}", "dst": f"n{j}", "type": {"kind": "other", "text": ""}}
+        for i, j in [(0, 1), (1, 2), (0, 2)]
+    ]
+    assert graphs.render_svg({"nodes": nodes, "edges": edges}, "slow", tmp_path / "g.svg") is None
+    assert "<svg" in (tmp_path / "g.svg").read_text()
+
+
 def test_a_graph_too_large_to_lay_out_is_not_drawn_and_the_page_says_why(app, web, tmp_path):
     """Graphviz takes minutes on a graph of 2,000 nodes (ddddocr's unrolled LSTM): such a graph is not
     given to it, and its tab says why and links the graph's JSON."""

@@ -129,6 +129,37 @@ def test_a_model_with_grouped_convolutions_stays_nchw_on_the_grouped_rule(tmp_pa
     assert "default rule: grouped conv2d" in labels.values()
 
 
+def test_a_cnn_with_an_lstm_goes_channels_last(tmp_path):
+    """A CRNN text recognizer (ddddocr's: convolutions, then an LSTM over the columns): the LSTM's
+    outputs are a stack, on which TVM's ConvertLayout fails (the model stayed in NCHW); the stack is
+    rewritten as a concat of expand_dims first, the convolution goes to NHWC, and the result is ONNX
+    Runtime's."""
+    hidden = 8
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Reshape", ["a", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 1]),
+        helper.make_node("LSTM", ["t", "W", "R", "B"], ["y"], hidden_size=hidden),
+    ]
+    weights = {
+        "w": RNG.normal(0, 0.3, (4, 1, 3, 3)),
+        "shape": np.array([1, 32, 10]),
+        "W": RNG.normal(0, 0.3, (1, 4 * hidden, 32)),
+        "R": RNG.normal(0, 0.3, (1, 4 * hidden, hidden)),
+        "B": RNG.normal(0, 0.3, (1, 8 * hidden)),
+    }
+    save(nodes, {"x": (1, 1, 8, 10)}, weights, tmp_path / "m.onnx", (10, 1, 1, hidden))
+    model = onnx.load(tmp_path / "m.onnx")  # the shape is int64, not the float save() makes
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([1, 32, 10], np.int64), "shape"))
+    onnx.save(model, tmp_path / "m.onnx")
+    calls = channels_last_calls(tmp_path / "m.onnx")
+    assert [c.attrs.data_layout for c in calls if c.op.name == "relax.nn.conv2d"] == ["NHWC"]
+    inputs = {"x": RNG.normal(0, 1, (1, 1, 8, 10)).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)
+    assert "default rule: conv2d NHWC" in labels.values(), labels
+
+
 def test_a_transposed_convolution_between_nhwc_convolutions_runs_as_a_gemm(tmp_path):
     """A text detector's head (PP-OCR's DB: conv, then two stride-2 ConvTranspose up to the input's
     size): TVM legalizes conv2d_transpose only in NCHW, so channels last leaves it there (it was

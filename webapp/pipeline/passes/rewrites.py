@@ -200,6 +200,28 @@ def grouped(conv: relax.Call) -> bool:
     )
 
 
+@relax.expr_functor.mutator
+class Stacks(relax.PyExprMutator):
+    """stack(xs, axis) as concat([expand_dims(x, axis) ...], axis): TVM 0.27's ConvertLayout fails on
+    any stack (its layout inference indexes the layout at -1), and an LSTM's outputs are stacked
+    (ddddocr's recognizer, Silero VAD: their convolutions stayed in NCHW)."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.stack"):
+            return call
+        items = call.args[0]
+        if not isinstance(items, relax.Tuple) or call.attrs.axis is None:
+            return call
+        ndim = len(items.fields[0].ty.shape.values) if items.fields[0].ty.shape is not None else None
+        axis = int(call.attrs.axis)
+        if ndim is None or not -ndim - 1 <= axis <= ndim:
+            return call
+        axis %= ndim + 1
+        expanded = [self.builder_.emit(relax.op.expand_dims(x, [axis])) for x in items.fields]
+        return relax.op.concat(expanded, axis=axis)
+
+
 @tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)
 def channels_last(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Float convolutions in NHWC / HWIO, their neighbours following. A model the conversion cannot
@@ -211,7 +233,7 @@ def channels_last(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
     if not convs or any(grouped(c) for c in convs):
         return mod
     try:
-        return relax.transform.ConvertLayout(DESIRED)(mod)
+        return relax.transform.ConvertLayout(DESIRED)(mutate_functions(Stacks, mod))
     except Exception:  # noqa: BLE001 - the model builds in NCHW instead
         traceback.print_exc()
         return mod
