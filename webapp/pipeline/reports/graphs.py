@@ -163,6 +163,7 @@ def graph_dot(graph: dict, title: str) -> str:
 
 MAX_DRAWN_NODES = 1500  # Graphviz lays out a graph this size in about a minute; 2,000 took over 4
 FULL_LAYOUT_S = 10  # dot's own layout, if it takes no longer; then the quick one (QUICK_LAYOUT)
+QUICK_FROM_NODES = 500  # a graph this large goes to the quick layout at once (dot's took > 10 s on 1,243)
 DRAW_TIMEOUT_S = 90
 # dot's network simplex cut to one pass over the nodes, edges drawn straight: an LSTM recognizer's fused
 # graph (282 nodes, ddddocr's) took 164 s in dot's own layout, 18 s with the one pass, 0.5 s with
@@ -171,16 +172,17 @@ QUICK_LAYOUT = ["-Gnslimit=1", "-Gnslimit1=1", "-Gsplines=line"]
 
 
 def render_svg(graph: dict, title: str, out: Path) -> str | None:
-    """Graphviz `dot -Tsvg` of a graph (dot's own layout where it takes at most FULL_LAYOUT_S, else the
-    quick one); None when drawn, else why not (the page then links the graph's JSON): too many nodes
-    to lay out in time, dot took too long, or dot is missing."""
+    """Graphviz `dot -Tsvg` of a graph: dot's own layout where it takes at most FULL_LAYOUT_S on a graph
+    under QUICK_FROM_NODES, else the quick one. None when drawn, else why not (the page then links the
+    graph's JSON): too many nodes to lay out in time, dot took too long, or dot is missing."""
     if len(graph["nodes"]) > MAX_DRAWN_NODES:
         return (
             f"{len(graph['nodes']):,} nodes, more than the {MAX_DRAWN_NODES:,} Graphviz lays out in a "
             "minute or two: not drawn"
         )
     source = graph_dot(graph, title).encode()
-    for options, timeout in (([], FULL_LAYOUT_S), (QUICK_LAYOUT, DRAW_TIMEOUT_S)):
+    layouts = [([], FULL_LAYOUT_S)] if len(graph["nodes"]) < QUICK_FROM_NODES else []
+    for options, timeout in [*layouts, (QUICK_LAYOUT, DRAW_TIMEOUT_S)]:
         try:
             command = ["dot", "-Tsvg", *options, "-o", str(out)]
             subprocess.run(command, input=source, check=True, capture_output=True, timeout=timeout)
