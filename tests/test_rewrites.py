@@ -316,3 +316,27 @@ def test_numpy_folding_computes_what_fold_constant_does(tmp_path):
     tvm.ir.assert_structural_equal(
         relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(mod)
     )
+
+
+def test_numpy_folding_takes_modules_with_immediate_operands():
+    """A clip's bounds and a scalar operand are immediates (FloatImm, IntImm: tvm.ir.Constant with a
+    number for a value, in every int8 model): numpy folding reads them as numbers (it failed on the
+    whole module, and FoldConstant built ~2,600 small functions for PP-OCR's direction classifier's
+    int8 job), and computes with them what FoldConstant does."""
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    weight = relax.const(RNG.normal(0, 1, (4, 4)).astype(np.float32))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            clipped = builder.emit(relax.op.clip(x, 0.0, 6.0))
+            scaled = builder.emit(relax.op.multiply(weight, tvm.tirx.FloatImm("float32", 0.5)))
+            transposed = builder.emit(relax.op.permute_dims(scaled, [1, 0]))
+            out = builder.emit_output(relax.op.matmul(clipped, transposed))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    folded = fold_with_numpy(mod)
+    values = [b.value for b in main_bindings(folded) if b.var.same_as(transposed)]
+    assert isinstance(values[0], tvm.ir.GenericConst), folded  # the transposed weights: a constant
+    tvm.ir.assert_structural_equal(
+        relax.transform.FoldConstant()(folded), relax.transform.FoldConstant()(mod)
+    )

@@ -130,6 +130,15 @@ def numpy_value(call: relax.Call, values: list, ty: tvm.ir.Type) -> np.ndarray |
     return None
 
 
+def constant_value(arg: tvm.ir.Constant) -> np.ndarray:
+    """A constant's value: a tensor's, or an immediate's (a clip's bounds, a binary op's scalar operand:
+    FloatImm and IntImm are tvm.ir.Constant too, with a number for a value; read as tensors they made
+    NumpyFold fail on every int8 model, and FoldConstant built ~2,600 small functions instead)."""
+    if isinstance(arg, tvm.ir.GenericConst):
+        return arg.value.numpy()
+    return np.array(arg.value, dtype=str(arg.ty))
+
+
 @relax.expr_functor.mutator
 class NumpyFold(relax.PyExprMutator):
     """Bindings of shape ops and float arithmetic on constants bound to their values, each var kept."""
@@ -141,9 +150,11 @@ class NumpyFold(relax.PyExprMutator):
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         call = binding.value
         if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
-            tensors = [a for a in call.args if type(a).__name__ not in ("ShapeExpr", "PrimValue")]
+            tensors = [
+                a for a in call.args if type(a).__name__ not in ("ShapeExpr", "PrimValue", "StringImm")
+            ]
             known = [
-                a.value.numpy() if isinstance(a, tvm.ir.Constant) else self.values.get(a) for a in tensors
+                constant_value(a) if isinstance(a, tvm.ir.Constant) else self.values.get(a) for a in tensors
             ]
             if tensors and all(v is not None for v in known):
                 value = numpy_value(call, known, binding.var.ty)

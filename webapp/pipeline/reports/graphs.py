@@ -181,7 +181,9 @@ def render_svg(graph: dict, title: str, out: Path) -> str | None:
             "minute or two: not drawn"
         )
     source = graph_dot(graph, title).encode()
-    layouts = [([], FULL_LAYOUT_S)] if len(graph["nodes"]) < QUICK_FROM_NODES else []
+    layouts: list[tuple[list[str], float]] = (
+        [([], FULL_LAYOUT_S)] if len(graph["nodes"]) < QUICK_FROM_NODES else []
+    )
     for options, timeout in [*layouts, (QUICK_LAYOUT, DRAW_TIMEOUT_S)]:
         try:
             command = ["dot", "-Tsvg", *options, "-o", str(out)]
