@@ -247,12 +247,12 @@ class LLVMCPU(Target):
             importlib.import_module(f"{name}.{submodule}")
 
     # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
-    # attention's keys padded to whole vectors, fast math, 1-D convolutions as 2-D ones, float
-    # convolutions channels last, stride-k transposed convolutions as GEMMs, output channels padded to
-    # whole vectors, transposed weights
-    # computed with numpy, and 3x3 convolutions by Winograd.
+    # attention's keys and other softmax rows padded to whole vectors, fast math, 1-D convolutions as 2-D
+    # ones, float convolutions channels last, stride-k transposed convolutions as GEMMs, output channels
+    # padded to whole vectors, transposed weights computed with numpy, and 3x3 convolutions by Winograd.
     rewrites: ClassVar[tuple[str, ...]] = (
         "padded_keys",
+        "padded_rows",
         "fast_math",
         "conv1d_as_conv2d",
         "channels_last",

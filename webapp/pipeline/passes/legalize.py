@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from webapp.pipeline.passes.attention import padded_keys
+from webapp.pipeline.passes.attention import padded_keys, padded_rows
 from webapp.pipeline.passes.convolutions import as_conv2d, channels, upsampling
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
 from webapp.pipeline.passes.running import RunningPass
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 REWRITES = {
     "padded_keys": padded_keys,
+    "padded_rows": padded_rows,
     "fast_math": fast_math,
     "conv1d_as_conv2d": as_conv2d,
     "channels_last": channels_last,
