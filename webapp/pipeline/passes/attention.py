@@ -26,6 +26,20 @@ KEYS = 16  # the widest float32 vector the CPU kinds have (AVX-512); a multiple 
 ELEMENTWISE = {"relax.isnan", "relax.where"}  # what torch.export writes between softmax and matmul
 
 
+def extra_keys(keys: int) -> int:
+    """The -inf columns that take a row of `keys` to a multiple of KEYS; 0 where it is left as it is (a
+    multiple already, or shorter than 2 x KEYS)."""
+    return 0 if keys % KEYS == 0 or keys < 2 * KEYS else -(-keys // KEYS) * KEYS - keys
+
+
+def padded_softmax(builder: relax.BlockBuilder, scores: relax.Expr, ndim: int, extra: int) -> relax.Expr:
+    """softmax over the last axis of `scores` (of `ndim` axes) padded by `extra` columns of -inf."""
+    width = [0] * (2 * ndim)
+    width[-1] = extra
+    padded = builder.emit(relax.op.nn.pad(scores, width, pad_value=float("-inf")))
+    return builder.emit(relax.op.nn.softmax(padded, axis=-1))
+
+
 @relax.expr_functor.mutator
 class PaddedKeys(relax.PyExprMutator):
     """matmul(softmax(S), V) with S and V padded (the module docstring)."""
@@ -38,10 +52,9 @@ class PaddedKeys(relax.PyExprMutator):
         shape = static_shape(probabilities.ty)
         if not shape or str(probabilities.ty.dtype) != "float32" or getattr(values.ty, "shape", None) is None:
             return call
-        keys = shape[-1]
-        if keys % KEYS == 0 or keys < 2 * KEYS:
+        keys, extra = shape[-1], extra_keys(shape[-1])
+        if extra == 0:
             return call
-        extra = -(-keys // KEYS) * KEYS - keys
         padded = self.padded(probabilities, keys, extra, {})
         if padded is None:
             return call
@@ -67,10 +80,7 @@ class PaddedKeys(relax.PyExprMutator):
             last = (-1, len(scores_shape or []) - 1)
             if not scores_shape or scores_shape[-1] != keys or int(bound.attrs.axis) not in last:
                 return None
-            width = [0] * (2 * len(scores_shape))
-            width[-1] = extra
-            scores = self.builder_.emit(relax.op.nn.pad(scores, width, pad_value=float("-inf")))
-            done[expr] = self.builder_.emit(relax.op.nn.softmax(scores, axis=-1))
+            done[expr] = padded_softmax(self.builder_, scores, len(scores_shape), extra)
             return done[expr]
         if bound.op.name not in ELEMENTWISE:
             return None
@@ -101,14 +111,11 @@ class PaddedRows(relax.PyExprMutator):
         shape = static_shape(x.ty)
         if not shape or str(x.ty.dtype) != "float32" or int(call.attrs.axis) not in (-1, len(shape) - 1):
             return call
-        keys = shape[-1]
-        if keys % KEYS == 0 or keys < 2 * KEYS:
+        extra = extra_keys(shape[-1])
+        if extra == 0:
             return call
-        width = [0] * (2 * len(shape))
-        width[-1] = -(-keys // KEYS) * KEYS - keys
-        padded = self.builder_.emit(relax.op.nn.pad(x, width, pad_value=float("-inf")))
-        rows = self.builder_.emit(relax.op.nn.softmax(padded, axis=-1))
-        return relax.op.strided_slice(rows, axes=[len(shape) - 1], begin=[0], end=[keys])
+        rows = padded_softmax(self.builder_, x, len(shape), extra)
+        return relax.op.strided_slice(rows, axes=[len(shape) - 1], begin=[0], end=[shape[-1]])
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlaygroundPaddedRows")

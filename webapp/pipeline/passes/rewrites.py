@@ -233,6 +233,12 @@ class Stacks(relax.PyExprMutator):
         return relax.op.concat(expanded, axis=axis)
 
 
+def convert_layout(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's ConvertLayout to DESIRED (conv2d_transpose stays NCHW), an LSTM's stacks as concats first
+    (Stacks). Raises what ConvertLayout raises."""
+    return relax.transform.ConvertLayout(DESIRED)(mutate_functions(Stacks, mod))
+
+
 @tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)
 def channels_last(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Float convolutions in NHWC / HWIO, their neighbours following. A model the conversion cannot
@@ -244,7 +250,7 @@ def channels_last(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
     if not convs or any(grouped(c) for c in convs):
         return mod
     try:
-        return relax.transform.ConvertLayout(DESIRED)(mutate_functions(Stacks, mod))
+        return convert_layout(mod)
     except Exception:  # noqa: BLE001 - the model builds in NCHW instead
         traceback.print_exc()
         return mod

@@ -166,11 +166,10 @@ def conv2d_nhwc(sch: s_tir.Schedule, target: Target) -> str | None:
     if not lanes:
         return None
     n_loop, h_loop, w_loop, oc_loop, kh_loop, kw_loop, ic_loop = sch.get_loops(conv)
-    if extent(sch, w_loop) == 1 < extent(sch, h_loop):  # a 1-D conv along the rows (a Keras export's
-        h_loop, w_loop = (
-            w_loop,
-            h_loop,
-        )  # (length, 1) image: Magika's): rows take the columns' place in the tile
+    # A 1-D conv along the rows (a Keras export's (length, 1) image: Magika's): rows take the columns'
+    # place in the register tile.
+    if extent(sch, w_loop) == 1 < extent(sch, h_loop):
+        h_loop, w_loop = w_loop, h_loop
     vectors, cols = register_tile(extent(sch, w_loop), oc // lanes, registers // 2)
     block_oc = lanes * vectors
 

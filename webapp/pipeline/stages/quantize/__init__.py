@@ -18,7 +18,7 @@ import tvm
 from tvm import relax
 
 from webapp.options import JobOptions
-from webapp.pipeline.passes.rewrites import DESIRED, Stacks, fold_with_numpy, mutate_functions
+from webapp.pipeline.passes.rewrites import convert_layout, fold_with_numpy
 from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
@@ -115,8 +115,7 @@ def integer_layout(mod: tvm.IRModule) -> tvm.IRModule:
         return mod
     with tvm.transform.PassContext(opt_level=3, instruments=[RunningPass()]):
         try:
-            # conv2d_transpose stays NCHW; an LSTM's stacks as concats (rewrites.Stacks)
-            converted = relax.transform.ConvertLayout(DESIRED)(mutate_functions(Stacks, mod))
+            converted = convert_layout(mod)
         except Exception:  # noqa: BLE001 - the model stays in NCHW
             traceback.print_exc()
             return mod
