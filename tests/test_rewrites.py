@@ -363,3 +363,49 @@ def test_a_softmax_over_a_row_of_no_multiple_of_16_runs_on_whole_vectors(tmp_pat
         tmp_path / "m.onnx", {"x": RNG.normal(0, 1, (8, 32)).astype(np.float32)}, preset
     )
     np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_hard_swish_and_a_squeeze_excite_scale_fuse_into_their_convolutions(tmp_path):
+    """A MobileNetV3 block as PP-OCR exports it: a hard swish written with Clip (its bounds inputs,
+    which the ONNX importer makes a call_tir of topi.maximum / minimum), a squeeze-and-excite scale
+    through HardSigmoid (a Relax clip). ConvertLayout has no layout for either: they were transposed
+    to NCHW and back, a kernel of their own each. Now the hard swish is in its convolution's kernel,
+    the scale's 1x1 conv computes the feature map's product apart from its register tiles (its
+    output block at the kernel's root, not inside the conv's loops), and the result is ONNX Runtime's."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "three"], ["a3"]),
+        helper.make_node("Clip", ["a3", "zero", "six"], ["c"]),
+        helper.make_node("Mul", ["a", "c"], ["m"]),
+        helper.make_node("Div", ["m", "six"], ["h"]),
+        helper.make_node("GlobalAveragePool", ["h"], ["p"]),
+        helper.make_node("Conv", ["p", "w2"], ["s"]),
+        helper.make_node("HardSigmoid", ["s"], ["g"], alpha=0.2, beta=0.5),
+        helper.make_node("Mul", ["h", "g"], ["e"]),
+        helper.make_node("Conv", ["e", "w3"], ["y"]),
+    ]
+    weights = {
+        "w1": RNG.normal(0, 0.3, (16, 8, 3, 3)),
+        "three": np.array(3.0),
+        "zero": np.array(0.0),
+        "six": np.array(6.0),
+        "w2": RNG.normal(0, 0.3, (16, 16, 1, 1)),
+        "w3": RNG.normal(0, 0.3, (8, 16, 1, 1)),
+    }
+    save(nodes, {"x": (1, 8, 12, 24)}, weights, tmp_path / "m.onnx", (1, 8, 12, 24))
+    calls = channels_last_calls(tmp_path / "m.onnx")
+    transposes = [c for c in calls if c.op.name == "relax.permute_dims" and len(c.args[0].ty.shape) == 4]
+    inputs = {"x": RNG.normal(0, 1, (1, 8, 12, 24)).astype(np.float32)}
+    ours, reference, labels = run_both(tmp_path / "m.onnx", inputs)
+    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    assert len([t for t in transposes if isinstance(t.args[0], relax.Var)]) == 2, transposes
+    swish = [k for k in labels if k.startswith("fused_conv2d_") and "maximum" in k and "minimum" in k]
+    assert swish and labels[swish[0]] == "default rule: conv2d NHWC", labels
+    target = get("x86-host")
+    optimized = optimize(import_model(tmp_path / "m.onnx").mod, target, tmp_path)
+    lowered, _ = schedule(optimized.fused, target)
+    scaled = [gv for gv, f in lowered.functions_items() if "conv2d1_" in gv.name_hint and "multiply" in gv.name_hint]
+    assert scaled, labels
+    sch = tvm.s_tir.Schedule(lowered[scaled[0]])
+    conv, out = sch.get_sblock("conv2d_nhwc_update"), sch.get_child_blocks(sch.get_sblock("root"))[-1]
+    assert not sch.get(sch.get_loops(out)[0]).same_as(sch.get(sch.get_loops(conv)[0])), sch.mod

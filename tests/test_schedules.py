@@ -288,7 +288,7 @@ def test_attention_heads_transpose_in_vectors_along_the_input(preset):
     (the reshape-transpose chain's nested index simplified), not lane by lane over a fused index."""
     from tvm import s_tir, te, topi
 
-    from webapp.pipeline.rules.cpu import elementwise
+    from webapp.pipeline.rules.elementwise import elementwise
 
     q = te.placeholder((1, 197, 768), name="q")
     heads = topi.transpose(topi.reshape(q, (1, 197, 12, 64)), (0, 2, 1, 3))

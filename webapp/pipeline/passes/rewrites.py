@@ -212,15 +212,39 @@ def grouped(conv: relax.Call) -> bool:
 
 
 @relax.expr_functor.mutator
-class Stacks(relax.PyExprMutator):
-    """stack(xs, axis) as concat([expand_dims(x, axis) ...], axis): TVM 0.27's ConvertLayout fails on
-    any stack (its layout inference indexes the layout at -1), and an LSTM's outputs are stacked
-    (ddddocr's recognizer, Silero VAD: their convolutions stayed in NCHW)."""
+class LayoutGaps(relax.PyExprMutator):
+    """What TVM 0.27's ConvertLayout cannot carry a layout through, written with ops it can, so that a
+    region of convolutions stays in NHWC without a transpose at each of them:
+    - stack(xs, axis) as concat([expand_dims(x, axis) ...], axis): its layout inference indexes the
+      layout at -1 and fails, and an LSTM's outputs are stacked (ddddocr's recognizer, Silero VAD:
+      their convolutions stayed in NCHW);
+    - clip(x, lo, hi) as minimum(maximum(x, lo), hi), and the ONNX importer's Clip (a call_tir of
+      topi.maximum / topi.minimum with a scalar bound) as maximum / minimum: a clip has no layout
+      inference, and a call_tir none either. The hard-swish activations of PP-OCR's MobileNetV3 were
+      transposed to NCHW and back around each clip, which kept them out of their convolution's kernel
+      (a kernel each of their own, 0.15 of the direction classifier's 0.60 ms)."""
+
+    def __init__(self, mod: tvm.IRModule | None = None) -> None:
+        super().__init__(mod)
+        self.mod = mod
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.stack"):
+        if not isinstance(call.op, tvm.ir.Op):
             return call
+        if call.op.name == "relax.stack":
+            return self.concat(call)
+        if call.op.name == "relax.clip":
+            x, (lo, hi) = call.args[0], (immediate(a) for a in call.args[1:])
+            dtype = str(x.ty.dtype)
+            return relax.op.minimum(relax.op.maximum(x, relax.const(lo, dtype)), relax.const(hi, dtype))
+        if call.op.name == "relax.call_tir" and self.mod is not None:
+            bound = scalar_bound(self.mod, call)
+            if bound is not None:
+                return bound
+        return call
+
+    def concat(self, call: relax.Call) -> relax.Expr:
         items = call.args[0]
         if not isinstance(items, relax.Tuple) or call.attrs.axis is None:
             return call
@@ -233,10 +257,38 @@ class Stacks(relax.PyExprMutator):
         return relax.op.concat(expanded, axis=axis)
 
 
+def immediate(arg: relax.Expr) -> float:
+    """A clip's bound: an IntImm / FloatImm, or a PrimValue of one."""
+    value = arg.value
+    return float(value if isinstance(value, int | float) else value.value)
+
+
+def scalar_bound(mod: tvm.IRModule, call: relax.Call) -> relax.Expr | None:
+    """A call_tir of topi.maximum or topi.minimum (one block, T_maximum or T_minimum) on a tensor and a
+    0-d bound, as the ONNX importer writes Clip, as the Relax op; else None."""
+    from tvm import s_tir, tirx
+
+    gv, args = call.args[0], call.args[1]
+    if not isinstance(gv, relax.GlobalVar) or not isinstance(args, relax.Tuple) or len(args.fields) != 2:
+        return None
+    func, names = mod[gv], []
+    if isinstance(func, tirx.PrimFunc):
+        sch = s_tir.Schedule(func)
+        names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    x, bound = args.fields
+    op = {"T_maximum": relax.op.maximum, "T_minimum": relax.op.minimum}.get(
+        names[0] if len(names) == 1 else ""
+    )
+    same = x.ty.dtype == call.ty.dtype and str(x.ty.shape) == str(call.ty.shape)
+    if op is None or not same or getattr(bound.ty, "ndim", None) != 0:
+        return None
+    return op(x, bound)
+
+
 def convert_layout(mod: tvm.IRModule) -> tvm.IRModule:
-    """TVM's ConvertLayout to DESIRED (conv2d_transpose stays NCHW), an LSTM's stacks as concats first
-    (Stacks). Raises what ConvertLayout raises."""
-    return relax.transform.ConvertLayout(DESIRED)(mutate_functions(Stacks, mod))
+    """TVM's ConvertLayout to DESIRED (conv2d_transpose stays NCHW), what it cannot carry a layout through
+    rewritten first (LayoutGaps). Raises what ConvertLayout raises."""
+    return relax.transform.ConvertLayout(DESIRED)(mutate_functions(LayoutGaps, mod))
 
 
 @tvm.transform.module_pass(opt_level=0, name=LAYOUT_PASS)

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-import tvm.sym
 from tvm import s_tir, tirx
 
 from webapp.pipeline.rules.common import (
@@ -36,9 +34,6 @@ from webapp.pipeline.rules.common import (
     extent,
     finish_register_tile,
     fuse,
-    inline,
-    inline_epilogue,
-    is_output,
     iter_kinds,
     largest_divisor,
     loops_below,
@@ -50,10 +45,11 @@ from webapp.pipeline.rules.common import (
     vector_split,
     vector_width,
 )
+from webapp.pipeline.rules.elementwise import fused_epilogue
 from webapp.pipeline.rules.reductions import windowed
 
 if TYPE_CHECKING:
-    from tvm.s_tir.schedule import LoopRV, SBlockRV
+    from tvm.s_tir.schedule import SBlockRV
 
     from webapp.targets import Target
 
@@ -98,7 +94,7 @@ def conv2d(sch: s_tir.Schedule, target: Target) -> str | None:
 
     for pad in sch.get_producers(conv):  # the padded input: its own parallel loop nest
         parallel(sch, sch.fuse(*sch.get_loops(pad)[:2]))
-    epilogue = inline_epilogue(sch, conv)
+    epilogue = fused_epilogue(sch, conv, target)
     # Weights repacked to (O / block_oc, I, KH, KW, block_oc), once, at build time.
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(conv, ("read", 1), lambda o, i, h, w: (o // block_oc, i, h, w, o % block_oc))
@@ -173,7 +169,7 @@ def conv2d_nhwc(sch: s_tir.Schedule, target: Target) -> str | None:
     vectors, cols = register_tile(extent(sch, w_loop), oc // lanes, registers // 2)
     block_oc = lanes * vectors
 
-    epilogue = inline_epilogue(sch, conv)
+    epilogue = fused_epilogue(sch, conv, target)
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(conv, ("read", 1), lambda h, w, i, o: (o // block_oc, h, w, i, o % block_oc))
     sch.annotate(pack, PREPROC, True)
@@ -220,7 +216,7 @@ def winograd(sch: s_tir.Schedule, target: Target) -> str | None:
     if split:
         sch.vectorize(split[1])
 
-    epilogue = inline_epilogue(sch, output)
+    epilogue = fused_epilogue(sch, output, target)
     if epilogue is not None:
         sch.compute_inline(output)
         output = epilogue
@@ -283,7 +279,7 @@ def tile_vectors(n: int, width: int, registers: int) -> int:
 
 
 def padded_operands(
-    sch: s_tir.Schedule, block: SBlockRV, rows: int, block_n: int, lanes: int
+    sch: s_tir.Schedule, target: Target, block: SBlockRV, rows: int, block_n: int, lanes: int
 ) -> tuple[SBlockRV | None, SBlockRV]:
     """A matmul block's rows padded to a multiple of `rows` and its columns to one of `block_n` where
     they are not (pad_einsum): B's padded copy, zeros in the extra columns, is the block that repacks
@@ -291,7 +287,7 @@ def padded_operands(
     and vectorized; the extra results are never written. Returns the epilogue (the block that writes
     the output, None when the matmul does itself) and B's repacking block, for the caller to give
     its layout."""
-    epilogue = inline_epilogue(sch, block)
+    epilogue = fused_epilogue(sch, block, target)
     loops = sch.get_loops(block)
     m, n = extent(sch, loops[-3]), extent(sch, loops[-2])
     pad_m, pad_n = -(-m // rows) * rows, -(-n // block_n) * block_n
@@ -362,7 +358,7 @@ def matmul(sch: s_tir.Schedule, target: Target) -> str | None:
     # the rest of the registers hold one row of B's vectors and a broadcast A value
     rows = min(m, max(1, accumulators(registers) // vectors))
 
-    epilogue, pack = padded_operands(sch, block, rows, block_n, lanes)
+    epilogue, pack = padded_operands(sch, target, block, rows, block_n, lanes)
     if transposed:
         layout = lambda *ix: (*ix[:-2], ix[-2] // block_n, ix[-1], ix[-2] % block_n)  # noqa: E731
     else:
@@ -393,85 +389,3 @@ def matmul(sch: s_tir.Schedule, target: Target) -> str | None:
         inner = sch.split(tail[-1], [None, width])[-1] if extent(sch, tail[-1]) % width == 0 else tail[-1]
         sch.vectorize(inner)
     return "default rule: batch matmul" if len(index_vars(stmt.reads[1])) > 2 else "default rule: matmul"
-
-
-def unit_stride_axis(stmt: s_tir.SBlock, read: tirx.BufferRegion) -> int | None:
-    """The block axis along which `read` steps one element of its innermost dimension (its index
-    simplified within the axes' ranges: a reshape-transpose-reshape chain inlined reads
-    q[0, t, h * 64 + d] through nested divisions); None when no axis does."""
-    variables = [iv.var for iv in stmt.iter_vars]
-    analyzer = tvm.sym.Analyzer()
-    for iv in stmt.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
-    index = analyzer.simplify(read.region[-1].min)
-    coefficients = tvm.sym.detect_linear_equation(index, variables)
-    return next((i for i, c in enumerate(coefficients[:-1]) if analyzer.can_prove_equal(c, 1)), None)
-
-
-def transpose_in_vectors(
-    sch: s_tir.Schedule, block: SBlockRV, loops: list[LoopRV], lanes: int
-) -> LoopRV | None:
-    """A transpose whose output's innermost axis has no vector width (NCHW to NHWC with 3 channels:
-    an image model's input; attention's keys transposed to (heads, 64, 197 tokens)): the vector loop
-    is instead the axis along which the input is contiguous, read in whole vectors and written with
-    a stride; the axes after it unrolled when they are few, else left inside (the 1x3x224x224 input
-    took 6 us, against 95 gathering lane by lane; ViT's keys 24 us against 141). Returns the loop
-    outside the vectors (for the caller to run in parallel); None, the schedule unchanged, when no
-    read has such an axis."""
-    stmt = sch.get(block)
-    if len(loops) != len(stmt.iter_vars):
-        return None
-    for read in stmt.reads:
-        at = unit_stride_axis(stmt, read) if read.region else None
-        if at is None or at == len(loops) - 1:
-            continue
-        width = vector_width(extent(sch, loops[at]), lanes, minimum=4)
-        inside = int(np.prod([extent(sch, loop) for loop in loops[at + 1 :]]))
-        if not width:
-            continue
-        rest, inner = sch.split(loops[at], [None, width])
-        sch.reorder(rest, *loops[at + 1 :], inner)
-        if inside <= 16:
-            for loop in loops[at + 1 :]:
-                sch.unroll(loop)
-        sch.vectorize(inner)
-        return fuse(sch, [*loops[:at], rest])
-    return None
-
-
-def elementwise(sch: s_tir.Schedule, target: Target) -> str | None:
-    """Kernels of spatial blocks only (elementwise, broadcast, reshape, transpose): each remaining
-    block after inlining runs its loops fused, parallel outside and vectorized inside."""
-    root = sch.get_sblock("root")
-    if any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(root)):
-        return None
-    func = sch.mod["main"]
-    for block in sch.get_child_blocks(root)[:-1]:
-        if not is_output(func, sch.get(block).writes[0].source):
-            try:
-                inline(sch, block)
-            except RuntimeError:
-                pass  # stays its own loop nest
-    lanes, _ = simd(target)
-    for block in sch.get_child_blocks(root):
-        loops = sch.get_loops(block)
-        if not loops:  # a 0-d result: one value, nothing to run in parallel or in vectors
-            continue
-        total = int(np.prod([extent(sch, loop) for loop in loops]))
-        # The vector loop is split off the innermost axis, not off all axes fused: through the
-        # fused index's div/mod LLVM sees no contiguous access and gathers lane by lane.
-        width = vector_width(extent(sch, loops[-1]), lanes, minimum=4)
-        # no vector width in the output: vectors along the input's innermost axis, if it has one
-        outer = None if width else transpose_in_vectors(sch, block, loops, lanes)
-        if outer is None and width and total >= 4 * lanes:
-            rest, inner = sch.split(loops[-1], [None, width])
-            outer = fuse(sch, [*loops[:-1], rest])
-            sch.vectorize(inner)
-        elif outer is None:
-            outer = fuse(sch, loops)
-            if total >= 4 * lanes and total % lanes == 0:
-                outer, inner = sch.split(outer, [None, lanes])
-                sch.vectorize(inner)
-        if total >= 4096:
-            parallel(sch, outer)
-    return "default rule: elementwise"

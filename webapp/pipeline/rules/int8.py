@@ -18,7 +18,6 @@ from webapp.pipeline.rules.common import (
     PREPROC,
     choice,
     extent,
-    inline_epilogue,
     inner_split,
     largest_divisor,
     loops_below,
@@ -36,6 +35,7 @@ from webapp.pipeline.rules.cpu import (
     padded_operands,
     same_vars,
 )
+from webapp.pipeline.rules.elementwise import fused_epilogue
 from webapp.targets import KINDS
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     kind = target.dot_instruction(oc)
     if kind is not None and form(kind) is int8_mmla:
         if mmla_fits(sch, conv, ic):
-            return conv2d_nhwc_mmla(sch, conv, kind)
+            return conv2d_nhwc_mmla(sch, target, conv, kind)
         kind = target.dot_instruction(oc, skip=(kind,))
     if int(data.shape[3]) != ic or kind is None or ic % 4:
         return None
@@ -132,7 +132,7 @@ def conv2d_nhwc_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     cols = largest_divisor(extent(sch, w_loop), (registers - vectors - 2) // vectors)
     block_oc = lanes * vectors
 
-    epilogue = inline_epilogue(sch, conv)
+    epilogue = fused_epilogue(sch, conv, target)
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(
         conv,
@@ -201,7 +201,7 @@ def mmla_fits(sch: s_tir.Schedule, conv: SBlockRV, ic: int) -> bool:
     )
 
 
-def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv: SBlockRV, kind: str) -> str:
+def conv2d_nhwc_mmla(sch: s_tir.Schedule, target: LLVMCPU, conv: SBlockRV, kind: str) -> str:
     """conv2d_nhwc_int8 on Arm's smmla: a register tile of pixel pairs x channel pairs (4 x 4: 16
     accumulators of 2 x 2, 4 vectors of weights, 4 of two pixels' input bytes), weights repacked
     (O/v, KH, KW, I/8, v/2, 2, 8), the sums kept as (pixels/2, channels/2, 2, 2) and written out by
@@ -212,7 +212,7 @@ def conv2d_nhwc_mmla(sch: s_tir.Schedule, conv: SBlockRV, kind: str) -> str:
     if oc % (2 * pairs):
         raise ValueError(f"{oc} channels in blocks of {2 * pairs}")
     block_oc = 2 * pairs
-    epilogue = inline_epilogue(sch, conv)
+    epilogue = fused_epilogue(sch, conv, target)
     pack = sch.cache_read(conv, 1, "global")
     tile = int8_mmla.weight_tile
     sch.transform_layout(
@@ -282,7 +282,7 @@ def conv2d_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
         vectors, cols = 1, largest_divisor(extent(sch, ow_loop), registers // 2)
     block_oc = lanes * vectors
 
-    epilogue = inline_epilogue(sch, conv)
+    epilogue = fused_epilogue(sch, conv, target)
     pack = sch.cache_read(conv, 1, "global")
     sch.transform_layout(
         conv,
@@ -340,7 +340,7 @@ def matmul_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     kind = target.dot_instruction(n) or target.dot_instruction()
     if kind is not None and form(kind) is int8_mmla:
         if k % 8 == 0 and n % 2 == 0:
-            return matmul_mmla(sch, block, transposed, kind)
+            return matmul_mmla(sch, target, block, transposed, kind)
         kind = target.dot_instruction(n, skip=(kind,)) or target.dot_instruction(skip=(kind,))
     if k % 4 or kind is None:
         return None
@@ -355,7 +355,7 @@ def matmul_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
         # Block), which must be a plain copy: a padded one fails the search, so no design space pads
         return None
 
-    epilogue, pack = padded_operands(sch, block, rows, lanes * vectors, lanes)
+    epilogue, pack = padded_operands(sch, target, block, rows, lanes * vectors, lanes)
     layout: Callable[[Any, Any], tuple]
     if transposed:
         layout = lambda jj, kk: (jj // lanes, kk // 4, *weight_tile(kind, jj % lanes, kk % 4, lanes, False))  # noqa: E731
@@ -376,7 +376,9 @@ def matmul_int8(sch: s_tir.Schedule, target: LLVMCPU) -> str | None:
     return f"default rule: int8 matmul ({kind})"
 
 
-def matmul_mmla(sch: s_tir.Schedule, block: SBlockRV, transposed: bool, kind: str) -> str | None:
+def matmul_mmla(
+    sch: s_tir.Schedule, target: LLVMCPU, block: SBlockRV, transposed: bool, kind: str
+) -> str | None:
     """matmul_int8 on Arm's smmla: a register tile of row pairs x column pairs (4 x 4 where they
     divide), the weight repacked (N/v, K/8, v/2, 2, 8), the sums kept as (rows/2, columns/2, 2, 2)
     and written out by an unrolled epilogue; rows and columns padded to the tile as matmul_int8 pads."""
@@ -388,7 +390,7 @@ def matmul_mmla(sch: s_tir.Schedule, block: SBlockRV, transposed: bool, kind: st
     if space_choices.get() is not None and (m % rows or n % (2 * pairs)):
         return None  # as matmul_int8: no design space pads
     block_n = 2 * pairs
-    epilogue, pack = padded_operands(sch, block, rows, block_n, 4)
+    epilogue, pack = padded_operands(sch, target, block, rows, block_n, 4)
     packed = int8_mmla.weight_tile
     layout: Callable[[Any, Any], tuple]
     if transposed:

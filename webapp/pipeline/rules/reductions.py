@@ -13,7 +13,6 @@ from webapp.pipeline.rules.common import (
     extent,
     fuse,
     inline,
-    inline_epilogue,
     is_output,
     iter_kinds,
     largest_divisor,
@@ -24,6 +23,7 @@ from webapp.pipeline.rules.common import (
     vector_split,
     vector_width,
 )
+from webapp.pipeline.rules.elementwise import fused_epilogue
 
 if TYPE_CHECKING:
     from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -52,7 +52,7 @@ def windowed(sch: s_tir.Schedule, target: Target, block: SBlockRV, kind: str) ->
     if len(loops) != len(kinds):
         return None
     producers = sch.get_producers(block)  # padding
-    epilogue = inline_epilogue(sch, block)
+    epilogue = fused_epilogue(sch, block, target)
     if epilogue is None:
         epilogue = sch.cache_write(block, 0, "global")
     sch.set_scope(block, 0, "local")

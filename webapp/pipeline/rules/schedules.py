@@ -12,7 +12,8 @@ from tvm import relax, s_tir, tirx
 
 from webapp.pipeline.rules import gpu as gpu_rules
 from webapp.pipeline.rules.common import PREPROC, serial_kernel, small, space_choices
-from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, elementwise, matmul, winograd
+from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, matmul, winograd
+from webapp.pipeline.rules.elementwise import elementwise
 from webapp.pipeline.rules.int8 import conv2d_int8, conv2d_nhwc_int8, matmul_int8
 from webapp.pipeline.rules.reductions import reduction, rows
 from webapp.targets import Target
