@@ -113,7 +113,8 @@ def test_layers_kept_in_float_leave_the_int8_weights_and_the_build_computes_the_
     tmp_path, monkeypatch
 ):
     """Two layers slower and any gain kept: the variant is quantized and built again with them in
-    float; the page's build (model.so) is that one, and it still computes the float model's outputs."""
+    float; the page's build (model.so) is that one, with its own per-layer errors, and it still
+    computes the float model's outputs."""
     run_here_or_skip("x86-avx2")
     slower = two_slower(monkeypatch)
     monkeypatch.setattr(fallback, "MODEL_CHECK_GAIN", -1e9)  # the build without them always kept
@@ -126,6 +127,7 @@ def test_layers_kept_in_float_leave_the_int8_weights_and_the_build_computes_the_
     int8 = ["00 conv2d 32x3x3x3", "01 conv2d 192x32x1x1", "03 conv2d 32x192x1x1"]
     assert [r.layer.name for r in q.layers] == int8
     assert [row["layer"] for row in q.layer_speed["layers"]] == int8  # the kept build, timed again
+    assert [row["layer"] for row in q.errors] == int8  # its per-layer errors, computed once kept
     assert integer_layers(tmp_path) == (int8, 3)
     assert built.executable is built.executables[("int8", False)]
     fp32, int8_out = outputs(built, model, "fp32"), outputs(built, model, "int8")
@@ -150,7 +152,7 @@ def test_a_fallback_that_fails_keeps_the_variant_as_built_and_says_why(tmp_path,
     run_here_or_skip("x86-avx2")
     two_slower(monkeypatch)
 
-    def fails(self, q, layers):
+    def fails(self, q, layers, errors=True):
         raise RuntimeError("the requantization broke")
 
     monkeypatch.setattr(QuantizedJob, "without", fails)

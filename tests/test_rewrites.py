@@ -404,7 +404,9 @@ def test_hard_swish_and_a_squeeze_excite_scale_fuse_into_their_convolutions(tmp_
     target = get("x86-host")
     optimized = optimize(import_model(tmp_path / "m.onnx").mod, target, tmp_path)
     lowered, _ = schedule(optimized.fused, target)
-    scaled = [gv for gv, f in lowered.functions_items() if "conv2d1_" in gv.name_hint and "multiply" in gv.name_hint]
+    scaled = [
+        gv for gv, f in lowered.functions_items() if "conv2d1_" in gv.name_hint and "multiply" in gv.name_hint
+    ]
     assert scaled, labels
     sch = tvm.s_tir.Schedule(lowered[scaled[0]])
     conv, out = sch.get_sblock("conv2d_nhwc_update"), sch.get_child_blocks(sch.get_sblock("root"))[-1]

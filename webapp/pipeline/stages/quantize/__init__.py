@@ -232,8 +232,11 @@ def quantize(
     samples: list[dict[str, np.ndarray]],
     report: Callable[..., None] = lambda f: None,
     observed: Observed | None = None,
+    errors: bool = True,
 ) -> Quantized:
-    """`observed`, when given, is the float run several quantizations of one job share (observe())."""
+    """`observed`, when given, is the float run several quantizations of one job share (observe());
+    `errors` false leaves the per-layer errors out (their model is compiled and run: a build kept
+    only if it is faster computes them once kept, fallback.fall_back)."""
     if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
         observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
     func, layers, tensors, float_of = observed.func, observed.layers, observed.tensors, observed.float_of
@@ -269,9 +272,8 @@ def quantize(
     )
     qfunc = realizer.run()
     report(0.6)
-    errors = layer_errors(
-        observed, acts, options, samples[0], target.int8_pair_limit(), means, target.requantizes_fixed_point
-    )
+    pair_limit, fixed_point = target.int8_pair_limit(), target.requantizes_fixed_point
+    errs = layer_errors(observed, acts, options, samples[0], pair_limit, means, fixed_point) if errors else []
     report(1.0)
     return Quantized(
         integer_layout(with_main(observed.module, qfunc)),
@@ -279,7 +281,7 @@ def quantize(
         [layer for layer in layers if not layer.quantized],
         stats,
         options,
-        errors,
+        errs,
         variant=f"int{options.bits}",
         origin=realizer.origin,
     )

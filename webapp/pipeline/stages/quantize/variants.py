@@ -40,16 +40,17 @@ class QuantizedJob:
         self.variants = [q for q in self.variants if q.variant != variant]
         self.failed.append({"variant": variant, "stage": stage, "message": error_message(exc)})
 
-    def without(self, q: Quantized, layers: set[str]) -> Quantized:
+    def without(self, q: Quantized, layers: set[str], errors: bool = True) -> Quantized:
         """The variant q quantized again with `layers` (their names) kept in float, not yet saved
-        (stages.fallback: the layers int8 made slower)."""
+        (stages.fallback: the layers int8 made slower); without its per-layer errors if `errors` is
+        false."""
         job_dir, target, samples, source, observed = self.inputs
         was = [layer.quantized for layer in observed.layers]
         for layer in observed.layers:
             layer.quantized = layer.quantized and layer.name not in layers
         try:
             return quantize_variant(
-                job_dir, target, q.variant, q.options, samples, source, observed, save=False
+                job_dir, target, q.variant, q.options, samples, source, observed, save=False, errors=errors
             )
         finally:
             for layer, quantized in zip(observed.layers, was, strict=True):
@@ -160,12 +161,13 @@ def quantize_variant(
     observed: Observed,
     report: Report = lambda f: None,
     save: bool = True,
+    errors: bool = True,
 ) -> Quantized:
     """One quantized variant of the observed float model; its bit-packed weights are saved unless
-    `save` is false."""
+    `save` is false, its per-layer errors computed unless `errors` is."""
     if options.calibration == "global":
         source = f"none (one global threshold of {options.global_scale:g})"
-    quantized = quantize(None, target, options, samples, report, observed)
+    quantized = quantize(None, target, options, samples, report, observed, errors)
     quantized.variant = name
     quantized.calibration = {"source": source, "samples": len(samples)}
     quantized.float_bytes = int(sum(r.weight_q.size * 4 for r in quantized.layers))
