@@ -162,7 +162,10 @@ def graph_dot(graph: dict, title: str) -> str:
 
 
 MAX_DRAWN_NODES = 1500  # Graphviz lays out a graph this size in about a minute; 2,000 took over 4
-FULL_LAYOUT_S = 10  # dot's own layout, if it takes no longer; then the quick one (QUICK_LAYOUT)
+# dot's own layout, if it takes no longer; then the quick one (QUICK_LAYOUT). Measured here on 19 graphs
+# of the corpus's jobs under 500 nodes: all but two took 0.01-0.16 s (354 nodes), the two of
+# ddddocr's recognizer (282 and 294 nodes, ~540 edges: its LSTM) did not finish in 12 s
+FULL_LAYOUT_S = 2
 QUICK_FROM_NODES = 500  # a graph this large goes to the quick layout at once (dot's took > 10 s on 1,243)
 DRAW_TIMEOUT_S = 90
 # dot's network simplex cut to one pass over the nodes, edges drawn straight: an LSTM recognizer's fused

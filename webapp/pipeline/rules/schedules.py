@@ -4,6 +4,7 @@ design spaces tuning searches; the weight repacking split into kernels of their 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,7 +12,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from webapp.pipeline.rules import gpu as gpu_rules
-from webapp.pipeline.rules.common import PREPROC, serial_kernel, small, space_choices
+from webapp.pipeline.rules.common import PREPROC, iter_kinds, serial_kernel, small, space_choices
 from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, matmul, winograd
 from webapp.pipeline.rules.elementwise import elementwise
 from webapp.pipeline.rules.int8 import conv2d_int8, conv2d_nhwc_int8, matmul_int8
@@ -82,7 +83,28 @@ def failure(rule: Callable[..., Any], error: Exception) -> str:
     return f"{rule.__name__} rule failed: {reason[:100]}"
 
 
+# Kernels scheduled in this process, by their TIR (structurally: names aside) and target: a job builds
+# its float and quantized models, and the models its quantizer runs (every layer's result exposed),
+# from many of the same kernels (ddddocr's recognizer: four builds, 61 to ~270 kernels each).
+SCHEDULED: OrderedDict[tuple, tirx.PrimFunc] = OrderedDict()
+SCHEDULED_MAX = 4096
+
+
 def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
+    """schedule_one, or its result for the same kernel and target scheduled before (SCHEDULED)."""
+    import tvm_ffi
+
+    key = (tvm_ffi.StructuralKey(func), target.name, str(target.tvm))
+    if key in SCHEDULED:
+        SCHEDULED.move_to_end(key)
+        return SCHEDULED[key]
+    scheduled = SCHEDULED[key] = schedule_one(func, target)
+    if len(SCHEDULED) > SCHEDULED_MAX:
+        SCHEDULED.popitem(last=False)
+    return scheduled
+
+
+def schedule_one(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
     """The kernel scheduled by the first rule of the target's family that fits, labelled; unchanged
     (labelled naive) when none does. A rule that raises, whatever the error (TVM refusing its
     schedule, or a bug of the rule's own), leaves the kernel to the next rule, and the label says so,
@@ -95,9 +117,14 @@ def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
         probe.get_sblock("root")
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
+    rules = FAMILIES[target.rule_family]
+    blocks = probe.get_child_blocks(probe.get_sblock("root"))
+    if elementwise in rules and not any("R" in iter_kinds(probe.get(b)) for b in blocks):
+        rules = (elementwise,)  # no reduction: the one rule that fits (the others tried first, each
+        # on a schedule of its own: ~30 ms a kernel, on ddddocr's hundreds of LSTM-step kernels)
     serial = serial_kernel.set(small(probe))
     try:
-        return first_rule(func, target, FAMILIES[target.rule_family])
+        return first_rule(func, target, rules)
     finally:
         serial_kernel.reset(serial)
 
