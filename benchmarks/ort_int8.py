@@ -4,7 +4,8 @@ QDQ and QOperator formats, calibrated on 8 random inputs as the playground's job
 data), timed against the fp32 model in interleaved rounds in one process, on the machine's threads
 (--threads). The anchor for the playground's int8 gain over its own fp32 (benchmarks/corpus.py).
 A model below opset 13 is converted to 13 first (the quantizer writes per-channel DequantizeLinear,
-which needs it); the quantizer's own shape inference is skipped where it fails on the model.
+which needs it), then prepared as ONNX Runtime advises (quant_pre_process: shape inference and graph
+optimization; its symbolic shape inference skipped, which fails on PP-OCR's models).
 
     .venv/bin/python benchmarks/ort_int8.py [--models ppocr-cls,ppocr-v4-det] [--threads 2] [--json out.json]
 """
@@ -21,6 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import version_converter
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
 from record import host_cpu, keep, script_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' corpus list
@@ -46,8 +48,10 @@ def quantized(src: Path, out: Path, shapes: dict, fmt: QuantFormat) -> Path:
     if max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 13:
         model = version_converter.convert_version(model, 13)
     onnx.save(model, str(out.with_suffix(".fp32.onnx")))
+    prepared = out.with_suffix(".prepared.onnx")  # shape inference and graph optimization, as ORT advises
+    quant_pre_process(str(out.with_suffix(".fp32.onnx")), str(prepared), skip_symbolic_shape=True)
     quantize_static(
-        str(out.with_suffix(".fp32.onnx")), str(out), Random(shapes), quant_format=fmt, per_channel=True,
+        str(prepared), str(out), Random(shapes), quant_format=fmt, per_channel=True,
         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
     )  # fmt: skip
     return out
