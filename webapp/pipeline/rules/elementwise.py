@@ -125,7 +125,7 @@ def fused_epilogue(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> SBloc
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
     out, result = sch.get(blocks[-1]).writes[0].source, sch.get(main).writes[0].source
-    if at == len(blocks) - 1 or size(out) <= size(result):
+    if at == len(blocks) - 1 or size(result) < 0 or size(out) <= size(result):  # < 0: a symbolic shape
         return inline_epilogue(sch, main)
     for block in blocks[at + 1 :]:
         if not is_output(func, sch.get(block).writes[0].source):
