@@ -40,6 +40,11 @@ def iter_kinds(block: s_tir.SBlock) -> str:
     return "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in block.iter_vars)
 
 
+def has_reduction(sch: s_tir.Schedule) -> bool:
+    """Whether a block of the kernel (a child of its root) reduces."""
+    return any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root")))
+
+
 def one_matmul_block(sch: s_tir.Schedule) -> SBlockRV | None:
     """The kernel's one matmul block, C[.., i, j] += A[.., i, k] * B[.., k, j] (or B[.., j, k]): its
     spatial loops then one reduction, two operands; None where the kernel has none or several."""

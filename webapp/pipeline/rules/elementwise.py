@@ -12,10 +12,10 @@ from tvm import s_tir, tirx
 from webapp.pipeline.rules.common import (
     extent,
     fuse,
+    has_reduction,
     inline,
     inline_epilogue,
     is_output,
-    iter_kinds,
     parallel,
     simd,
     vector_width,
@@ -74,10 +74,9 @@ def transpose_in_vectors(
 def elementwise(sch: s_tir.Schedule, target: Target) -> str | None:
     """Kernels of spatial blocks only (elementwise, broadcast, reshape, transpose): each remaining
     block after inlining runs its loops fused, parallel outside and vectorized inside."""
-    root = sch.get_sblock("root")
-    if any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(root)):
+    if has_reduction(sch):
         return None
-    func = sch.mod["main"]
+    root, func = sch.get_sblock("root"), sch.mod["main"]
     for block in sch.get_child_blocks(root)[:-1]:
         if not is_output(func, sch.get(block).writes[0].source):
             try:
@@ -121,16 +120,12 @@ def fused_epilogue(sch: s_tir.Schedule, main: SBlockRV, target: Target) -> SBloc
     kernel's loops, and None returned, as for main writing the output. In main's register tiles it
     wrote the map a vector of channels at a time, each thread across every row (PP-OCR's direction
     classifier: 0.030 ms a call, against ~0.010 as a kernel of its own)."""
-    func = sch.mod["main"]
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    at = [i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(main))][0]
-    out, result = sch.get(blocks[-1]).writes[0].source, sch.get(main).writes[0].source
-    if at == len(blocks) - 1 or size(result) < 0 or size(out) <= size(result):  # < 0: a symbolic shape
-        return inline_epilogue(sch, main)
-    for block in blocks[at + 1 :]:
-        if not is_output(func, sch.get(block).writes[0].source):
-            inline(sch, block)
-    spread(sch, sch.get_child_blocks(sch.get_sblock("root"))[-1], target)
+    out = sch.get(sch.get_child_blocks(sch.get_sblock("root"))[-1]).writes[0].source
+    grows = 0 <= size(sch.get(main).writes[0].source) < size(out)  # < 0: a symbolic shape
+    epilogue = inline_epilogue(sch, main)
+    if epilogue is None or not grows:
+        return epilogue
+    spread(sch, epilogue, target)
     return None
 
 

@@ -28,7 +28,7 @@ from tvm.s_tir import dlight
 from tvm.script import tirx as T
 from tvm.tirx import IndexMap
 
-from webapp.pipeline.rules.common import extent, fuse, inline_epilogue, is_output, iter_kinds
+from webapp.pipeline.rules.common import extent, fuse, has_reduction, inline_epilogue, is_output, iter_kinds
 
 if TYPE_CHECKING:
     from tvm.ir import Range
@@ -210,9 +210,9 @@ def windowed(sch: s_tir.Schedule, target: Target) -> str | None:
 
 def elementwise(sch: s_tir.Schedule, target: Target) -> str | None:
     """No reduction: everything inlined into the one output, one thread per element in order."""
-    blocks = blocks_of(sch)
-    if any("R" in iter_kinds(sch.get(b)) for b in blocks):
+    if has_reduction(sch):
         return None
+    blocks = blocks_of(sch)
     func = sch.mod["main"]
     outputs = [b for b in blocks if is_output(func, sch.get(b).writes[0].source)]
     if len(outputs) != 1:

@@ -131,8 +131,6 @@ def rows(sch: s_tir.Schedule, target: Target) -> str | None:
     1.4 ms a call); each reduction sums a vector of partial results (rfactor) instead of one scalar
     chain, the output is written in vectors; parallel over rows."""
     root = sch.get_sblock("root")
-    if not any("R" in iter_kinds(sch.get(b)) for b in sch.get_child_blocks(root)):
-        return None  # nothing to inline for (it took ~30 ms a kernel: ddddocr's LSTM has hundreds)
     inline_elementwise(sch)
     *inner, out = sch.get_child_blocks(root)
     reductions = [b for b in inner if "R" in iter_kinds(sch.get(b))]

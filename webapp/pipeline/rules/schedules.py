@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from webapp.pipeline.rules import gpu as gpu_rules
-from webapp.pipeline.rules.common import PREPROC, iter_kinds, serial_kernel, small, space_choices
+from webapp.pipeline.rules.common import PREPROC, has_reduction, serial_kernel, small, space_choices
 from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, matmul, winograd
 from webapp.pipeline.rules.elementwise import elementwise
 from webapp.pipeline.rules.int8 import conv2d_int8, conv2d_nhwc_int8, matmul_int8
@@ -92,8 +93,6 @@ SCHEDULED_MAX = 4096
 
 def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
     """schedule_one, or its result for the same kernel and target scheduled before (SCHEDULED)."""
-    import tvm_ffi
-
     # its buffers' names too, which structural equality leaves aside: a kernel's code views show them
     names = tuple(str(getattr(p, "name", "")) for p in func.params)
     structural = tvm_ffi.StructuralKey(func)  # type: ignore[call-arg]  # its stub asks for the hash it computes
@@ -121,8 +120,7 @@ def schedule_one(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
     except Exception:  # an opaque kernel (cumsum, sort, scatter: loops inside one block): no rule fits
         return func.with_attr(SCHEDULE_ATTR, "naive")
     rules = FAMILIES[target.rule_family]
-    blocks = probe.get_child_blocks(probe.get_sblock("root"))
-    if elementwise in rules and not any("R" in iter_kinds(probe.get(b)) for b in blocks):
+    if elementwise in rules and not has_reduction(probe):
         rules = (elementwise,)  # no reduction: the one rule that fits (the others tried first, each
         # on a schedule of its own: ~30 ms a kernel, on ddddocr's hundreds of LSTM-step kernels)
     serial = serial_kernel.set(small(probe))
