@@ -84,7 +84,8 @@ def failure(rule: Callable[..., Any], error: Exception) -> str:
     return f"{rule.__name__} rule failed: {reason[:100]}"
 
 
-# Kernels scheduled in this process, by their TIR (structurally, and by name) and target: a job builds
+# Kernels scheduled in this process, by their TIR (structurally, and by name), target and the rules
+# that scheduled them (a test may swap the family's rules): a job builds
 # its float and quantized models, and the models its quantizer runs (every layer's result exposed),
 # from many of the same kernels (ddddocr's recognizer: four builds, 61 to ~270 kernels each).
 SCHEDULED: OrderedDict[tuple, tirx.PrimFunc] = OrderedDict()
@@ -96,7 +97,7 @@ def schedule_kernel(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
     # its buffers' names too, which structural equality leaves aside: a kernel's code views show them
     names = tuple(str(getattr(p, "name", "")) for p in func.params)
     structural = tvm_ffi.StructuralKey(func)  # type: ignore[call-arg]  # its stub asks for the hash it computes
-    key = (structural, names, target.name, str(target.tvm))
+    key = (structural, names, target.name, str(target.tvm), FAMILIES[target.rule_family])
     if key in SCHEDULED:
         SCHEDULED.move_to_end(key)
         return SCHEDULED[key]
