@@ -17,7 +17,7 @@ from webapp.pipeline.rules.common import PREPROC, has_reduction, serial_kernel, 
 from webapp.pipeline.rules.cpu import conv2d, conv2d_nhwc, matmul, winograd
 from webapp.pipeline.rules.elementwise import elementwise
 from webapp.pipeline.rules.int8 import conv2d_int8, conv2d_nhwc_int8, matmul_int8
-from webapp.pipeline.rules.reductions import reduction, rows
+from webapp.pipeline.rules.reductions import columns, reduction, rows
 from webapp.targets import Target
 
 SCHEDULE_ATTR = "playground.schedule"
@@ -34,6 +34,7 @@ FAMILIES = {
         conv2d,
         matmul,
         rows,
+        columns,
         reduction,
         elementwise,
     ),
