@@ -323,6 +323,7 @@ def build_job(
     if shown is None:
         messages = "; ".join(f["message"] for f in quantized.failed)
         raise StageError(f"Every variant failed to build: {messages}")
+    quantized.complete_errors()  # of the variant as kept
     built.lowered, built.labels, built.executable = shown.lowered, shown.labels, shown.executable
     return built
 

@@ -6,7 +6,8 @@ float build and the first quantized variant (profile.profile_kernels: every kern
 whole-model runs) and gives each quantized layer the time of the kernel that computes it in each
 build (for a kernel called for several layers, its time per call). A layer whose quantized kernel
 took more than SLOWER_BY times its float kernel is quantized again in float, the model is built
-again (its per-layer errors, a model compiled and run, computed only once it is kept), and the two
+again (the per-layer errors, a model compiled and run, are computed once, of the build kept:
+variants.QuantizedJob.complete_errors), and the two
 builds are timed in turn (bench.time_models): the one with the float layers is
 kept when it is faster by more than bench.MODEL_CHECK_GAIN (not in a sweep, which compares each
 bit-width whole, nor for a model quantized by another tool, which runs as it came).
@@ -266,7 +267,7 @@ def fall_back(
         speed["not_tried"] = "prequantized"
         return variant
     names = [row["layer"] for row in slower]
-    mixed = rebuild(job.without(q, set(names), errors=False))  # its errors once it is kept
+    mixed = rebuild(job.without(q, set(names), errors=False))  # errors: job.complete_errors, once kept
     assert mixed.quantized is not None  # rebuild's Build is of the quantized variant it was given
     times = time_models({"quantized": variant.built.executable, "mixed": mixed.built.executable}, inputs, dev)
     kept = times["mixed"] < times["quantized"] * (1 - MODEL_CHECK_GAIN)
@@ -279,7 +280,6 @@ def fall_back(
     }
     if not kept:
         return variant
-    mixed.quantized.errors = job.without(q, set(names)).errors
     # the per-layer times of the build kept (its integer layers may have other kernels: a model with a
     # float convolution stays NCHW, quantize.integer_layout); the slower layers' rows stay as measured
     profile = profile_kernels(mixed.built.executable, inputs, dev)

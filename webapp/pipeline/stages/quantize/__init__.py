@@ -35,7 +35,7 @@ class Quantized:
     skipped: list[Layer]
     stats: dict  # Var -> TensorStats (empty with global calibration)
     options: JobOptions  # its quantize, calibration, weight_scale, ... options
-    errors: list[dict]  # per quantized layer, against the float model
+    errors: list[dict] | None  # per quantized layer, against the float model; None: not computed yet
     calibration: dict = field(default_factory=dict)  # where the calibration inputs came from
     packed_bytes: int = 0  # the quantized weights bit-packed (files/weights-int<b>.npz)
     float_bytes: int = 0  # the same weights in float32
@@ -83,7 +83,7 @@ class Quantized:
             "calibration": self.calibration,
             "weights": {"packed_bytes": self.packed_bytes, "float32_bytes": self.float_bytes},
             "layers": self.layer_table(),
-            "layer_errors": self.errors,
+            "layer_errors": self.errors or [],
             "skipped": [layer.name for layer in self.skipped],
         } | ({"layer_speed": self.layer_speed} if self.layer_speed else {})
 
@@ -235,8 +235,8 @@ def quantize(
     errors: bool = True,
 ) -> Quantized:
     """`observed`, when given, is the float run several quantizations of one job share (observe());
-    `errors` false leaves the per-layer errors out (their model is compiled and run: a build kept
-    only if it is faster computes them once kept, fallback.fall_back)."""
+    `errors` false leaves the per-layer errors out (None; their model is compiled and run: a job's one
+    variant gets them once its build is chosen, variants.QuantizedJob.complete_errors)."""
     if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
         observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
     func, layers, tensors, float_of = observed.func, observed.layers, observed.tensors, observed.float_of
@@ -273,7 +273,9 @@ def quantize(
     qfunc = realizer.run()
     report(0.6)
     pair_limit, fixed_point = target.int8_pair_limit(), target.requantizes_fixed_point
-    errs = layer_errors(observed, acts, options, samples[0], pair_limit, means, fixed_point) if errors else []
+    errs = (
+        layer_errors(observed, acts, options, samples[0], pair_limit, means, fixed_point) if errors else None
+    )
     report(1.0)
     return Quantized(
         integer_layout(with_main(observed.module, qfunc)),

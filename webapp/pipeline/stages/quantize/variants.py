@@ -44,10 +44,21 @@ class QuantizedJob:
         """The variant q quantized again with `layers` (their names) kept in float, not yet saved
         (stages.fallback: the layers int8 made slower); without its per-layer errors if `errors` is
         false."""
+        return self.again(q, layers, errors)
+
+    def complete_errors(self) -> None:
+        """The per-layer errors of each variant quantized without them: a single variant's, left out by
+        quantize_job, computed once the build stage has chosen it (the variant as quantized, or again
+        with its slower layers in float: stages.fallback), so that they are computed once a job."""
+        for q in self.variants:
+            if q.errors is None:
+                q.errors = self.again(q, {layer.name for layer in q.skipped}, True).errors
+
+    def again(self, q: Quantized, floated: set[str], errors: bool) -> Quantized:
         job_dir, target, samples, source, observed = self.inputs
         was = [layer.quantized for layer in observed.layers]
         for layer in observed.layers:
-            layer.quantized = layer.quantized and layer.name not in layers
+            layer.quantized = layer.quantized and layer.name not in floated
         try:
             return quantize_variant(
                 job_dir, target, q.variant, q.options, samples, source, observed, save=False, errors=errors
@@ -140,8 +151,11 @@ def quantize_job(
     for i, (name, opts) in enumerate(variants):
         step = lambda f, i=i: report((i + 1 + f) * share)  # noqa: E731
         try:
+            # a sweep's variants with their errors; a single one's once its build is chosen
             job.variants.append(
-                quantize_variant(job_dir, target, name, opts, samples, source, observed, step)
+                quantize_variant(
+                    job_dir, target, name, opts, samples, source, observed, step, errors=job.sweep
+                )
             )
         except Exception as exc:
             job.fail(name, "quantize", exc)
