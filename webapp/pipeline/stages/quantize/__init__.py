@@ -235,8 +235,7 @@ def quantize(
     errors: bool = True,
 ) -> Quantized:
     """`observed`, when given, is the float run several quantizations of one job share (observe());
-    `errors` false leaves the per-layer errors out (None; their model is compiled and run: a job's one
-    variant gets them once its build is chosen, variants.QuantizedJob.complete_errors)."""
+    `errors` false leaves the per-layer errors out (None: variants.QuantizedJob.complete_errors)."""
     if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
         observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
     func, layers, tensors, float_of = observed.func, observed.layers, observed.tensors, observed.float_of
@@ -272,10 +271,8 @@ def quantize(
     )
     qfunc = realizer.run()
     report(0.6)
-    pair_limit, fixed_point = target.int8_pair_limit(), target.requantizes_fixed_point
-    errs = (
-        layer_errors(observed, acts, options, samples[0], pair_limit, means, fixed_point) if errors else None
-    )
+    pairs, fixed = target.int8_pair_limit(), target.requantizes_fixed_point
+    errs = layer_errors(observed, acts, options, samples[0], pairs, means, fixed) if errors else None
     report(1.0)
     return Quantized(
         integer_layout(with_main(observed.module, qfunc)),
