@@ -192,11 +192,7 @@ def columns(sch: s_tir.Schedule, target: Target) -> str | None:
     inline_elementwise(sch)
     *inner, out = sch.get_child_blocks(root)
     reductions = [b for b in inner if "R" in iter_kinds(sch.get(b))]
-    if (
-        not reductions
-        or "R" in iter_kinds(sch.get(out))
-        or any(iter_kinds(sch.get(b)).count("R") != 1 for b in reductions)
-    ):
+    if not reductions or "R" in iter_kinds(sch.get(out)):
         return None
     loops = sch.get_loops(out)
     extents = [extent(sch, loop) for loop in loops]
@@ -222,7 +218,7 @@ def columns(sch: s_tir.Schedule, target: Target) -> str | None:
     for block in inner:
         below = loops_below(sch, block, row)
         if "R" not in iter_kinds(sch.get(block)):
-            sch.vectorize(fuse(sch, below[-1:]))
+            sch.vectorize(below[-1])
             continue
         *vector, k = below  # the reduced axis inside the vector's: each lane a result of its own
         sch.reorder(k, *vector)
@@ -234,16 +230,19 @@ def columns(sch: s_tir.Schedule, target: Target) -> str | None:
 
 def reduced_axis(sch: s_tir.Schedule, reductions: list[SBlockRV], extents: list[int]) -> int | None:
     """The output axis every reduction runs along, when it is not the last: each reduction's spatial
-    extents are the output's without it, and its reduced extent is that axis's."""
+    extents are the output's without it, and its one reduced extent is that axis's."""
+    shapes = []  # each reduction's (spatial extents, reduced extents)
+    for block in reductions:
+        ivs = sch.get(block).iter_vars
+        shapes.append(
+            (
+                [int(iv.dom.extent) for iv in ivs if iv.iter_type == 0],
+                [int(iv.dom.extent) for iv in ivs if iv.iter_type != 0],
+            )
+        )
     for axis in range(len(extents) - 1):
         rest = extents[:axis] + extents[axis + 1 :]
-        for block in reductions:
-            ivs = sch.get(block).iter_vars
-            spatial = [int(iv.dom.extent) for iv in ivs if iv.iter_type == 0]
-            reduced = [int(iv.dom.extent) for iv in ivs if iv.iter_type != 0]
-            if spatial != rest or reduced != [extents[axis]]:
-                break
-        else:
+        if all(spatial == rest and reduced == [extents[axis]] for spatial, reduced in shapes):
             return axis
     return None
 

@@ -7,12 +7,11 @@ whole-model runs) and gives each quantized layer the time of the kernel that com
 build (for a kernel called for several layers, its time per call). A layer whose quantized kernel
 took more than SLOWER_BY times its float kernel is quantized again in float, the model is built
 again (the per-layer errors, a model compiled and run, are computed once, of the build kept:
-variants.QuantizedJob.complete_errors), and the two
-builds are timed in turn (bench.time_models): the one with the float layers is
-kept when it is faster by more than bench.MODEL_CHECK_GAIN (not in a sweep, which compares each
-bit-width whole, nor for a model quantized by another tool, which runs as it came).
-quantization.layer_speed in result.json says what was measured and what was kept,
-and the page shows it. Timings decide, so two runs of one job on a busy machine can keep different
+variants.QuantizedJob.complete_errors), and the two builds are timed in turn (bench.time_models): the
+one with the float layers is kept when it is faster by more than bench.MODEL_CHECK_GAIN (not in a
+sweep, which compares each bit-width whole, nor for a model quantized by another tool, which runs as it
+came). quantization.layer_speed in result.json says what was measured and what was kept, and the page
+shows it. Timings decide, so two runs of one job on a busy machine can keep different
 layers in float; what each kept is on its page.
 
 A target timed on a board gets board_plan instead: the remote stage times each layer's kernel of
