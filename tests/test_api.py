@@ -59,7 +59,17 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     job = wait_for_job(client, created["id"])
     assert job["status"] == "done", job["error"]
     names = [s["name"] for s in job["stages"]]
-    assert names == ["import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote"]
+    assert names == [
+        "import",
+        "optimize",
+        "quantize",
+        "tune",
+        "build",
+        "inspect",
+        "benchmark",
+        "generate",
+        "remote",
+    ]
     stages = {s["name"]: s for s in job["stages"]}
     # skipped stages, each with why: x86-host runs here, not on a board; quantize=none; no trials asked
     # and no records for x86-host yet

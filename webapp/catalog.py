@@ -24,6 +24,9 @@ class Example:
     dataset: str | None = None  # labelled data the example is trained and measured on
     vocabulary: int | None = None  # the input is token ids below this, not floats
     transformers: bool = False  # a Hugging Face model, exported as people export them (dynamo ONNX)
+    # a causal language model: also exported as it generates (its KV cache as inputs and outputs, as
+    # Hugging Face exporters write it), which the generate stage builds and times token by token
+    generator: bool = False
 
     @property
     def weights(self) -> dict:
@@ -103,6 +106,7 @@ EXAMPLES: dict[str, Example] = {
             classifier=False,
             vocabulary=50257,
             transformers=True,
+            generator=True,
         ),
         Example(
             "llama",
@@ -114,6 +118,19 @@ EXAMPLES: dict[str, Example] = {
             classifier=False,
             vocabulary=32000,
             transformers=True,
+            generator=True,
+        ),
+        Example(
+            "smollm2-135m",
+            "SmolLM2-135M-shaped Llama",
+            "A Llama at the shape of SmolLM2-135M: width 576, 30 layers, 9 query and 3 key-value heads, "
+            "MLP 1,536, 49,152-word vocabulary tied to the embedding (134.5 M parameters, 538 MB in "
+            "float32), random weights; 64 tokens in, logits out, and generation token by token.",
+            (1, 64),
+            classifier=False,
+            vocabulary=49152,
+            transformers=True,
+            generator=True,
         ),
     ]
 }
@@ -121,7 +138,8 @@ EXAMPLES: dict[str, Example] = {
 
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them; "remote", for a target whose
 # board is not this server, runs after them in a sandbox of its own: webapp/pipeline/stages/remote.py).
-STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "remote")
+# "generate", for a causal language model, builds and times it as it generates (prefill and decode).
+STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "generate", "remote")
 
 
 # The graphs a job draws (webapp/pipeline/reports/graphs.py, views/graph-<key>.json and

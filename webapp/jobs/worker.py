@@ -35,12 +35,20 @@ def ensure_example_files(config: Config, name: str, nice: int = 0) -> tuple[Path
     so that this process never loads torch, at CPU priority `nice`); a lock keeps two requests from
     building it at once."""
     pt2, onnx = config.examples_dir / f"{name}.pt2", config.examples_dir / f"{name}.onnx"
-    if pt2.exists() and onnx.exists():
+    if (
+        pt2.exists()
+        and onnx.exists()
+        and (not EXAMPLES[name].generator or generator_file(config, name).exists())
+    ):
         return pt2, onnx
     config.examples_dir.mkdir(parents=True, exist_ok=True)
     with open(config.examples_dir / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (pt2.exists() and onnx.exists()):
+        if not (
+            pt2.exists()
+            and onnx.exists()
+            and (not EXAMPLES[name].generator or generator_file(config, name).exists())
+        ):
             subprocess.run(
                 [sys.executable, "-m", "webapp.pipeline.examples", name, str(config.examples_dir)],
                 check=True,
@@ -49,6 +57,11 @@ def ensure_example_files(config: Config, name: str, nice: int = 0) -> tuple[Path
                 preexec_fn=(lambda: os.nice(nice)) if nice else None,
             )
     return pt2, onnx
+
+
+def generator_file(config: Config, name: str) -> Path:
+    """The example's generating form (its KV cache as inputs), written beside its .onnx for a causal LM."""
+    return config.examples_dir / f"{name}-generator.onnx"
 
 
 def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
@@ -74,6 +87,9 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
         (job_dir / "input").mkdir(exist_ok=True)
         shutil.copyfile(onnx, job_dir / "input" / "model.onnx")
         shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
+        if example.generator:
+            shutil.copyfile(generator_file(config, example.name), job_dir / "input" / "generator.onnx")
+            spec |= {"example": example.name, "generator": "input/generator.onnx"}
         spec["model"] = "input/model.onnx"
     else:
         model = stored["model_file"]

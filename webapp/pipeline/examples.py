@@ -231,18 +231,99 @@ def hugging_face(name: str) -> nn.Module:
         return LastOutput(
             hf.ViTModel(hf.ViTConfig(num_hidden_layers=4), add_pooling_layer=False), "last_hidden_state"
         )
+    return LastOutput(causal_lm(name, use_cache=False), "logits")
+
+
+LLAMA_SHAPES: dict[str, dict[str, Any]] = {
+    "llama": {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000},
+    # SmolLM2-135M's config.json, its weights random
+    "smollm2-135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                     "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 8192},
+}  # fmt: skip
+
+
+def causal_lm(name: str, use_cache: bool = True) -> Any:
+    """The causal language model examples as Hugging Face builds them, random (seeded) weights."""
+    import transformers as hf
+
+    torch.manual_seed(0)
     if name == "gpt2":
-        return LastOutput(hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=4, use_cache=False)), "logits")
-    config = hf.LlamaConfig(
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        use_cache=False,
+        return hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=4, use_cache=use_cache)).eval()
+    return hf.LlamaForCausalLM(hf.LlamaConfig(**LLAMA_SHAPES[name], use_cache=use_cache)).eval()
+
+
+def cache_shape(model: Any, past: int) -> tuple[int, int, int, int]:
+    """One layer's key (or value) cache of a Hugging Face causal LM: (1, key-value heads, past, head size)."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return (1, heads, past, config.hidden_size // config.num_attention_heads)
+
+
+class GeneratorStep(nn.Module):
+    """A causal LM's call as Hugging Face's exporters (optimum) write it: the new tokens, the attention
+    mask over cache and tokens, their positions and each layer's cached keys and values in; the logits
+    and every layer's keys and values with the new tokens' out."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, cache):
+        import transformers as hf
+
+        kv = hf.DynamicCache()
+        for layer in range(len(cache) // 2):
+            kv.update(cache[2 * layer], cache[2 * layer + 1], layer)
+        out = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=kv,
+            use_cache=True,
+            return_dict=True,
+        )
+        return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+
+
+def write_generator_file(name: str, out: Path) -> Path:
+    """The example as it generates, as an .onnx with symbolic sequence and cache lengths and the input
+    and output names Hugging Face's exporters give (input_ids, attention_mask, position_ids,
+    past_key_values.<layer>.key|value; logits, present.<layer>.key|value)."""
+    model = causal_lm(name)
+    layers, seq, past = model.config.num_hidden_layers, 3, 5  # torch.export takes sizes of 2 and more
+    cache = [torch.randn(*cache_shape(model, past)) for _ in range(2 * layers)]
+    args = (
+        torch.randint(0, model.config.vocab_size, (1, seq)),
+        torch.ones(1, past + seq, dtype=torch.int64),
+        torch.arange(past, past + seq).unsqueeze(0),
+        cache,
     )
-    return LastOutput(hf.LlamaForCausalLM(config), "logits")
+    kv = [f"{layer}.{kind}" for layer in range(layers) for kind in ("key", "value")]
+    tokens = torch.export.Dim("sequence_length", max=8192)
+    cached = torch.export.Dim("past_sequence_length", max=8192)
+    dynamic = ({1: tokens}, {1: torch.export.Dim.DYNAMIC}, {1: tokens}, [{2: cached}] * len(cache))
+    tmp = out.with_name(f".{out.name}.partial")
+    with torch.no_grad():
+        torch.onnx.export(
+            GeneratorStep(model),
+            args,
+            str(tmp),
+            dynamo=True,
+            external_data=False,
+            dynamic_shapes=dynamic,
+            input_names=[
+                "input_ids",
+                "attention_mask",
+                "position_ids",
+                *(f"past_key_values.{k}" for k in kv),
+            ],
+            output_names=["logits", *(f"present.{k}" for k in kv)],
+        )
+    tmp.rename(out)
+    return out
 
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
@@ -253,7 +334,10 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "mobilenet-v2": MobileNetV2,
     "transformer-block": TransformerBlock,
     "digits-cnn": DigitsCNN,
-    **{name: lambda name=name: hugging_face(name) for name in ("bert", "vit", "gpt2", "llama")},
+    **{
+        name: lambda name=name: hugging_face(name)
+        for name in ("bert", "vit", "gpt2", "llama", "smollm2-135m")
+    },
 }
 
 
@@ -299,6 +383,8 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
         torch.onnx.export(
             model, (x,), str(onnx_tmp), input_names=["input"], output_names=["output"], **exporter
         )
+    if EXAMPLES[name].generator:
+        write_generator_file(name, out_dir / f"{name}-generator.onnx")
     # rename last, so a reader never sees a half-written file
     pt2_tmp.rename(pt2)
     onnx_tmp.rename(onnx_path)

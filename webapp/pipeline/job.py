@@ -40,6 +40,10 @@ class Job:
     stage_budgets_s: dict  # stage -> its time budget (Config.stage_budgets_s)
     weights: dict | None = None  # an example's: {"trained", "text"} (catalog.Example.weights)
     quiet_wait_s: float = 0.0  # how long the benchmark may wait for a quiet machine (Config.quiet_wait_s)
+    example: str | None = None  # the built-in example's name, for one that generates (catalog.Example)
+    generator: Path | None = (
+        None  # its generating form (.onnx with a KV cache), which the generate stage runs
+    )
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -55,6 +59,8 @@ class Job:
             {str(k): float(v) for k, v in (spec.get("stage_budgets_s") or {}).items()},
             spec.get("weights"),
             float(spec.get("quiet_wait_s", 0.0)),
+            spec.get("example"),
+            job_dir / spec["generator"] if spec.get("generator") else None,
         )
 
 

@@ -20,6 +20,7 @@ from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.stages import generation
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
@@ -249,7 +250,6 @@ def onnx_inputs(
         spec.values = used.get(spec.name)
         if spec.name in given:
             spec.values = Values(given=given[spec.name].tolist(), why="the model is built with this value")
-
     return inputs, given
 
 
@@ -552,9 +552,7 @@ def bind_symbolic_dims(mod: tvm.IRModule, shapes: dict[str, list[int]]) -> tvm.I
         for dim, size in zip(param.ty.shape.values, shapes[param.name], strict=False):
             if isinstance(dim, tvm.tirx.Var):
                 bindings[dim.name] = size
-    if not bindings:
-        return mod
-    return relax.transform.BindSymbolicVars(bindings)(mod)
+    return relax.transform.BindSymbolicVars(bindings)(mod) if bindings else mod
 
 
 # ---------------------------------------------------------------- shared
@@ -582,8 +580,9 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 
 def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
-    """The model as Relax, its imported IR kept for the code view."""
-    model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
+    """The model as Relax (a causal LM with its KV cache: one decode step), its imported IR kept."""
+    shapes = generation.default_shapes(ctx.job.model, ctx.options.input_shapes)
+    model = import_model(ctx.job.model, shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     return Given(

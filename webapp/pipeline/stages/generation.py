@@ -1,0 +1,340 @@
+"""Generate stage: a causal language model timed as it generates, the way llama.cpp's llama-bench
+measures it. Prefill is the prompt run with an empty cache (its time is the time to the first token);
+decode is one new token with a cache already holding N tokens (its rate is tokens per second). TVM,
+ONNX Runtime (the same .onnx) and, for an example, PyTorch eager with its own cache run each point
+in turn (timing.measure_watched), and the machine's memory bandwidth is measured in the same run:
+decode reads every weight once a token, so bytes read / bandwidth bounds its rate.
+
+The model is the ONNX form Hugging Face's exporters write for generation: `input_ids`, optionally
+`attention_mask` and `position_ids`, and `past_key_values.<layer>.key|value` in; logits and
+`present.*` out. TVM's importers take neither this file nor a .pt2 of it with symbolic lengths (the
+ONNX one fails on its shape arithmetic, "Reshape expects the input data to be a Tensor"; the
+exported-program one on a concat of its mask), so each point is its own build with the lengths
+fixed: the page says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.stages.timing import measure_watched
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import onnx
+
+    from webapp.targets import Target
+
+PREFILL_TOKENS = (16, 128, 512)  # llama-bench's pp512 and two shorter prompts
+DECODE_CONTEXT = (128, 512, 2048)  # tokens already in the cache when one more is decoded
+DEFAULT_STEP = {"tokens": 1, "past": 128}  # the forward pass of a job's other stages: one decode step
+CACHE_PREFIXES = ("past_key_values", "past_key", "past_value", "past.")
+ROLES = ("input_ids", "attention_mask", "position_ids")
+
+
+@dataclass
+class Signature:
+    """The inputs of a generating model by role: token ids, mask and positions (where it has them), and
+    each cache tensor with the axis that holds the cached tokens."""
+
+    inputs: list[tuple[str, str, list]]  # (name, dtype, shape as declared) in the graph's order
+    cache: dict[str, int]  # cache input -> its axis of cached tokens
+
+    def shapes(self, tokens: int, past: int) -> dict[str, list[int]]:
+        """Every input's shape for `tokens` new tokens after `past` cached ones, batch 1."""
+        out = {}
+        for name, _, shape in self.inputs:
+            if name in self.cache:
+                fixed = [d if isinstance(d, int) else 1 for d in shape]
+                fixed[self.cache[name]] = past
+                out[name] = fixed
+            else:
+                out[name] = [1, past + tokens if name == "attention_mask" else tokens]
+        return out
+
+    def values(self, tokens: int, past: int, vocabulary: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs as a generating loop passes them: random token ids, a mask of ones, positions after the
+        cache, a random cache (its values do not change the time a step takes)."""
+        rng = np.random.default_rng(seed)
+        out = {}
+        for name, dtype, _ in self.inputs:
+            shape = self.shapes(tokens, past)[name]
+            if name == "input_ids":
+                out[name] = rng.integers(0, vocabulary, shape).astype(dtype)
+            elif name == "attention_mask":
+                out[name] = np.ones(shape, dtype)
+            elif name == "position_ids":
+                out[name] = np.arange(past, past + tokens, dtype=dtype)[None]
+            else:
+                out[name] = rng.standard_normal(shape).astype(dtype)
+        return out
+
+
+def signature(model: onnx.ModelProto) -> Signature | None:
+    """The model's Signature if it is a causal LM in Hugging Face's exported form, else None."""
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = []
+    for v in model.graph.input:
+        if v.name in initializers:
+            continue
+        dims = v.type.tensor_type.shape.dim
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+        inputs.append((v.name, dtype, shape))
+    cache = {}
+    for name, _, shape in inputs:
+        if name.startswith(CACHE_PREFIXES) and len(shape) == 4:
+            named = [i for i, d in enumerate(shape) if i > 0 and not isinstance(d, int)]
+            cache[name] = next((i for i in named if "past" in str(shape[i])), named[0] if named else 2)
+    others = {name for name, _, _ in inputs} - set(cache)
+    if not cache or "input_ids" not in others or others - set(ROLES):
+        return None
+    return Signature(inputs, cache)
+
+
+def onnx_signature(path: Path) -> Signature | None:
+    import onnx
+
+    return signature(onnx.load(str(path), load_external_data=False))
+
+
+def default_shapes(path: Path, input_shapes: dict | None) -> dict | None:
+    """input_shapes for a generating model the user gave no lengths for: one decode step (DEFAULT_STEP),
+    the dimensions the user gave kept."""
+    sig = onnx_signature(path) if path.suffix == ".onnx" else None
+    if sig is None:
+        return input_shapes
+    return sig.shapes(DEFAULT_STEP["tokens"], DEFAULT_STEP["past"]) | (input_shapes or {})
+
+
+# ---------------------------------------------------------------- the machine's memory bandwidth
+
+
+def bandwidth(target: Target, nbytes: int, repeats: int = 10) -> dict:
+    """This machine's memory bandwidth in GB/s over arrays of `nbytes` (at least 64 MiB: a decode step's
+    bytes, so that a model held in the last-level cache is bound by that cache, as it runs): STREAM's
+    triad as a TVM kernel built for the target (a = b + 3c, three arrays' bytes a pass, as STREAM counts
+    them), and a read-only sum, torch.sum on the same threads (one array's bytes: the traffic of a
+    matrix-vector product; a TVM sum reached half its rate here, TIR not vectorizing under a reduction);
+    the best of `repeats` each."""
+    import torch
+    import tvm
+    from tvm import s_tir, te
+
+    n = max(nbytes, 64 << 20) // 64 * 16
+    b, c = te.placeholder((n,), "float32", name="b"), te.placeholder((n,), "float32", name="c")
+    a = te.compute((n,), lambda i: b[i] + tvm.tirx.const(3.0, "float32") * c[i], name="a")
+    sch = s_tir.Schedule(te.create_prim_func([b, c, a]).with_attr("global_symbol", "triad"))
+    outer, inner = sch.split(sch.get_loops(sch.get_sblock("a"))[0], [None, 16])
+    sch.parallel(outer)
+    sch.vectorize(inner)
+    triad = tvm.compile(sch.mod, target=target.tvm)["triad"]
+    dev = tvm.cpu()
+    arrays = [tvm.runtime.tensor(np.ones(n, "float32"), dev) for _ in range(3)]
+    data = torch.ones(n)
+    out: dict[str, float] = {"bytes": 4 * n}
+    for key, fn, moved in (("triad_gb_s", lambda: triad(*arrays), 3 * 4 * n), ("read_gb_s", data.sum, 4 * n)):
+        fn()
+        out[key] = round(moved / min(seconds(fn) for _ in range(repeats)) / 1e9, 2)
+    return out
+
+
+def seconds(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- the stage
+
+
+@dataclass(frozen=True)
+class Point:
+    phase: str  # "prefill": a prompt of `tokens`, empty cache; "decode": one token after `past` cached
+    tokens: int
+    past: int
+
+
+POINTS = [Point("prefill", n, 0) for n in PREFILL_TOKENS] + [Point("decode", 1, n) for n in DECODE_CONTEXT]
+
+
+def generator_file(ctx: Context) -> Path | None:
+    """The .onnx the stage generates with: an example's generator export, or the upload itself."""
+    path = ctx.job.generator or ctx.job.model
+    return path if path.suffix == ".onnx" and onnx_signature(path) is not None else None
+
+
+def why_not_generated(ctx: Context) -> str | None:
+    """Why the job has no generate stage (None: it has one)."""
+    if generator_file(ctx) is None:
+        return (
+            "not a causal language model with a KV cache (past_key_values inputs, as Hugging Face's "
+            "exporters write one)"
+        )
+    if ctx.target.timed_on_board or ctx.target.why_not_timed():
+        return f"generation is timed on this server's CPU, and {ctx.target.name}'s code does not run here"
+    return None
+
+
+def logits_size(path: Path) -> int:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    last = model.graph.output[0].type.tensor_type.shape.dim[-1]
+    return last.dim_value or 2
+
+
+def weight_bytes(path: Path) -> int:
+    """Bytes of the model's weights: what one decode step reads (every matrix once a token)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(
+        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in model.graph.initializer
+    )
+
+
+def build_point(path: Path, sig: Signature, point: Point, target: Target) -> tuple[Any, float]:
+    """The model built for one point's fixed lengths on the default rules; (executable, seconds)."""
+    from webapp.pipeline.stages.build import compile_relax
+    from webapp.pipeline.stages.importers import import_model
+
+    t0 = time.monotonic()
+    imported = import_model(path, sig.shapes(point.tokens, point.past))
+    executable, _ = compile_relax(imported.mod, target)
+    return executable, round(time.monotonic() - t0, 2)
+
+
+def eager_runner(model: Any, sig: Signature, values: dict[str, np.ndarray]) -> Callable[[], Any]:
+    """PyTorch eager as a generating loop calls it: the Hugging Face model with its DynamicCache."""
+    import torch
+    import transformers as hf
+
+    given = {k: torch.from_numpy(v) for k, v in values.items()}
+    cache = [given[name] for name in sig.cache]
+
+    def run() -> Any:
+        kv = hf.DynamicCache()
+        for layer in range(len(cache) // 2):
+            kv.update(cache[2 * layer], cache[2 * layer + 1], layer)
+        with torch.no_grad():
+            out = model(
+                given["input_ids"],
+                attention_mask=given.get("attention_mask"),
+                position_ids=given.get("position_ids"),
+                past_key_values=kv,
+                use_cache=True,
+            )
+        return [out.logits]
+
+    return run
+
+
+def measure_point(
+    ctx: Context, path: Path, sig: Signature, point: Point, session: Any, eager: Any, report: Report
+) -> tuple[dict, list[dict]]:
+    """One point built and timed: (its record, a row per runtime)."""
+    from webapp.pipeline.stages import bench
+
+    executable, build_s = build_point(path, sig, point, ctx.target)
+    values = sig.values(point.tokens, point.past, logits_size(path))
+    runs = {"tvm": bench.tvm_runner(executable, values)}
+    runs["onnxruntime"] = lambda: session.run(None, values)
+    if eager is not None:
+        runs["pytorch"] = eager_runner(eager, sig, values)
+    logits = {k: bench.flatten_outputs(run())[0] for k, run in runs.items()}
+    fidelity = bench.fidelity([logits["tvm"]], [logits["onnxruntime"]], classifier=False)
+    timed, conditions = measure_watched(runs, ctx.job.bench_budget_s, report, ctx.job.quiet_wait_s, timings=2)
+    record = {
+        "phase": point.phase,
+        "tokens": point.tokens,
+        "past": point.past,
+        "build_s": build_s,
+        "logits_sqnr_db": fidelity["sqnr_db"],
+        "logits_max_abs_err": fidelity["max_abs_err"],
+        "disturbed": conditions["disturbed"],
+    }
+    rows = [
+        {"runtime": k, "phase": point.phase, "tokens": point.tokens, "past": point.past}
+        | {f: t[f] for f in ("median_ms", "p90_ms", "runs")}
+        for k, t in timed.items()
+    ]
+    return record, rows
+
+
+def rates(rows: list[dict], sig: Signature, weights: int, read_gb_s: float) -> list[dict]:
+    """Each row's tokens per second and, for decode, its share of the memory-bandwidth bound (the bytes
+    a step reads, weights and cache, at the measured read bandwidth)."""
+    cache_itemsize = 4  # the cache tensors' float32 (every exporter here writes float32)
+    out = []
+    for row in rows:
+        seconds_ = row["median_ms"] / 1e3
+        if row["phase"] == "prefill":  # time to first token, and the prompt's tokens a second
+            out.append(
+                row | {"ttft_ms": row["median_ms"], "tokens_per_s": round(row["tokens"] / seconds_, 2)}
+            )
+            continue
+        cache = sum(int(np.prod(s)) for n, s in sig.shapes(1, row["past"]).items() if n in sig.cache)
+        step_bytes = weights + cache * cache_itemsize
+        bound_s = step_bytes / (read_gb_s * 1e9)
+        out.append(
+            row
+            | {
+                "tokens_per_s": round(1 / seconds_, 2),
+                "bytes_per_token": step_bytes,
+                "bound_tokens_per_s": round(1 / bound_s, 2),
+                "bound_share": round(bound_s / seconds_, 3),
+            }
+        )
+    return out
+
+
+def generation_stage(ctx: Context, report: Report) -> Given[None]:
+    """The model built for each point of POINTS and timed there, TVM against ONNX Runtime (and PyTorch
+    eager, for an example), with the memory bandwidth measured first."""
+    import torch
+
+    from webapp.pipeline.examples import causal_lm
+    from webapp.pipeline.stages import bench
+
+    path = generator_file(ctx)
+    assert path is not None  # why_not_generated() is None
+    sig = onnx_signature(path)
+    assert sig is not None
+    threads = bench.bench_threads()
+    torch.set_num_threads(threads)
+    session = bench.onnxruntime_session(path, threads)
+    eager = causal_lm(ctx.job.example) if ctx.job.example else None
+    weights = weight_bytes(path)
+    measured = bandwidth(ctx.target, weights)
+    points, rows = [], []
+    for i, point in enumerate(POINTS):
+        step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
+        record, timed = measure_point(ctx, path, sig, point, session, eager, step)
+        points.append(record)
+        rows += timed
+    generation = {
+        "device": bench.cpu_name(),
+        "threads": threads,
+        "builds": (
+            f"{len(POINTS)} builds, one a point: TVM's importers do not take this model with symbolic "
+            "lengths, so each prompt length and cache length is built with its lengths fixed"
+        ),
+        "runtimes": sorted({r["runtime"] for r in rows}),
+        "bandwidth": measured,
+        "weight_bytes": weights,
+        "points": points,
+        "rows": rates(rows, sig, weights, measured["read_gb_s"]),
+    }
+    return Given(None, {"generation": generation})
