@@ -14,7 +14,7 @@ import tvm
 from playwright.sync_api import expect
 from tvm import s_tir, te, topi
 
-from tests.conftest import wait_for_job
+from tests.conftest import FULL_SIZE, wait_for_job
 from tests.test_browser import assert_every_link_answers, code_panel_ready
 from webapp import targets
 from webapp.catalog import EXAMPLES
@@ -57,7 +57,7 @@ def assert_every_kernel_scheduled_and_launched(labels: dict, funcs: dict) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", list(EXAMPLES))
+@pytest.mark.parametrize("example", [name for name in EXAMPLES if name not in FULL_SIZE])
 def test_every_example_compiles_for_cuda_sm90_with_ptx_and_sass(config, example):
     labels, source, _ = build_example(config, example, "cuda-sm90")
     funcs = device_code.functions(source)

@@ -288,11 +288,10 @@ class GeneratorStep(nn.Module):
         return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
 
 
-def write_generator_file(name: str, out: Path) -> Path:
+def write_generator_file(model: Any, out: Path) -> Path:
     """The example as it generates, as an .onnx with symbolic sequence and cache lengths and the input
     and output names Hugging Face's exporters give (input_ids, attention_mask, position_ids,
-    past_key_values.<layer>.key|value; logits, present.<layer>.key|value)."""
-    model = causal_lm(name)
+    past_key_values.<layer>.key|value; logits, present.<layer>.key|value) of a Hugging Face causal LM."""
     layers, seq, past = model.config.num_hidden_layers, 3, 5  # torch.export takes sizes of 2 and more
     cache = [torch.randn(*cache_shape(model, past)) for _ in range(2 * layers)]
     args = (
@@ -384,7 +383,7 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
             model, (x,), str(onnx_tmp), input_names=["input"], output_names=["output"], **exporter
         )
     if EXAMPLES[name].generator:
-        write_generator_file(name, out_dir / f"{name}-generator.onnx")
+        write_generator_file(causal_lm(name), out_dir / f"{name}-generator.onnx")
     # rename last, so a reader never sees a half-written file
     pt2_tmp.rename(pt2)
     onnx_tmp.rename(onnx_path)

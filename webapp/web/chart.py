@@ -75,3 +75,57 @@ def bench_chart(results: dict) -> dict | None:
         "log": log,
         "ticks": [{"x": round(x(t), 1), "label": format_tick(t)} for t in ticks],
     }
+
+
+RUNTIME_ORDER = ("tvm", "onnxruntime", "pytorch", "bound")
+
+
+def generation_charts(generation: dict) -> list[dict]:
+    """Two line charts of a generate stage's rows, as geometry: decode tokens/s against the tokens in
+    the cache (with the memory-bandwidth bound as a line of its own), and the time to the first token
+    against the prompt's length. x: the points evenly spaced; y: linear from 0."""
+    charts = []
+    for phase, title, x_key, y_key, unit in (
+        ("decode", "decode, tokens/s", "past", "tokens_per_s", "tokens in the cache"),
+        ("prefill", "time to first token, ms", "tokens", "ttft_ms", "tokens in the prompt"),
+    ):
+        rows = [r for r in generation.get("rows", []) if r["phase"] == phase]
+        if not rows:
+            continue
+        xs = sorted({r[x_key] for r in rows})
+        lines: dict[str, list[tuple[int, float]]] = {}
+        for r in rows:
+            lines.setdefault(r["runtime"], []).append((r[x_key], r[y_key]))
+            if phase == "decode":
+                lines.setdefault("bound", []).append((r[x_key], r["bound_tokens_per_s"]))
+        high = linear_ticks(max(y for line in lines.values() for _, y in line))
+        top = high[-1]
+
+        def at(x: int, y: float, xs: list = xs, top: float = top) -> tuple[float, float]:
+            return round(50 + 250 * xs.index(x) / max(len(xs) - 1, 1), 1), round(160 - 140 * y / top, 1)
+
+        series = [
+            {
+                "runtime": name,
+                "points": " ".join(
+                    f"{px},{py}" for px, py in (at(x, y) for x, y in sorted(set(lines[name])))
+                ),
+                "dots": [
+                    {"x": at(x, y)[0], "y": at(x, y)[1], "label": f"{y:.4g}"}
+                    for x, y in sorted(set(lines[name]))
+                ],
+            }
+            for name in RUNTIME_ORDER
+            if name in lines
+        ]
+        charts.append(
+            {
+                "id": f"generation-{phase}",
+                "title": title,
+                "unit": unit,
+                "series": series,
+                "x_ticks": [{"x": at(x, 0)[0], "label": str(x)} for x in xs],
+                "y_ticks": [{"y": at(xs[0], t)[1], "label": format_tick(t)} for t in high],
+            }
+        )
+    return charts

@@ -44,7 +44,7 @@ from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
-from webapp.web.chart import bench_chart
+from webapp.web.chart import bench_chart, generation_charts
 from webapp.web.compare import code_diff, compare, job_title
 
 bp = Blueprint("pages", __name__)
@@ -61,6 +61,7 @@ FILE_HEADERS = {
 # comes first, then what was measured, then how it was made; each section's label in the contents.
 SECTION_LABELS = {
     "benchmark": "Benchmark",
+    "generation": "Generation",
     "device": "Board",
     "fidelity": "Fidelity",
     "quantization": "Quantization",
@@ -318,6 +319,7 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "r": job["results"],
         "code": requested_code_view(job),
         "chart": bench_chart(job["results"]),
+        "generation_charts": generation_charts(job["results"].get("generation") or {}),
         "files": downloadable(job),
         "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
         "graph_shown": shown_graph(job["results"].get("graphs") or {}),

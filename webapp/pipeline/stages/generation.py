@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from webapp.machine import timing_slot
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.timing import measure_watched
 
@@ -255,7 +256,10 @@ def measure_point(
         runs["pytorch"] = eager_runner(eager, sig, values)
     logits = {k: bench.flatten_outputs(run())[0] for k, run in runs.items()}
     fidelity = bench.fidelity([logits["tvm"]], [logits["onnxruntime"]], classifier=False)
-    timed, conditions = measure_watched(runs, ctx.job.bench_budget_s, report, ctx.job.quiet_wait_s, timings=2)
+    with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
+        timed, conditions = measure_watched(
+            runs, ctx.job.bench_budget_s, report, ctx.job.quiet_wait_s, timings=2
+        )
     record = {
         "phase": point.phase,
         "tokens": point.tokens,
@@ -277,9 +281,17 @@ def rates(rows: list[dict], sig: Signature, weights: int, read_gb_s: float) -> l
     """Each row's tokens per second and, for decode, its share of the memory-bandwidth bound (the bytes
     a step reads, weights and cache, at the measured read bandwidth)."""
     cache_itemsize = 4  # the cache tensors' float32 (every exporter here writes float32)
+    ort = {
+        (r["phase"], r["tokens"], r["past"]): r["median_ms"] for r in rows if r["runtime"] == "onnxruntime"
+    }
     out = []
     for row in rows:
         seconds_ = row["median_ms"] / 1e3
+        row = row | {
+            "speedup_vs_onnxruntime": round(
+                ort[row["phase"], row["tokens"], row["past"]] / row["median_ms"], 3
+            )
+        }
         if row["phase"] == "prefill":  # time to first token, and the prompt's tokens a second
             out.append(
                 row | {"ttft_ms": row["median_ms"], "tokens_per_s": round(row["tokens"] / seconds_, 2)}
@@ -317,7 +329,8 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     session = bench.onnxruntime_session(path, threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
     weights = weight_bytes(path)
-    measured = bandwidth(ctx.target, weights)
+    with timing_slot.hold("memory bandwidth"):
+        measured = bandwidth(ctx.target, weights)
     points, rows = [], []
     for i, point in enumerate(POINTS):
         step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731

@@ -1,0 +1,102 @@
+"""A causal language model, uploaded as Hugging Face's exporters write it (its KV cache as inputs and
+outputs), is timed as it generates: prefill and decode at every point, TVM against ONNX Runtime, with
+the memory-bandwidth bound; and a model without a cache is not."""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+import pytest
+import torch
+from onnx.numpy_helper import to_array
+
+from tests.conftest import wait_for_job
+from webapp.pipeline.examples import write_generator_file
+from webapp.pipeline.stages import generation
+
+
+def tiny_llama():
+    """A 2-layer Llama with grouped-query attention (4 query, 2 key-value heads), random weights."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    return hf.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return write_generator_file(tiny_llama(), tmp_path_factory.mktemp("lm") / "tiny-llama.onnx")
+
+
+def test_the_roles_of_a_generating_models_inputs_are_read_from_its_names_and_shapes(tiny_lm):
+    sig = generation.signature(onnx.load(str(tiny_lm)))
+    assert sig is not None
+    assert sig.cache == {
+        f"past_key_values.{layer}.{kind}": 2 for layer in range(2) for kind in ("key", "value")
+    }
+    shapes = sig.shapes(tokens=16, past=0)  # a prompt of 16 tokens, the cache empty
+    assert shapes["input_ids"] == shapes["position_ids"] == [1, 16]
+    assert shapes["attention_mask"] == [1, 16]
+    assert shapes["past_key_values.1.value"] == [1, 2, 0, 16]
+    values = sig.values(tokens=1, past=128, vocabulary=256)  # one token after 128
+    assert values["attention_mask"].shape == (1, 129) and values["attention_mask"].all()
+    assert values["position_ids"].tolist() == [[128]]
+    assert values["past_key_values.0.key"].shape == (1, 2, 128, 16)
+    assert 0 <= values["input_ids"].min() and values["input_ids"].max() < 256
+
+
+def test_a_model_without_a_cache_is_not_a_generator(example_files):
+    assert generation.signature(onnx.load(str(example_files / "transformer-block.onnx"))) is None
+
+
+@pytest.mark.slow
+def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(client, tiny_lm):
+    with open(tiny_lm, "rb") as f:
+        job = client.post(
+            "/api/jobs", data={"model": (f, "tiny-llama.onnx"), "target": "x86-host"}
+        ).get_json()
+    result = wait_for_job(client, job["id"])
+    assert result["status"] == "done", result["error"]
+    assert {s["name"]: s["status"] for s in result["stages"]}["generate"] == "done"
+    r = result["results"]
+    # the job's other stages ran one decode step: a token after 128 cached ones (no input_shapes needed)
+    shapes = {i["name"]: i["shape"] for i in r["model"]["inputs"]}
+    assert shapes["input_ids"] == [1, 1] and shapes["past_key_values.0.key"] == [1, 2, 128, 16]
+    g = r["generation"]
+    assert [(p["phase"], p["tokens"], p["past"]) for p in g["points"]] == [
+        *(("prefill", n, 0) for n in generation.PREFILL_TOKENS),
+        *(("decode", 1, n) for n in generation.DECODE_CONTEXT),
+    ]
+    assert g["runtimes"] == ["onnxruntime", "tvm"]  # an upload has no PyTorch model
+    for p in g["points"]:  # TVM computes ONNX Runtime's logits at every length it was built for
+        assert p["logits_sqnr_db"] > 80, p
+    assert len(g["rows"]) == 2 * len(g["points"])
+    assert g["bandwidth"]["read_gb_s"] > 0.5 and g["bandwidth"]["triad_gb_s"] > 0.5
+    assert g["weight_bytes"] == sum(to_array(t).nbytes for t in onnx.load(str(tiny_lm)).graph.initializer)
+    for row in g["rows"]:
+        if row["phase"] == "decode":
+            assert row["tokens_per_s"] == pytest.approx(1000 / row["median_ms"], rel=1e-3)
+            cache = 2 * 2 * 2 * row["past"] * 16 * 4  # layers, key and value, heads, tokens, size, bytes
+            assert row["bytes_per_token"] == g["weight_bytes"] + cache
+            assert row["bound_share"] == pytest.approx(
+                row["bytes_per_token"] / (g["bandwidth"]["read_gb_s"] * 1e9) / (row["median_ms"] / 1e3),
+                rel=0.01,
+            )
+        else:
+            assert row["ttft_ms"] == row["median_ms"]
+    html = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    section = html[html.index('id="generation"') :]
+    section = section[: section.index("</section>")]
+    assert 'id="generation-decode"' in section and 'id="generation-prefill"' in section
+    assert len(re.findall(r'<polyline points="[\d., ]+" class="line (tvm|onnxruntime|bound)"', section)) == 5
+    assert section.count('<tr class="prefill">') == 3 and section.count('<tr class="decode">') == 3
+    assert f"{g['bandwidth']['read_gb_s']} GB/s" in section
