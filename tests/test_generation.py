@@ -13,6 +13,7 @@ from onnx.numpy_helper import to_array
 
 from tests.conftest import wait_for_job
 from webapp.pipeline.examples import write_generator_file
+from webapp.pipeline.passes import weight_only
 from webapp.pipeline.stages import generation
 
 
@@ -79,24 +80,48 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     assert g["runtimes"] == ["onnxruntime", "tvm"]  # an upload has no PyTorch model
     for p in g["points"]:  # TVM computes ONNX Runtime's logits at every length it was built for
         assert p["logits_sqnr_db"] > 80, p
-    assert len(g["rows"]) == 2 * len(g["points"])
+    # TVM in float at every point, and with its weights quantized at the decode points
+    assert g["variants"] == ["fp32", *weight_only.SCHEMES]
+    decode = [p for p in g["points"] if p["phase"] == "decode"]
+    assert len(g["rows"]) == 2 * len(g["points"]) + len(weight_only.SCHEMES) * len(decode)
+    for p in decode:
+        v = p["variants"]
+        assert v["fp32"]["model_bytes"] == g["weight_bytes"] and v["fp32"]["logits_sqnr_db"] is None
+        # the logits against float: int8 above 30 dB SQNR, int4 above 10 (random weights, 2 layers)
+        assert v["int8-g128"]["logits_sqnr_db"] > 30 and v["int4-g32"]["logits_sqnr_db"] > 10, v
+        assert (
+            v["int4-g32"]["logits_sqnr_db"] > v["int4-g128"]["logits_sqnr_db"] - 1
+        )  # smaller groups, no worse
+        # the matmuls' weights read a token: a quarter of float's in int8, an eighth in int4, and the scales
+        # (a tenth more here: a group for each 64 values)
+        floats = v["fp32"]["streamed_bytes"]
+        assert floats / 4 < v["int8-g128"]["streamed_bytes"] < floats / 4 * 1.1
+        assert floats / 8 < v["int4-g32"]["streamed_bytes"] < v["int8-g128"]["streamed_bytes"]
+        assert v["int4-g128"]["streamed_bytes"] < v["int4-g32"]["streamed_bytes"]
     assert g["bandwidth"]["read_gb_s"] > 0.5 and g["bandwidth"]["triad_gb_s"] > 0.5
     assert g["weight_bytes"] == sum(to_array(t).nbytes for t in onnx.load(str(tiny_lm)).graph.initializer)
     for row in g["rows"]:
-        if row["phase"] == "decode":
+        if row["phase"] == "decode" and row["variant"] == "fp32":
             assert row["tokens_per_s"] == pytest.approx(1000 / row["median_ms"], rel=1e-3)
             cache = 2 * 2 * 2 * row["past"] * 16 * 4  # layers, key and value, heads, tokens, size, bytes
-            assert row["bytes_per_token"] == g["weight_bytes"] + cache
+            # the matmuls' weights (not the embedding table, of which a step reads one row) and the cache
+            floats = next(p for p in decode if p["past"] == row["past"])["variants"]["fp32"]["streamed_bytes"]
+            assert floats == 4 * (2 * (64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3) + 64 * 256)
+            assert row["bytes_per_token"] == floats + cache
             assert row["bound_share"] == pytest.approx(
                 row["bytes_per_token"] / (g["bandwidth"]["read_gb_s"] * 1e9) / (row["median_ms"] / 1e3),
-                rel=0.01,
+                abs=6e-4,  # stated to 3 decimals
             )
-        else:
+        elif row["phase"] == "prefill":
             assert row["ttft_ms"] == row["median_ms"]
     html = client.get(f"/r/{job['id']}").get_data(as_text=True)
     section = html[html.index('id="generation"') :]
     section = section[: section.index("</section>")]
     assert 'id="generation-decode"' in section and 'id="generation-prefill"' in section
-    assert len(re.findall(r'<polyline points="[\d., ]+" class="line (tvm|onnxruntime|bound)"', section)) == 5
+    lines = re.findall(r'<polyline points="[\d., ]+" class="line ([\w -]+)"', section)
+    assert sorted(lines) == sorted(
+        ["tvm", "onnxruntime"] * 2 + ["bound"] + [f"tvm q-{v}" for v in weight_only.SCHEMES]
+    )
+    assert section.count('<tr class="variant">') == 4
     assert section.count('<tr class="prefill">') == 3 and section.count('<tr class="decode">') == 3
     assert f"{g['bandwidth']['read_gb_s']} GB/s" in section

@@ -95,7 +95,8 @@ def generation_charts(generation: dict) -> list[dict]:
         xs = sorted({r[x_key] for r in rows})
         lines: dict[str, list[tuple[int, float]]] = {}
         for r in rows:
-            lines.setdefault(r["runtime"], []).append((r[x_key], r[y_key]))
+            name = r["runtime"] if r.get("variant", "fp32") == "fp32" else f"{r['runtime']} {r['variant']}"
+            lines.setdefault(name, []).append((r[x_key], r[y_key]))
             if phase == "decode":
                 lines.setdefault("bound", []).append((r[x_key], r["bound_tokens_per_s"]))
         high = linear_ticks(max(y for line in lines.values() for _, y in line))
@@ -107,6 +108,7 @@ def generation_charts(generation: dict) -> list[dict]:
         series = [
             {
                 "runtime": name,
+                "css": name.replace(" ", " q-"),  # "tvm int4-g32": the classes tvm and q-int4-g32
                 "points": " ".join(
                     f"{px},{py}" for px, py in (at(x, y) for x, y in sorted(set(lines[name])))
                 ),
@@ -115,8 +117,7 @@ def generation_charts(generation: dict) -> list[dict]:
                     for x, y in sorted(set(lines[name]))
                 ],
             }
-            for name in RUNTIME_ORDER
-            if name in lines
+            for name in sorted(lines, key=lambda n: (RUNTIME_ORDER.index(n.split()[0]), n))
         ]
         charts.append(
             {

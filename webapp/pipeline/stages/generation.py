@@ -206,15 +206,25 @@ def weight_bytes(path: Path) -> int:
     )
 
 
-def build_point(path: Path, sig: Signature, point: Point, target: Target) -> tuple[Any, float]:
-    """The model built for one point's fixed lengths on the default rules; (executable, seconds)."""
+def build_point(path: Path, sig: Signature, point: Point, target: Target) -> dict[str, dict]:
+    """The model built for one point's fixed lengths on the default rules: in float, and for a decode
+    point also with its weights quantized (weight_only.SCHEMES). {variant: {"executable", "build_s",
+    "packed"}}, each from the one import."""
+    from webapp.pipeline.passes import weight_only
     from webapp.pipeline.stages.build import compile_relax
     from webapp.pipeline.stages.importers import import_model
 
     t0 = time.monotonic()
     imported = import_model(path, sig.shapes(point.tokens, point.past))
-    executable, _ = compile_relax(imported.mod, target)
-    return executable, round(time.monotonic() - t0, 2)
+    import_s = time.monotonic() - t0
+    builds = {}
+    for variant in ("fp32", *(weight_only.SCHEMES if point.phase == "decode" else ())):
+        t0 = time.monotonic()
+        mod, packed = weight_only.quantize_weights(imported.mod, weight_only.SCHEMES.get(variant))
+        executable, _ = compile_relax(mod, target)
+        seconds_ = time.monotonic() - t0 + (import_s if variant == "fp32" else 0)
+        builds[variant] = {"executable": executable, "build_s": round(seconds_, 2), "packed": packed}
+    return builds
 
 
 def eager_runner(model: Any, sig: Signature, values: dict[str, np.ndarray]) -> Callable[[], Any]:
@@ -243,62 +253,81 @@ def eager_runner(model: Any, sig: Signature, values: dict[str, np.ndarray]) -> C
 
 
 def measure_point(
-    ctx: Context, path: Path, sig: Signature, point: Point, session: Any, eager: Any, report: Report
+    ctx: Context, path: Path, sig: Signature, point: Point, runtimes: tuple[Any, Any, int], report: Report
 ) -> tuple[dict, list[dict]]:
-    """One point built and timed: (its record, a row per runtime)."""
+    """One point built and timed: (its record, a row per runtime and TVM build). `runtimes`: the ONNX
+    Runtime session, the PyTorch model (None for an upload), the model's weight bytes."""
     from webapp.pipeline.stages import bench
 
-    executable, build_s = build_point(path, sig, point, ctx.target)
+    session, eager, weights = runtimes
+    builds = build_point(path, sig, point, ctx.target)
     values = sig.values(point.tokens, point.past, logits_size(path))
-    runs = {"tvm": bench.tvm_runner(executable, values)}
-    runs["onnxruntime"] = lambda: session.run(None, values)
+    runs = {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
+    runs["onnxruntime", "fp32"] = lambda: session.run(None, values)
     if eager is not None:
-        runs["pytorch"] = eager_runner(eager, sig, values)
-    logits = {k: bench.flatten_outputs(run())[0] for k, run in runs.items()}
-    fidelity = bench.fidelity([logits["tvm"]], [logits["onnxruntime"]], classifier=False)
+        runs["pytorch", "fp32"] = eager_runner(eager, sig, values)
+    logits = {key: bench.flatten_outputs(run())[0] for key, run in runs.items()}
+    fidelity = bench.fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
     with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
         timed, conditions = measure_watched(
             runs, ctx.job.bench_budget_s, report, ctx.job.quiet_wait_s, timings=2
         )
+    variants = {}
+    for v, b in builds.items():
+        against = bench.fidelity([logits["tvm", v]], [logits["tvm", "fp32"]], classifier=False)
+        variants[v] = {
+            "build_s": b["build_s"],
+            "streamed_bytes": b["packed"].streamed,
+            "model_bytes": weights - b["packed"].replaced + b["packed"].packed,
+            "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
+        }
     record = {
         "phase": point.phase,
         "tokens": point.tokens,
         "past": point.past,
-        "build_s": build_s,
+        "build_s": builds["fp32"]["build_s"],
         "logits_sqnr_db": fidelity["sqnr_db"],
         "logits_max_abs_err": fidelity["max_abs_err"],
         "disturbed": conditions["disturbed"],
+        "variants": variants,
     }
     rows = [
-        {"runtime": k, "phase": point.phase, "tokens": point.tokens, "past": point.past}
+        {"runtime": k, "variant": v, "phase": point.phase, "tokens": point.tokens, "past": point.past}
         | {f: t[f] for f in ("median_ms", "p90_ms", "runs")}
-        for k, t in timed.items()
+        | ({"streamed_bytes": variants[v]["streamed_bytes"]} if k == "tvm" else {})
+        for (k, v), t in timed.items()
     ]
     return record, rows
 
 
-def rates(rows: list[dict], sig: Signature, weights: int, read_gb_s: float) -> list[dict]:
-    """Each row's tokens per second and, for decode, its share of the memory-bandwidth bound (the bytes
-    a step reads, weights and cache, at the measured read bandwidth)."""
+def rates(rows: list[dict], points: list[dict], sig: Signature, read_gb_s: float) -> list[dict]:
+    """Each row's tokens per second, its speed against ONNX Runtime and, for decode, its share of the
+    memory-bandwidth bound: the bytes a step reads (its matmuls' weights, float or packed, and the cache)
+    at the measured read bandwidth. ONNX Runtime and PyTorch read the float weights TVM fp32 reads."""
     cache_itemsize = 4  # the cache tensors' float32 (every exporter here writes float32)
     ort = {
         (r["phase"], r["tokens"], r["past"]): r["median_ms"] for r in rows if r["runtime"] == "onnxruntime"
     }
+    tvm = {
+        (r["phase"], r["tokens"], r["past"]): r["median_ms"]
+        for r in rows
+        if r["runtime"] == "tvm" and r["variant"] == "fp32"
+    }
+    floats = {(p["phase"], p["tokens"], p["past"]): p["variants"]["fp32"]["streamed_bytes"] for p in points}
     out = []
     for row in rows:
+        at = (row["phase"], row["tokens"], row["past"])
         seconds_ = row["median_ms"] / 1e3
-        row = row | {
-            "speedup_vs_onnxruntime": round(
-                ort[row["phase"], row["tokens"], row["past"]] / row["median_ms"], 3
-            )
-        }
+        row = row | {"speedup_vs_onnxruntime": round(ort[at] / row["median_ms"], 3)}
+        if row["runtime"] == "tvm":
+            row["speedup_vs_tvm_fp32"] = round(tvm[at] / row["median_ms"], 3)
         if row["phase"] == "prefill":  # time to first token, and the prompt's tokens a second
             out.append(
                 row | {"ttft_ms": row["median_ms"], "tokens_per_s": round(row["tokens"] / seconds_, 2)}
             )
             continue
         cache = sum(int(np.prod(s)) for n, s in sig.shapes(1, row["past"]).items() if n in sig.cache)
-        step_bytes = weights + cache * cache_itemsize
+        step_bytes = row.get("streamed_bytes", floats[at]) + cache * cache_itemsize
         bound_s = step_bytes / (read_gb_s * 1e9)
         out.append(
             row
@@ -313,17 +342,17 @@ def rates(rows: list[dict], sig: Signature, weights: int, read_gb_s: float) -> l
 
 
 def generation_stage(ctx: Context, report: Report) -> Given[None]:
-    """The model built for each point of POINTS and timed there, TVM against ONNX Runtime (and PyTorch
-    eager, for an example), with the memory bandwidth measured first."""
+    """The model built for each point of POINTS and timed there, TVM (in float, and with its weights
+    quantized at the decode points) against ONNX Runtime (and PyTorch eager, for an example), with the
+    memory bandwidth measured first."""
     import torch
 
     from webapp.pipeline.examples import causal_lm
     from webapp.pipeline.stages import bench
 
     path = generator_file(ctx)
-    assert path is not None  # why_not_generated() is None
-    sig = onnx_signature(path)
-    assert sig is not None
+    sig = onnx_signature(path) if path else None
+    assert path is not None and sig is not None  # why_not_generated() is None
     threads = bench.bench_threads()
     torch.set_num_threads(threads)
     session = bench.onnxruntime_session(path, threads)
@@ -334,20 +363,21 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     points, rows = [], []
     for i, point in enumerate(POINTS):
         step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
-        record, timed = measure_point(ctx, path, sig, point, session, eager, step)
+        record, timed = measure_point(ctx, path, sig, point, (session, eager, weights), step)
         points.append(record)
         rows += timed
     generation = {
         "device": bench.cpu_name(),
         "threads": threads,
         "builds": (
-            f"{len(POINTS)} builds, one a point: TVM's importers do not take this model with symbolic "
-            "lengths, so each prompt length and cache length is built with its lengths fixed"
+            f"{len(POINTS)} imports and their builds, one a point: TVM's importers do not take this model "
+            "with symbolic lengths, so each prompt length and cache length is built with its lengths fixed"
         ),
         "runtimes": sorted({r["runtime"] for r in rows}),
+        "variants": list(points[-1]["variants"]),
         "bandwidth": measured,
         "weight_bytes": weights,
         "points": points,
-        "rows": rates(rows, sig, weights, measured["read_gb_s"]),
+        "rows": rates(rows, points, sig, measured["read_gb_s"]),
     }
     return Given(None, {"generation": generation})

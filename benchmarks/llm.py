@@ -1,0 +1,110 @@
+"""Language models as llama-bench measures them: time to the first token for prompts of 16, 128 and 512
+tokens, and decode tokens/s with 128, 512 and 2,048 tokens in the cache; TVM against ONNX Runtime (the
+same .onnx) and PyTorch eager with its cache, in one run, and each runtime's share of the memory-bandwidth
+bound (the bytes a decode step reads at the read bandwidth measured in the same run).
+
+Each example runs as a job does (the whole pipeline, sandboxed, through its generate stage:
+webapp/pipeline/stages/generation.py), so these are the figures its result page states.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/llm.py [--models llama,smollm2-135m] [--budget 2] [--record]
+
+--record appends the run to benchmarks/results/llm.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from record import keep, script_parser
+
+from webapp.cli import compile_locally
+from webapp.config import Config
+
+RUNTIMES = ("tvm", "onnxruntime", "pytorch")
+
+
+def measure(config: Config, name: str, preset: str, tmp: Path) -> dict:
+    out = tmp / f"{name}-{preset}"
+    error = compile_locally(config, name, {"target": preset}, out)
+    if error:
+        raise RuntimeError(f"{name}: failed at {error['stage']}: {error['message']}")
+    results = json.loads((out / "result.json").read_text())
+    seconds = {s["name"]: s.get("seconds") for s in json.loads((out / "progress.json").read_text())["stages"]}
+    return {"model": name, "preset": preset, "generate_s": seconds.get("generate")} | results["generation"]
+
+
+def table(run: dict) -> list[dict]:
+    """One line a point: each runtime's ms and tokens/s, TVM's ratios and share of the bound."""
+    lines = []
+    for point in run["points"]:
+        at = {
+            r["runtime"]: r
+            for r in run["rows"]
+            if (r["phase"], r["tokens"], r["past"]) == (point["phase"], point["tokens"], point["past"])
+        }
+        tvm = at["tvm"]
+        line = {
+            "model": run["model"],
+            "phase": point["phase"],
+            "length": point["tokens"] if point["phase"] == "prefill" else point["past"],
+            **{f"{k}_ms": at[k]["median_ms"] for k in RUNTIMES if k in at},
+            **{f"{k}_tokens_per_s": at[k]["tokens_per_s"] for k in RUNTIMES if k in at},
+            "tvm_vs_onnxruntime": tvm["speedup_vs_onnxruntime"],
+            "tvm_vs_pytorch": at["pytorch"]["median_ms"] / tvm["median_ms"] if "pytorch" in at else None,
+            "tvm_bound_share": tvm.get("bound_share"),
+            "onnxruntime_bound_share": at["onnxruntime"].get("bound_share"),
+            "logits_sqnr_db": point["logits_sqnr_db"],
+            "disturbed": point["disturbed"],
+        }
+        lines.append(line)
+    return lines
+
+
+def show(run: dict, lines: list[dict]) -> None:
+    bw = run["bandwidth"]
+    print(
+        f"\n{run['model']} on {run['device']}, {run['threads']} threads: weights "
+        f"{run['weight_bytes'] / 1e6:,.1f} MB; bandwidth {bw['read_gb_s']} GB/s read, "
+        f"{bw['triad_gb_s']} GB/s triad (over {bw['bytes'] / 1e6:,.0f} MB); "
+        f"generate stage {run['generate_s']} s"
+    )
+    print(
+        f"{'phase':<8} {'length':>6} {'TVM ms':>9} {'ORT ms':>9} {'PyTorch ms':>10} {'TVM tok/s':>10} "
+        f"{'vs ORT':>7} {'vs PyT':>7} {'TVM bound':>9} {'ORT bound':>9}"
+    )
+    for ln in lines:
+        share = lambda v: f"{100 * v:8.0f}%" if v is not None else f"{'':>9}"  # noqa: E731
+        pytorch = f"{ln['pytorch_ms']:10.2f}" if "pytorch_ms" in ln else f"{'':>10}"
+        vs_pt = f"{ln['tvm_vs_pytorch']:6.2f}x" if ln["tvm_vs_pytorch"] else f"{'':>7}"
+        print(
+            f"{ln['phase']:<8} {ln['length']:>6} {ln['tvm_ms']:9.2f} {ln['onnxruntime_ms']:9.2f} {pytorch} "
+            f"{ln['tvm_tokens_per_s']:10.1f} {ln['tvm_vs_onnxruntime']:6.2f}x {vs_pt} "
+            f"{share(ln['tvm_bound_share'])} {share(ln['onnxruntime_bound_share'])}"
+            + (f"  (disturbed: {ln['disturbed']})" if ln["disturbed"] else ""),
+            flush=True,
+        )
+
+
+def main() -> int:
+    parser = script_parser(__doc__, "llm")
+    parser.add_argument("--models", default="llama,smollm2-135m")
+    parser.add_argument("--preset", default="x86-host")
+    parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per runtime and point")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config.from_env(bench_budget_s=args.budget, data_dir=Path(tmp) / "data")
+        for name in args.models.split(","):
+            run = measure(config, name, args.preset, Path(tmp))
+            lines = table(run)
+            show(run, lines)
+            rows += [ln | {"bandwidth": run["bandwidth"], "device": run["device"]} for ln in lines]
+    keep(args, "llm", config.bench_threads, rows, budget_s=args.budget, preset=args.preset)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
