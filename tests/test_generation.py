@@ -77,7 +77,7 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
         *(("prefill", n, 0) for n in generation.PREFILL_TOKENS),
         *(("decode", 1, n) for n in generation.DECODE_CONTEXT),
     ]
-    assert g["runtimes"] == ["onnxruntime", "tvm"]  # an upload has no PyTorch model
+    assert g["runtimes"] == ["tvm", "onnxruntime"]  # an upload has no PyTorch model
     for p in g["points"]:  # TVM computes ONNX Runtime's logits at every length it was built for
         assert p["logits_sqnr_db"] > 80, p
     # TVM in float at every point, and with its weights quantized at the decode points

@@ -97,7 +97,7 @@ def generation_charts(generation: dict) -> list[dict]:
         for r in rows:
             name = r["runtime"] if r.get("variant", "fp32") == "fp32" else f"{r['runtime']} {r['variant']}"
             lines.setdefault(name, []).append((r[x_key], r[y_key]))
-            if phase == "decode":
+            if phase == "decode" and name == "tvm":  # the bound of the float weights
                 lines.setdefault("bound", []).append((r[x_key], r["bound_tokens_per_s"]))
         high = linear_ticks(max(y for line in lines.values() for _, y in line))
         top = high[-1]

@@ -98,7 +98,10 @@ def weight_only_kernel(m: int, k: int, n: int, scheme: Scheme) -> tvm.tirx.PrimF
     i, j, kk = sch.get_loops(block)
     vectors = VECTORS if n % (LANES * VECTORS) == 0 else 1
     outer, vec, lane = sch.split(j, [None, vectors, LANES])
-    sch.reorder(outer, i, kk, vec, lane)
+    ko, ki = sch.split(kk, [None, per])  # int4: both nibbles of a byte in one step, each its own shift
+    sch.reorder(outer, i, ko, ki, vec, lane)
+    sch.unroll(ki)
+    kk = ko
     sch.parallel(outer)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, i)
