@@ -40,11 +40,16 @@ def table(run: dict) -> list[dict]:
     """One line a point: each runtime's ms and tokens/s, TVM's ratios and share of the bound."""
     lines = []
     for point in run["points"]:
-        at = {
-            r["runtime"]: r
+        if "error" in point:
+            print(f"{point['phase']} {point['tokens']}/{point['past']}: not measured: {point['error']}")
+            continue
+        here = [
+            r
             for r in run["rows"]
             if (r["phase"], r["tokens"], r["past"]) == (point["phase"], point["tokens"], point["past"])
-        }
+        ]
+        at = {r["runtime"]: r for r in here if r["variant"] == "fp32"}
+        quantized = {r["variant"]: r for r in here if r["variant"] != "fp32"}
         tvm = at["tvm"]
         line = {
             "model": run["model"],
@@ -56,6 +61,14 @@ def table(run: dict) -> list[dict]:
             "tvm_vs_pytorch": at["pytorch"]["median_ms"] / tvm["median_ms"] if "pytorch" in at else None,
             "tvm_bound_share": tvm.get("bound_share"),
             "onnxruntime_bound_share": at["onnxruntime"].get("bound_share"),
+            **{f"tvm_{v}_tokens_per_s": r["tokens_per_s"] for v, r in quantized.items()},
+            **{f"tvm_{v}_vs_fp32": r["speedup_vs_tvm_fp32"] for v, r in quantized.items()},
+            **{f"tvm_{v}_bound_share": r["bound_share"] for v, r in quantized.items()},
+            **{f"tvm_{v}_logits_sqnr_db": point["variants"][v]["logits_sqnr_db"] for v in quantized},
+            **{
+                f"tvm_{v}_model_bytes": point["variants"][v]["model_bytes"] for v in point.get("variants", {})
+            },
+            "greedy": point.get("greedy") and point["greedy"]["agreement"],
             "logits_sqnr_db": point["logits_sqnr_db"],
             "disturbed": point["disturbed"],
         }
@@ -88,6 +101,36 @@ def show(run: dict, lines: list[dict]) -> None:
         )
 
 
+def show_quantized(run: dict, lines: list[dict]) -> None:
+    """The weight-only builds at the decode points: tokens/s, against TVM fp32, share of the bound."""
+    variants = [v for v in run["variants"] if v != "fp32"]
+    decode = [ln for ln in lines if ln["phase"] == "decode"]
+    if not variants or not decode:
+        return
+    print(
+        f"{'build':<10} {'MB':>7} "
+        + " ".join(f"{'tok/s@' + str(ln['length']):>11} {'vs fp32':>7} {'bound':>5}" for ln in decode)
+        + f" {'SQNR dB':>7} {'greedy':>14}"
+    )
+    for v in variants:
+        cells = " ".join(
+            f"{ln[f'tvm_{v}_tokens_per_s']:11.1f} {ln[f'tvm_{v}_vs_fp32']:6.2f}x "
+            f"{100 * ln[f'tvm_{v}_bound_share']:4.0f}%"
+            for ln in decode
+        )
+        agree = next((ln["greedy"][v] for ln in decode if ln["greedy"]), None)
+        said = f"{100 * agree['same_share']:.0f}% same" if agree else ""
+        print(
+            f"{v:<10} {decode[0][f'tvm_{v}_model_bytes'] / 1e6:7.1f} {cells} "
+            f"{decode[0][f'tvm_{v}_logits_sqnr_db']:7.1f} {said:>14}"
+        )
+    agree = next((ln["greedy"]["fp32"] for ln in decode if ln["greedy"]), None)
+    if agree:
+        print(
+            f"greedy, TVM fp32 against ONNX Runtime: {100 * agree['same_share']:.0f}% of the tokens the same"
+        )
+
+
 def main() -> int:
     parser = script_parser(__doc__, "llm")
     parser.add_argument("--models", default="llama,smollm2-135m")
@@ -101,6 +144,7 @@ def main() -> int:
             run = measure(config, name, args.preset, Path(tmp))
             lines = table(run)
             show(run, lines)
+            show_quantized(run, lines)
             rows += [ln | {"bandwidth": run["bandwidth"], "device": run["device"]} for ln in lines]
     keep(args, "llm", config.bench_threads, rows, budget_s=args.budget, preset=args.preset)
     return 0

@@ -32,6 +32,7 @@ COMMANDS = {
     "cpu_models": "PYTHONPATH=. .venv/bin/python benchmarks/cpu_models.py --record",
     "quantized": "PYTHONPATH=. .venv/bin/python benchmarks/quantized.py --record",
     "decode": "PYTHONPATH=. .venv/bin/python benchmarks/decode.py --record",
+    "llm": "PYTHONPATH=. .venv/bin/python benchmarks/llm.py --record",
     "pi": ".venv/bin/python benchmarks/pi.py --record",
     "job_time": "PYTHONPATH=. .venv/bin/python benchmarks/job_time.py --runs 3 --record",
     "contention": "PYTHONPATH=. .venv/bin/python benchmarks/contention.py --record",
@@ -547,10 +548,51 @@ def render_repeat(runs: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def render_llm(runs: list[dict]) -> str:
+    """Per model and point: each runtime's median ms (tokens/s), TVM's ratios and share of the bound; then
+    the weight-only builds' decode tokens/s and speed against TVM fp32. Medians across the latest runs."""
+    latest = groups(runs, ("preset",))[0]
+    lines = [ln for run in latest for ln in run["rows"]]
+    points = list(dict.fromkeys((ln["model"], ln["phase"], ln["length"]) for ln in lines))
+
+    def fig(point: tuple, key: str) -> float | None:
+        return med(ln.get(key) for ln in lines if (ln["model"], ln["phase"], ln["length"]) == point)
+
+    rows = []
+    for point in points:
+        cells = []
+        for k in ("tvm", "onnxruntime", "pytorch"):
+            value, rate = fig(point, f"{k}_ms"), fig(point, f"{k}_tokens_per_s")
+            cells.append("—" if value is None or rate is None else f"{ms(value)} ({rate:,.0f})")
+        share = fig(point, "tvm_bound_share")
+        ratios = [times(fig(point, "tvm_vs_onnxruntime")), times(fig(point, "tvm_vs_pytorch"))]
+        rows.append([*map(str, point), *cells, *ratios, "—" if share is None else f"{100 * share:.0f}%"])
+    header = ["model", "phase", "tokens (prompt or cache)", "TVM ms (tokens/s)", "ORT ms (tokens/s)",
+              "PyTorch ms (tokens/s)", "TVM vs ORT", "TVM vs PyTorch", "TVM share of the bound"]  # fmt: skip
+    variants = sorted(
+        {k[4:-13] for ln in lines for k in ln if k.startswith("tvm_int") and k.endswith("_tokens_per_s")}
+    )
+    decode = [p for p in points if p[1] == "decode"]
+
+    def rate(p: tuple, v: str) -> str:
+        return f"{fig(p, f'tvm_{v}_tokens_per_s') or 0:,.1f} ({times(fig(p, f'tvm_{v}_vs_fp32'))})"
+
+    quantized = [[p[0], str(p[2]), *(rate(p, v) for v in variants)] for p in decode]
+    bandwidth = listed(f"{ln['bandwidth']['read_gb_s']}" for ln in lines if ln["phase"] == "decode")
+    return (
+        f"{where(latest)}, {listed(r.get('preset') for r in latest)}; read bandwidth {bandwidth} GB/s. "
+        "Medians across the runs; TVM is fp32 here, ratios are speeds (above 1: TVM faster).\n\n"
+        + table(header, rows)
+        + "\n\nWeight-only TVM builds at the decode points, tokens/s (against TVM fp32):\n\n"
+        + table(["model", "tokens in the cache", *variants], quantized)
+    )
+
+
 RENDER = {
     "cpu_models": render_cpu_models,
     "quantized": render_quantized,
     "decode": render_decode,
+    "llm": render_llm,
     "pi": render_pi,
     "job_time": render_job_time,
     "contention": render_contention,

@@ -72,6 +72,10 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     # the job's other stages ran one decode step: a token after 128 cached ones (no input_shapes needed)
     shapes = {i["name"]: i["shape"] for i in r["model"]["inputs"]}
     assert shapes["input_ids"] == [1, 1] and shapes["past_key_values.0.key"] == [1, 2, 128, 16]
+    # its grouped-query attention takes the 2 query heads of a group as rows against the group's keys,
+    # read transposed where they are (passes/grouped_attention.py): no repeated copy of the cache
+    assert any("grouped_scores" in k["name"] for k in r["kernels"]), [k["name"] for k in r["kernels"]]
+    assert not any("broadcast_to" in k["name"] for k in r["kernels"])
     g = r["generation"]
     assert [(p["phase"], p["tokens"], p["past"]) for p in g["points"]] == [
         *(("prefill", n, 0) for n in generation.PREFILL_TOKENS),
@@ -114,6 +118,11 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
             )
         elif row["phase"] == "prefill":
             assert row["ttft_ms"] == row["median_ms"]
+    # greedy decoding with the decode build of 128 cached tokens: TVM fp32 chooses ONNX Runtime's tokens
+    greedy = next(p["greedy"] for p in decode if p["past"] == 128)
+    assert len(greedy["prompt"]) == 8 and len(greedy["tokens"]["onnxruntime"]) == 64
+    assert greedy["agreement"]["fp32"] == {"same_share": 1.0, "first_difference": None}
+    assert set(greedy["agreement"]) == set(g["variants"])
     html = client.get(f"/r/{job['id']}").get_data(as_text=True)
     section = html[html.index('id="generation"') :]
     section = section[: section.index("</section>")]
@@ -125,3 +134,4 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     assert section.count('<tr class="variant">') == 4
     assert section.count('<tr class="prefill">') == 3 and section.count('<tr class="decode">') == 3
     assert f"{g['bandwidth']['read_gb_s']} GB/s" in section
+    assert "the same token at 100% of the steps" in section

@@ -247,10 +247,13 @@ class LLVMCPU(Target):
             importlib.import_module(f"{name}.{submodule}")
 
     # The project's Relax rewrites before TVM's legalization, by name (webapp.pipeline.passes.legalize):
-    # attention's keys and other softmax rows padded to whole vectors, fast math, 1-D convolutions as 2-D
+    # grouped-query attention's query heads as rows of one matmul against the group's keys and values
+    # (no repeated, transposed copy of the cache), attention's keys and other softmax rows padded to
+    # whole vectors, fast math, 1-D convolutions as 2-D
     # ones, float convolutions channels last, stride-k transposed convolutions as GEMMs, output channels
     # padded to whole vectors, transposed weights computed with numpy, and 3x3 convolutions by Winograd.
     rewrites: ClassVar[tuple[str, ...]] = (
+        "grouped_attention",
         "padded_keys",
         "padded_rows",
         "fast_math",

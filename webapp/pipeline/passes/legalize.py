@@ -12,6 +12,7 @@ from tvm import relax, te
 
 from webapp.pipeline.passes.attention import padded_keys, padded_rows
 from webapp.pipeline.passes.convolutions import as_conv2d, channels, upsampling
+from webapp.pipeline.passes.grouped_attention import grouped_attention
 from webapp.pipeline.passes.rewrites import channels_last, fast_math, fold_with_numpy, mutate_functions
 from webapp.pipeline.passes.running import RunningPass
 from webapp.pipeline.passes.winograd import winograd
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from webapp.pipeline.stages.optimize import FusionTrace
 
 REWRITES = {
+    "grouped_attention": grouped_attention,
     "padded_keys": padded_keys,
     "padded_rows": padded_rows,
     "fast_math": fast_math,

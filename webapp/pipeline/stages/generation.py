@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from webapp.machine import timing_slot
+from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.timing import measure_watched
 
@@ -252,6 +253,79 @@ def eager_runner(model: Any, sig: Signature, values: dict[str, np.ndarray]) -> C
     return run
 
 
+GREEDY_PROMPT, GREEDY_STEPS = 8, 64  # tokens of a random prompt, then tokens decoded greedily
+
+
+def greedy(step: Callable[[dict], list], sig: Signature, slots: int, prompt: list[int]) -> list[int] | None:
+    """GREEDY_STEPS tokens decoded greedily after `prompt` with one decode build of `slots` cached tokens,
+    fed a token a step: the cache starts as `slots` masked zeros, and each step keeps its newest `slots`
+    (the oldest, masked, dropped), so one build serves every step. None for a model without an
+    attention mask, which could not mask the empty slots. `step(feed)` runs the model: its outputs,
+    the logits then each cache tensor's new value in the order of the cache inputs (as Hugging Face's
+    exporters write them)."""
+    types = {name: dtype for name, dtype, _ in sig.inputs}
+    if "attention_mask" not in types:
+        return None
+    shapes = sig.shapes(1, slots)
+    cache = {name: np.zeros(shapes[name], types[name]) for name in sig.cache}
+    mask = np.zeros(slots, np.int64)
+    tokens = list(prompt)
+    for i in range(len(prompt) + GREEDY_STEPS - 1):
+        feed = {
+            "input_ids": np.array([[tokens[i]]], types["input_ids"]),
+            "attention_mask": np.append(mask, 1)[None].astype(types["attention_mask"]),
+            "position_ids": np.array([[i]], types.get("position_ids", "int64")),
+            **cache,
+        }
+        logits, *present = step({name: feed[name] for name, _, _ in sig.inputs})
+        for (name, axis), value in zip(sig.cache.items(), present, strict=True):
+            cache[name] = np.take(value, range(1, slots + 1), axis=axis)
+        mask = np.append(mask[1:], 1)
+        if i >= len(prompt) - 1:
+            tokens.append(int(np.asarray(logits)[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def agreement(tokens: list[int], reference: list[int]) -> dict:
+    """How far two greedy decodings agree: the share of steps with the same token, the first that differs."""
+    same = [a == b for a, b in zip(tokens, reference, strict=True)]
+    return {
+        "same_share": round(sum(same) / len(same), 4),
+        "first_difference": same.index(False) if not all(same) else None,
+    }
+
+
+def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int, vocabulary: int) -> dict | None:
+    """Each build's and ONNX Runtime's greedy tokens from one random prompt, and their agreement: TVM fp32
+    against ONNX Runtime, each quantized build against TVM fp32."""
+    import tvm
+    from tvm import relax
+
+    from webapp.pipeline.stages import bench
+
+    def vm_step(executable: Any) -> Callable[[dict], list]:
+        main = relax.VirtualMachine(executable, tvm.cpu())["main"]
+        return lambda feed: bench.flatten_outputs(main(*(tvm.runtime.tensor(v) for v in feed.values())))
+
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, vocabulary, GREEDY_PROMPT)]
+    reference = greedy(lambda feed: session.run(None, feed), sig, slots, prompt)
+    if reference is None:
+        return None
+    tokens = {"onnxruntime": reference}
+    for variant, built in builds.items():  # a model with a mask: never None
+        tokens[variant] = greedy(vm_step(built["executable"]), sig, slots, prompt) or []
+    return {
+        "prompt": prompt,
+        "steps": GREEDY_STEPS,
+        "tokens": tokens,
+        "agreement": {
+            v: agreement(t, tokens["fp32" if v != "fp32" else "onnxruntime"])
+            for v, t in tokens.items()
+            if v != "onnxruntime"
+        },
+    }
+
+
 def measure_point(
     ctx: Context, path: Path, sig: Signature, point: Point, runtimes: tuple[Any, Any, int], report: Report
 ) -> tuple[dict, list[dict]]:
@@ -262,10 +336,11 @@ def measure_point(
     session, eager, weights = runtimes
     builds = build_point(path, sig, point, ctx.target)
     values = sig.values(point.tokens, point.past, logits_size(path))
-    runs = {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
-    runs["onnxruntime", "fp32"] = lambda: session.run(None, values)
+    # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
+    runs = {("onnxruntime", "fp32"): lambda: session.run(None, values)}
     if eager is not None:
         runs["pytorch", "fp32"] = eager_runner(eager, sig, values)
+    runs |= {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
     logits = {key: bench.flatten_outputs(run())[0] for key, run in runs.items()}
     fidelity = bench.fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
     with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
@@ -281,7 +356,16 @@ def measure_point(
             "model_bytes": weights - b["packed"].replaced + b["packed"].packed,
             "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
         }
+    if (
+        point.phase == "decode"
+        and point.past >= GREEDY_PROMPT + GREEDY_STEPS
+        and point.past == DECODE_CONTEXT[0]
+    ):
+        greedy_record = greedy_runs(builds, session, sig, point.past, logits_size(path))
+    else:
+        greedy_record = None
     record = {
+        "greedy": greedy_record,
         "phase": point.phase,
         "tokens": point.tokens,
         "past": point.past,
@@ -341,10 +425,19 @@ def rates(rows: list[dict], points: list[dict], sig: Signature, read_gb_s: float
     return out
 
 
+def positions(model: Any) -> int:
+    """How many positions a Hugging Face causal LM has (GPT-2's table of 1,024; Llama's rotary 2,048 or its
+    config's)."""
+    config = model.config
+    return int(
+        getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 1 << 30
+    )
+
+
 def generation_stage(ctx: Context, report: Report) -> Given[None]:
     """The model built for each point of POINTS and timed there, TVM (in float, and with its weights
-    quantized at the decode points) against ONNX Runtime (and PyTorch eager, for an example), with the
-    memory bandwidth measured first."""
+    quantized at the decode points) against ONNX Runtime (and PyTorch eager, for an example); then the
+    memory bandwidth, over as many bytes as the float weights a decode step reads."""
     import torch
 
     from webapp.pipeline.examples import causal_lm
@@ -358,14 +451,27 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     session = bench.onnxruntime_session(path, threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
     weights = weight_bytes(path)
-    with timing_slot.hold("memory bandwidth"):
-        measured = bandwidth(ctx.target, weights)
-    points, rows = [], []
+    points: list[dict] = []
+    rows: list[dict] = []
     for i, point in enumerate(POINTS):
         step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
-        record, timed = measure_point(ctx, path, sig, point, (session, eager, weights), step)
+        about = {"phase": point.phase, "tokens": point.tokens, "past": point.past}
+        if eager is not None and point.tokens + point.past > positions(eager):
+            points.append(about | {"error": f"past the model's {positions(eager):,} positions"})
+            continue
+        try:
+            record, timed = measure_point(ctx, path, sig, point, (session, eager, weights), step)
+        except Exception as e:  # noqa: BLE001 - the other points go on; this one says why it has none
+            points.append(about | {"error": error_message(e)})
+            continue
         points.append(record)
         rows += timed
+    done = [p for p in points if "error" not in p]
+    if not any(p["phase"] == "decode" for p in done):
+        raise StageError(f"No decode point could be measured: {points[-1].get('error')}")
+    streamed = next(p for p in done if p["phase"] == "decode")["variants"]["fp32"]["streamed_bytes"]
+    with timing_slot.hold("memory bandwidth"):  # over as many bytes as a decode step's weights
+        measured = bandwidth(ctx.target, streamed)
     generation = {
         "device": bench.cpu_name(),
         "threads": threads,
@@ -374,10 +480,10 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
             "with symbolic lengths, so each prompt length and cache length is built with its lengths fixed"
         ),
         "runtimes": [k for k in ("tvm", "onnxruntime", "pytorch") if any(r["runtime"] == k for r in rows)],
-        "variants": list(points[-1]["variants"]),
+        "variants": list(done[-1]["variants"]),
         "bandwidth": measured,
         "weight_bytes": weights,
         "points": points,
-        "rows": rates(rows, points, sig, measured["read_gb_s"]),
+        "rows": rates(rows, done, sig, measured["read_gb_s"]),
     }
     return Given(None, {"generation": generation})
