@@ -13,8 +13,8 @@ from onnx.numpy_helper import to_array
 
 from tests.conftest import wait_for_job
 from webapp.pipeline.examples import write_generator_file
-from webapp.pipeline.passes import weight_only
-from webapp.pipeline.stages import generation
+from webapp.pipeline.rules import weight_only
+from webapp.pipeline.stages import generation, lm_inputs
 
 
 def tiny_llama():
@@ -39,7 +39,7 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_the_roles_of_a_generating_models_inputs_are_read_from_its_names_and_shapes(tiny_lm):
-    sig = generation.signature(onnx.load(str(tiny_lm)))
+    sig = lm_inputs.signature(onnx.load(str(tiny_lm)))
     assert sig is not None
     assert sig.cache == {
         f"past_key_values.{layer}.{kind}": 2 for layer in range(2) for kind in ("key", "value")
@@ -56,7 +56,7 @@ def test_the_roles_of_a_generating_models_inputs_are_read_from_its_names_and_sha
 
 
 def test_a_model_without_a_cache_is_not_a_generator(example_files):
-    assert generation.signature(onnx.load(str(example_files / "transformer-block.onnx"))) is None
+    assert lm_inputs.signature(onnx.load(str(example_files / "transformer-block.onnx"))) is None
 
 
 @pytest.mark.slow

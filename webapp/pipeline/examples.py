@@ -236,7 +236,8 @@ def hugging_face(name: str) -> nn.Module:
 
 LLAMA_SHAPES: dict[str, dict[str, Any]] = {
     "llama": {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
-              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000},
+              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000,
+              "max_position_embeddings": 4096},  # room for 2,048 cached tokens and more (rotary: no weights)
     # SmolLM2-135M's config.json, its weights random
     "smollm2-135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
                      "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
@@ -271,7 +272,9 @@ class GeneratorStep(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, position_ids, cache):
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: list
+    ) -> tuple:
         import transformers as hf
 
         kv = hf.DynamicCache()

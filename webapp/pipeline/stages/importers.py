@@ -20,8 +20,8 @@ from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
-from webapp.pipeline.stages import generation
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
+from webapp.pipeline.stages.lm_inputs import default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
@@ -581,7 +581,7 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
     """The model as Relax (a causal LM with its KV cache: one decode step), its imported IR kept."""
-    shapes = generation.default_shapes(ctx.job.model, ctx.options.input_shapes)
+    shapes = default_shapes(ctx.job.model, ctx.options.input_shapes)
     model = import_model(ctx.job.model, shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())

@@ -1,0 +1,97 @@
+"""What a causal language model with a KV cache takes, in the form Hugging Face's exporters write for
+generation: `input_ids`, optionally `attention_mask` and `position_ids`, and
+`past_key_values.<layer>.key|value` in (the generate stage's Signature), and the shapes of one decode step,
+which a job's other stages take where the user gave none (the import stage's default_shapes). Reads the
+ONNX graph only: no TVM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+DEFAULT_STEP = {"tokens": 1, "past": 128}  # the forward pass of a job's other stages: one decode step
+CACHE_PREFIXES = ("past_key_values", "past_key", "past_value", "past.")
+ROLES = ("input_ids", "attention_mask", "position_ids")
+
+
+@dataclass
+class Signature:
+    """The inputs of a generating model by role: token ids, mask and positions (where it has them), and
+    each cache tensor with the axis that holds the cached tokens."""
+
+    inputs: list[tuple[str, str, list]]  # (name, dtype, shape as declared) in the graph's order
+    cache: dict[str, int]  # cache input -> its axis of cached tokens
+
+    def shapes(self, tokens: int, past: int) -> dict[str, list[int]]:
+        """Every input's shape for `tokens` new tokens after `past` cached ones, batch 1."""
+        out = {}
+        for name, _, shape in self.inputs:
+            if name in self.cache:
+                fixed = [d if isinstance(d, int) else 1 for d in shape]
+                fixed[self.cache[name]] = past
+                out[name] = fixed
+            else:
+                out[name] = [1, past + tokens if name == "attention_mask" else tokens]
+        return out
+
+    def values(self, tokens: int, past: int, vocabulary: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs as a generating loop passes them: random token ids, a mask of ones, positions after the
+        cache, a random cache (its values do not change the time a step takes)."""
+        rng = np.random.default_rng(seed)
+        out = {}
+        for name, dtype, _ in self.inputs:
+            shape = self.shapes(tokens, past)[name]
+            if name == "input_ids":
+                out[name] = rng.integers(0, vocabulary, shape).astype(dtype)
+            elif name == "attention_mask":
+                out[name] = np.ones(shape, dtype)
+            elif name == "position_ids":
+                out[name] = np.arange(past, past + tokens, dtype=dtype)[None]
+            else:
+                out[name] = rng.standard_normal(shape).astype(dtype)
+        return out
+
+
+def signature(model: onnx.ModelProto) -> Signature | None:
+    """The model's Signature if it is a causal LM in Hugging Face's exported form, else None."""
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = []
+    for v in model.graph.input:
+        if v.name in initializers:
+            continue
+        dims = v.type.tensor_type.shape.dim
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+        inputs.append((v.name, dtype, shape))
+    cache = {}
+    for name, _, shape in inputs:
+        if name.startswith(CACHE_PREFIXES) and len(shape) == 4:
+            named = [i for i, d in enumerate(shape) if i > 0 and not isinstance(d, int)]
+            cache[name] = next((i for i in named if "past" in str(shape[i])), named[0] if named else 2)
+    others = {name for name, _, _ in inputs} - set(cache)
+    if not cache or "input_ids" not in others or others - set(ROLES):
+        return None
+    return Signature(inputs, cache)
+
+
+def onnx_signature(path: Path) -> Signature | None:
+    import onnx
+
+    return signature(onnx.load(str(path), load_external_data=False))
+
+
+def default_shapes(path: Path, input_shapes: dict | None) -> dict | None:
+    """input_shapes for a generating model the user gave no lengths for: one decode step (DEFAULT_STEP),
+    the dimensions the user gave kept."""
+    sig = onnx_signature(path) if path.suffix == ".onnx" else None
+    if sig is None:
+        return input_shapes
+    return sig.shapes(DEFAULT_STEP["tokens"], DEFAULT_STEP["past"]) | (input_shapes or {})
