@@ -246,15 +246,20 @@ def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int, vocabula
 
 
 def measure_point(
-    ctx: Context, path: Path, sig: Signature, point: Point, runtimes: tuple[Any, Any, int], report: Report
+    ctx: Context,
+    path: Path,
+    sig: Signature,
+    point: Point,
+    runtimes: tuple[Any, Any, int, int],
+    report: Report,
 ) -> tuple[dict, list[dict]]:
     """One point built and timed: (its record, a row per runtime and TVM build). `runtimes`: the ONNX
-    Runtime session, the PyTorch model (None for an upload), the model's weight bytes."""
+    Runtime session, the PyTorch model (None for an upload), the weight bytes, the vocabulary size."""
     from webapp.pipeline.stages import bench
 
-    session, eager, weights = runtimes
+    session, eager, weights, vocabulary = runtimes
     builds = build_point(path, sig, point, ctx.target)
-    values = sig.values(point.tokens, point.past, logits_size(path))
+    values = sig.values(point.tokens, point.past, vocabulary)
     # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
     runs = {("onnxruntime", "fp32"): lambda: session.run(None, values)}
     if eager is not None:
@@ -275,14 +280,8 @@ def measure_point(
             "model_bytes": weights - b["packed"].replaced + b["packed"].packed,
             "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
         }
-    if (
-        point.phase == "decode"
-        and point.past >= GREEDY_PROMPT + GREEDY_STEPS
-        and point.past == DECODE_CONTEXT[0]
-    ):
-        greedy_record = greedy_runs(builds, session, sig, point.past, logits_size(path))
-    else:
-        greedy_record = None
+    greedy_here = point.phase == "decode" and point.past == DECODE_CONTEXT[0] >= GREEDY_PROMPT + GREEDY_STEPS
+    greedy_record = greedy_runs(builds, session, sig, point.past, vocabulary) if greedy_here else None
     record = {
         "greedy": greedy_record,
         "phase": point.phase,
@@ -369,7 +368,7 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     torch.set_num_threads(threads)
     session = bench.onnxruntime_session(path, threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
-    weights = weight_bytes(path)
+    weights, vocabulary = weight_bytes(path), logits_size(path)  # each reads the whole file once
     points: list[dict] = []
     rows: list[dict] = []
     for i, point in enumerate(POINTS):
@@ -379,7 +378,7 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
             points.append(about | {"error": f"past the model's {positions(eager):,} positions"})
             continue
         try:
-            record, timed = measure_point(ctx, path, sig, point, (session, eager, weights), step)
+            record, timed = measure_point(ctx, path, sig, point, (session, eager, weights, vocabulary), step)
         except Exception as e:  # noqa: BLE001 - the other points go on; this one says why it has none
             points.append(about | {"error": error_message(e)})
             continue
