@@ -76,6 +76,7 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert stages.pop("remote")["why"] == "timed on this server, not on a board of the device pool"
     assert stages.pop("quantize")["why"].startswith("no quantization asked")
     assert stages.pop("tune")["why"] == "no tuning trials asked, and no shared tuning records for x86-host"
+    assert stages.pop("generate")["why"].startswith("not a causal language model with a KV cache")
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
     assert runtimes == {"tvm", "pytorch", "onnxruntime"}

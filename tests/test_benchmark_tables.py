@@ -81,7 +81,8 @@ def test_decoding_steps_in_tokens_per_second_and_ratios_per_run():
 
 def test_missing_results_name_the_command(tmp_path):
     bodies = tables.blocks(tmp_path)
-    assert set(bodies) == {"cpu_models", "quantized", "decode", "pi", "job_time", "contention", "repeat"}
+    names = {"cpu_models", "quantized", "decode", "pi", "job_time", "contention", "repeat", "llm"}
+    assert set(bodies) == names
     assert bodies["quantized"] == (
         "No run recorded yet: `PYTHONPATH=. .venv/bin/python benchmarks/quantized.py --record`"
     )

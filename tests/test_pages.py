@@ -1010,6 +1010,7 @@ def test_live_fragment_sends_the_sections_that_changed_then_stops_polling(app, w
             "tuning",
             "code",
             "benchmark",
+            "generation",
             "device",
             "fidelity",
             "downloads",

@@ -106,26 +106,6 @@ def why_not_generated(ctx: Context) -> str | None:
     return None
 
 
-def logits_size(path: Path) -> int:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    last = model.graph.output[0].type.tensor_type.shape.dim[-1]
-    return last.dim_value or 2
-
-
-def weight_bytes(path: Path) -> int:
-    """Bytes of the model's weights: what one decode step reads (every matrix once a token)."""
-    import onnx
-    from onnx import helper
-
-    model = onnx.load(str(path), load_external_data=False)
-    return sum(
-        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        for t in model.graph.initializer
-    )
-
-
 def build_point(path: Path, sig: Signature, point: Point, target: Target) -> dict[str, dict]:
     """The model built for one point's fixed lengths on the default rules: in float, and for a decode
     point also with its weights quantized (weight_only.SCHEMES). {variant: {"executable", "build_s",
@@ -368,7 +348,7 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     torch.set_num_threads(threads)
     session = bench.onnxruntime_session(path, threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
-    weights, vocabulary = weight_bytes(path), logits_size(path)  # each reads the whole file once
+    weights, vocabulary = sig.weight_bytes, sig.vocabulary
     points: list[dict] = []
     rows: list[dict] = []
     for i, point in enumerate(POINTS):

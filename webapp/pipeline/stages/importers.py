@@ -170,7 +170,7 @@ def onnx_value_spec(value: onnx.ValueInfoProto) -> TensorSpec:
 
 def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedModel:
     model, warnings = load_onnx(path)
-    inputs, given = onnx_inputs(model, input_shapes, input_values)
+    inputs, given = onnx_inputs(model, default_shapes(model, input_shapes), input_values)
     outputs = [onnx_value_spec(v) for v in model.graph.output]
     ops: dict[str, int] = {}
     for node in model.graph.node:
@@ -581,8 +581,7 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
     """The model as Relax (a causal LM with its KV cache: one decode step), its imported IR kept."""
-    shapes = default_shapes(ctx.job.model, ctx.options.input_shapes)
-    model = import_model(ctx.job.model, shapes, ctx.options.input_values)
+    model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
     return Given(

@@ -6,6 +6,7 @@ ONNX graph only: no TVM."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ class Signature:
 
     inputs: list[tuple[str, str, list]]  # (name, dtype, shape as declared) in the graph's order
     cache: dict[str, int]  # cache input -> its axis of cached tokens
+    weight_bytes: int  # what one decode step reads: every weight once a token
+    vocabulary: int  # the size of the logits' last axis
 
     def shapes(self, tokens: int, past: int) -> dict[str, list[int]]:
         """Every input's shape for `tokens` new tokens after `past` cached ones, batch 1."""
@@ -79,19 +82,31 @@ def signature(model: onnx.ModelProto) -> Signature | None:
     others = {name for name, _, _ in inputs} - set(cache)
     if not cache or "input_ids" not in others or others - set(ROLES):
         return None
-    return Signature(inputs, cache)
+    weights = sum(
+        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in model.graph.initializer
+    )
+    last = model.graph.output[0].type.tensor_type.shape.dim[-1]
+    return Signature(inputs, cache, weights, last.dim_value or 2)
 
 
+@functools.cache
 def onnx_signature(path: Path) -> Signature | None:
+    """signature() of an .onnx file, read once a process; None for a file that is not a readable model
+    (the import stage says why)."""
     import onnx
+    from google.protobuf.message import DecodeError
 
-    return signature(onnx.load(str(path), load_external_data=False))
+    try:
+        return signature(onnx.load(str(path), load_external_data=False))
+    except (DecodeError, RuntimeError, ValueError, OSError):
+        return None
 
 
-def default_shapes(path: Path, input_shapes: dict | None) -> dict | None:
+def default_shapes(model: onnx.ModelProto, input_shapes: dict) -> dict:
     """input_shapes for a generating model the user gave no lengths for: one decode step (DEFAULT_STEP),
     the dimensions the user gave kept."""
-    sig = onnx_signature(path) if path.suffix == ".onnx" else None
+    sig = signature(model)
     if sig is None:
         return input_shapes
-    return sig.shapes(DEFAULT_STEP["tokens"], DEFAULT_STEP["past"]) | (input_shapes or {})
+    return sig.shapes(DEFAULT_STEP["tokens"], DEFAULT_STEP["past"]) | input_shapes
