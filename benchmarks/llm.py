@@ -1,7 +1,8 @@
 """Language models as llama-bench measures them: time to the first token for prompts of 16, 128 and 512
 tokens, and decode tokens/s with 128, 512 and 2,048 tokens in the cache; TVM against ONNX Runtime (the
-same .onnx) and PyTorch eager with its cache, in one run, and each runtime's share of the memory-bandwidth
-bound (the bytes a decode step reads at the read bandwidth measured in the same run).
+same .onnx), ONNX Runtime GenAI (its builder's models of the checkpoint, float and int4) and PyTorch eager
+with its cache, in one run, and each runtime's share of the memory-bandwidth bound (the bytes a decode step
+reads at the read bandwidth measured in the same run).
 
 Each example runs as a job does (the whole pipeline, sandboxed, through its generate stage:
 webapp/pipeline/stages/generation.py), so these are the figures its result page states.
@@ -23,7 +24,7 @@ from record import keep, script_parser
 from webapp.cli import compile_locally
 from webapp.config import Config
 
-RUNTIMES = ("tvm", "onnxruntime", "pytorch")
+KEYS = {"tvm": "tvm", "onnxruntime": "onnxruntime", "onnxruntime-genai": "genai", "pytorch": "pytorch"}
 
 
 def measure(config: Config, name: str, preset: str, tmp: Path) -> dict:
@@ -48,16 +49,23 @@ def table(run: dict) -> list[dict]:
             for r in run["rows"]
             if (r["phase"], r["tokens"], r["past"]) == (point["phase"], point["tokens"], point["past"])
         ]
-        at = {r["runtime"]: r for r in here if r["variant"] == "fp32"}
-        quantized = {r["variant"]: r for r in here if r["variant"] != "fp32"}
+        at = {KEYS[r["runtime"]]: r for r in here if r["variant"] == "fp32"}
+        quantized = {r["variant"]: r for r in here if r["variant"] != "fp32" and r["runtime"] == "tvm"}
+        genai = {
+            r["variant"]: r for r in here if r["variant"] != "fp32" and r["runtime"] == "onnxruntime-genai"
+        }
         tvm = at["tvm"]
         line = {
             "model": run["model"],
             "phase": point["phase"],
             "length": point["tokens"] if point["phase"] == "prefill" else point["past"],
-            **{f"{k}_ms": at[k]["median_ms"] for k in RUNTIMES if k in at},
-            **{f"{k}_tokens_per_s": at[k]["tokens_per_s"] for k in RUNTIMES if k in at},
+            **{f"{k}_ms": r["median_ms"] for k, r in at.items()},
+            **{f"{k}_tokens_per_s": r["tokens_per_s"] for k, r in at.items()},
             "tvm_vs_onnxruntime": tvm["speedup_vs_onnxruntime"],
+            "tvm_vs_genai": tvm.get("speedup_vs_onnxruntime_genai"),
+            **{f"genai_{v}_tokens_per_s": r["tokens_per_s"] for v, r in genai.items()},
+            **{f"genai_{v}_bound_share": r["bound_share"] for v, r in genai.items()},
+            **{f"tvm_{v}_vs_genai": r.get("speedup_vs_onnxruntime_genai") for v, r in quantized.items()},
             "tvm_vs_pytorch": at["pytorch"]["median_ms"] / tvm["median_ms"] if "pytorch" in at else None,
             "tvm_bound_share": tvm.get("bound_share"),
             "onnxruntime_bound_share": at["onnxruntime"].get("bound_share"),
@@ -84,17 +92,21 @@ def show(run: dict, lines: list[dict]) -> None:
         f"{bw['triad_gb_s']} GB/s triad (over {bw['bytes'] / 1e6:,.0f} MB); "
         f"generate stage {run['generate_s']} s"
     )
+    if run["genai"].get("why_not"):
+        print(f"ONNX Runtime GenAI not run: {run['genai']['why_not']}")
     print(
-        f"{'phase':<8} {'length':>6} {'TVM ms':>9} {'ORT ms':>9} {'PyTorch ms':>10} {'TVM tok/s':>10} "
-        f"{'vs ORT':>7} {'vs PyT':>7} {'TVM bound':>9} {'ORT bound':>9}"
+        f"{'phase':<8} {'length':>6} {'TVM ms':>9} {'ORT ms':>9} {'GenAI ms':>9} {'PyTorch ms':>10} "
+        f"{'TVM tok/s':>10} {'vs ORT':>7} {'vs GenAI':>8} {'vs PyT':>7} {'TVM bound':>9} {'ORT bound':>9}"
     )
     for ln in lines:
         share = lambda v: f"{100 * v:8.0f}%" if v is not None else f"{'':>9}"  # noqa: E731
-        pytorch = f"{ln['pytorch_ms']:10.2f}" if "pytorch_ms" in ln else f"{'':>10}"
-        vs_pt = f"{ln['tvm_vs_pytorch']:6.2f}x" if ln["tvm_vs_pytorch"] else f"{'':>7}"
+        cell = lambda v, w: f"{v:{w}.2f}" if v is not None else f"{'':>{w}}"  # noqa: E731
+        ratio = lambda v, w: f"{v:{w - 1}.2f}x" if v else f"{'':>{w}}"  # noqa: E731
         print(
-            f"{ln['phase']:<8} {ln['length']:>6} {ln['tvm_ms']:9.2f} {ln['onnxruntime_ms']:9.2f} {pytorch} "
-            f"{ln['tvm_tokens_per_s']:10.1f} {ln['tvm_vs_onnxruntime']:6.2f}x {vs_pt} "
+            f"{ln['phase']:<8} {ln['length']:>6} {ln['tvm_ms']:9.2f} {ln['onnxruntime_ms']:9.2f} "
+            f"{cell(ln.get('genai_ms'), 9)} {cell(ln.get('pytorch_ms'), 10)} "
+            f"{ln['tvm_tokens_per_s']:10.1f} {ln['tvm_vs_onnxruntime']:6.2f}x {ratio(ln['tvm_vs_genai'], 8)} "
+            f"{ratio(ln['tvm_vs_pytorch'], 7)} "
             f"{share(ln['tvm_bound_share'])} {share(ln['onnxruntime_bound_share'])}"
             + (f"  (disturbed: {ln['disturbed']})" if ln["disturbed"] else ""),
             flush=True,
@@ -124,6 +136,14 @@ def show_quantized(run: dict, lines: list[dict]) -> None:
             f"{v:<10} {decode[0][f'tvm_{v}_model_bytes'] / 1e6:7.1f} {cells} "
             f"{decode[0][f'tvm_{v}_logits_sqnr_db']:7.1f} {said:>14}"
         )
+    genai = {k[6:-13] for ln in decode for k in ln if k.startswith("genai_") and k.endswith("_tokens_per_s")}
+    for v in sorted(genai):
+        cells = " ".join(
+            f"{ln[f'genai_{v}_tokens_per_s']:11.1f} {'':>7} {100 * ln[f'genai_{v}_bound_share']:4.0f}%"
+            for ln in decode
+        )
+        against = ", ".join(f"{ln[f'tvm_{v}_vs_genai']:.2f}x" for ln in decode if ln.get(f"tvm_{v}_vs_genai"))
+        print(f"{'GenAI ' + v:<10} {'':>7} {cells}   (TVM {v} against it: {against})")
     agree = next((ln["greedy"]["fp32"] for ln in decode if ln["greedy"]), None)
     if agree:
         print(

@@ -561,14 +561,15 @@ def render_llm(runs: list[dict]) -> str:
     rows = []
     for point in points:
         cells = []
-        for k in ("tvm", "onnxruntime", "pytorch"):
+        for k in ("tvm", "onnxruntime", "genai", "pytorch"):
             value, rate = fig(point, f"{k}_ms"), fig(point, f"{k}_tokens_per_s")
             cells.append("—" if value is None or rate is None else f"{ms(value)} ({rate:,.0f})")
         share = fig(point, "tvm_bound_share")
-        ratios = [times(fig(point, "tvm_vs_onnxruntime")), times(fig(point, "tvm_vs_pytorch"))]
+        ratios = [times(fig(point, f"tvm_vs_{k}")) for k in ("onnxruntime", "genai", "pytorch")]
         rows.append([*map(str, point), *cells, *ratios, "—" if share is None else f"{100 * share:.0f}%"])
     header = ["model", "phase", "tokens (prompt or cache)", "TVM ms (tokens/s)", "ORT ms (tokens/s)",
-              "PyTorch ms (tokens/s)", "TVM vs ORT", "TVM vs PyTorch", "TVM share of the bound"]  # fmt: skip
+              "ORT GenAI ms (tokens/s)", "PyTorch ms (tokens/s)", "TVM vs ORT", "TVM vs ORT GenAI",
+              "TVM vs PyTorch", "TVM share of the bound"]  # fmt: skip
     variants = sorted(
         {k[4:-13] for ln in lines for k in ln if k.startswith("tvm_int") and k.endswith("_tokens_per_s")}
     )
@@ -577,14 +578,19 @@ def render_llm(runs: list[dict]) -> str:
     def rate(p: tuple, v: str) -> str:
         return f"{fig(p, f'tvm_{v}_tokens_per_s') or 0:,.1f} ({times(fig(p, f'tvm_{v}_vs_fp32'))})"
 
-    quantized = [[p[0], str(p[2]), *(rate(p, v) for v in variants)] for p in decode]
+    def genai_int4(p: tuple) -> str:
+        value = fig(p, "genai_int4-g32_tokens_per_s")
+        against = times(fig(p, "tvm_int4-g32_vs_genai"))
+        return "—" if value is None else f"{value:,.1f} (TVM int4-g32 {against})"
+
+    quantized = [[p[0], str(p[2]), *(rate(p, v) for v in variants), genai_int4(p)] for p in decode]
     bandwidth = listed(f"{ln['bandwidth']['read_gb_s']}" for ln in lines if ln["phase"] == "decode")
     return (
         f"{where(latest)}, {listed(r.get('preset') for r in latest)}; read bandwidth {bandwidth} GB/s. "
         "Medians across the runs; TVM is fp32 here, ratios are speeds (above 1: TVM faster).\n\n"
         + table(header, rows)
         + "\n\nWeight-only TVM builds at the decode points, tokens/s (against TVM fp32):\n\n"
-        + table(["model", "tokens in the cache", *variants], quantized)
+        + table(["model", "tokens in the cache", *variants, "ORT GenAI int4 (TVM int4-g32 vs it)"], quantized)
     )
 
 

@@ -326,7 +326,8 @@ def test_a_densenet_sized_graph_fits_is_searched_and_links_a_node_to_its_assembl
 
     # node -> its kernel's assembly (a URL that can be shared) -> back to the node
     page.click(f"{view} .node-details a.to-code[data-view=asm]")
-    expect(page.locator(".code-title code")).to_have_text(kernel)
+    # the kernel's view is rendered on its first request: on a loaded machine, seconds
+    expect(page.locator(".code-title code")).to_have_text(kernel, timeout=30_000)
     assert "view=asm" in page.url and f"kernel={kernel}" in page.url and f"node={selected}" in page.url
     expect(page.locator("#code-text")).not_to_contain_text(".cfi_startproc")  # directives filtered
     expect(page.locator("#code-text .linenos").first).to_be_visible()  # numbered

@@ -135,3 +135,71 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     assert section.count('<tr class="prefill">') == 3 and section.count('<tr class="decode">') == 3
     assert f"{g['bandwidth']['read_gb_s']} GB/s" in section
     assert "the same token at 100% of the steps" in section
+    # an upload has no Hugging Face checkpoint for ONNX Runtime GenAI's builder: the page says so
+    assert "checkpoint" in g["genai"]["why_not"] and "ONNX Runtime GenAI is not run" in section
+    genai_drawn(client.application, r, lm_inputs.onnx_signature(tiny_lm))
+
+
+def genai_drawn(app, r: dict, sig) -> None:
+    """The page of an example's job, whose rows have ONNX Runtime GenAI's (float and int4): here its rows
+    are ONNX Runtime's times, and half of them for int4, through the stage's rates()."""
+    from tests.test_pages import write_job
+
+    g = r["generation"]
+    kept = ("runtime", "variant", "phase", "tokens", "past", "median_ms", "p90_ms", "runs", "streamed_bytes")
+    timed = [{k: v for k, v in row.items() if k in kept} for row in g["rows"]]
+    ort = [row for row in timed if row["runtime"] == "onnxruntime"]
+    genai_rows = [row | {"runtime": "onnxruntime-genai", "streamed_bytes": 4000} for row in ort] + [
+        row
+        | {"runtime": "onnxruntime-genai", "variant": "int4-g32", "median_ms": row["median_ms"] / 2}
+        | {"streamed_bytes": 600}
+        for row in ort
+        if row["phase"] == "decode"
+    ]
+    rows = generation.rates(timed + genai_rows, g["points"], sig, g["bandwidth"]["read_gb_s"])
+    about = {v: {"model_bytes": 9e6, "streamed_bytes": b} for v, b in (("fp32", 4000), ("int4-g32", 600))}
+    g = g | {"rows": rows, "runtimes": ["tvm", "onnxruntime", "onnxruntime-genai"]}
+    g["genai"] = {"build_s": 12.5, "variants": about}
+    job_id = write_job(app, r | {"generation": g}, options={"example": "llama", "target": "x86-host"})
+    html = app.test_client().get(f"/r/{job_id}").get_data(as_text=True)
+    section = html[html.index('id="generation"') :]
+    section = section[: section.index("</section>")]
+    lines = re.findall(r'<polyline points="[\d., ]+" class="line ([\w -]+)"', section)
+    assert lines.count("onnxruntime-genai") == 2 and lines.count("onnxruntime-genai q-int4-g32") == 1
+    assert section.count('<tr class="variant genai">') == 1 and "built in 12.5 s" in section
+    tvm_int4 = [row for row in rows if row["runtime"] == "tvm" and row["variant"] == "int4-g32"]
+    said = ", ".join(
+        f"<strong>{row['speedup_vs_onnxruntime_genai']:.2f}×</strong> at cache {row['past']}"
+        for row in tvm_int4
+    )
+    assert said in section
+
+
+def test_onnxruntime_genai_builds_a_checkpoint_in_float_and_int4_and_runs_each_point(tmp_path):
+    """ONNX Runtime GenAI's builder makes its models of the Hugging Face checkpoint: its float model
+    gives the checkpoint's logits, its int4 one streams under a sixth of the float bytes, and a runner of
+    each point (a prompt on an empty cache; one token after a cache of 64, rewound between calls) runs
+    again and again."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    from webapp.pipeline.stages import genai
+
+    model = tiny_llama()
+    folders = genai.build(model, tmp_path, threads=1)
+    assert set(folders) == {"fp32", "int4-g32"} and not (tmp_path / "checkpoint").exists()
+    assert genai.streamed_bytes(folders["int4-g32"]) < genai.streamed_bytes(folders["fp32"]) / 6
+    models = genai.load(folders)
+    prompt = np.arange(3, 11, dtype=np.int32)
+    params = og.GeneratorParams(models["fp32"])
+    params.set_search_options(max_length=16)
+    generator = og.Generator(models["fp32"], params)
+    generator.append_tokens(prompt)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(prompt[None].astype(np.int64))).logits[0, -1].numpy()
+    np.testing.assert_allclose(np.asarray(generator.get_logits()).reshape(-1), expected, atol=1e-4)
+    for variant in folders:
+        for tokens, past in ((16, 0), (1, 64)):
+            run = genai.runner(models[variant], tokens, past, vocabulary=256)
+            run()
+            run()

@@ -77,7 +77,7 @@ def bench_chart(results: dict) -> dict | None:
     }
 
 
-RUNTIME_ORDER = ("tvm", "onnxruntime", "pytorch", "bound")
+RUNTIME_ORDER = ("tvm", "onnxruntime", "onnxruntime-genai", "pytorch", "bound")
 
 
 def generation_charts(generation: dict) -> list[dict]:

@@ -15,6 +15,7 @@ fixed: the page says so.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.stages import genai
 from webapp.pipeline.stages.lm_inputs import Signature, onnx_signature
 from webapp.pipeline.stages.timing import measure_watched
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 PREFILL_TOKENS = (16, 128, 512)  # llama-bench's pp512 and two shorter prompts
 DECODE_CONTEXT = (128, 512, 2048)  # tokens already in the cache when one more is decoded
+RUNTIMES = ("tvm", "onnxruntime", genai.RUNTIME, "pytorch")
 
 
 # ---------------------------------------------------------------- the machine's memory bandwidth
@@ -86,6 +89,18 @@ class Point:
 
 
 POINTS = [Point("prefill", n, 0) for n in PREFILL_TOKENS] + [Point("decode", 1, n) for n in DECODE_CONTEXT]
+
+
+@dataclass
+class Runtimes:
+    """What runs beside TVM: an ONNX Runtime session of the .onnx, the Hugging Face model in PyTorch (an
+    example's; None for an upload), ONNX Runtime GenAI's models ({variant: onnxruntime_genai.Model},
+    empty where it does not run) and the bytes each streams a decode step."""
+
+    session: Any
+    eager: Any
+    genai_models: dict[str, Any]
+    genai_streamed: dict[str, int]
 
 
 def generator_file(ctx: Context) -> Path | None:
@@ -194,7 +209,7 @@ def agreement(tokens: list[int], reference: list[int]) -> dict:
     }
 
 
-def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int, vocabulary: int) -> dict | None:
+def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int) -> dict | None:
     """Each build's and ONNX Runtime's greedy tokens from one random prompt, and their agreement: TVM fp32
     against ONNX Runtime, each quantized build against TVM fp32."""
     import tvm
@@ -206,7 +221,7 @@ def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int, vocabula
         main = relax.VirtualMachine(executable, tvm.cpu())["main"]
         return lambda feed: bench.flatten_outputs(main(*(tvm.runtime.tensor(v) for v in feed.values())))
 
-    prompt = [int(t) for t in np.random.default_rng(2).integers(0, vocabulary, GREEDY_PROMPT)]
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, sig.vocabulary, GREEDY_PROMPT)]
     reference = greedy(lambda feed: session.run(None, feed), sig, slots, prompt)
     if reference is None:
         return None
@@ -226,26 +241,21 @@ def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int, vocabula
 
 
 def measure_point(
-    ctx: Context,
-    path: Path,
-    sig: Signature,
-    point: Point,
-    runtimes: tuple[Any, Any, int, int],
-    report: Report,
+    ctx: Context, path: Path, sig: Signature, point: Point, rt: Runtimes, report: Report
 ) -> tuple[dict, list[dict]]:
-    """One point built and timed: (its record, a row per runtime and TVM build). `runtimes`: the ONNX
-    Runtime session, the PyTorch model (None for an upload), the weight bytes, the vocabulary size."""
+    """One point built and timed: (its record, a row per runtime and TVM build)."""
     from webapp.pipeline.stages import bench
 
-    session, eager, weights, vocabulary = runtimes
     builds = build_point(path, sig, point, ctx.target)
-    values = sig.values(point.tokens, point.past, vocabulary)
+    values = sig.values(point.tokens, point.past, sig.vocabulary)
     # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
-    runs = {("onnxruntime", "fp32"): lambda: session.run(None, values)}
-    if eager is not None:
-        runs["pytorch", "fp32"] = eager_runner(eager, sig, values)
+    runs = {("onnxruntime", "fp32"): lambda: rt.session.run(None, values)}
+    if rt.eager is not None:
+        runs["pytorch", "fp32"] = eager_runner(rt.eager, sig, values)
     runs |= {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
     logits = {key: bench.flatten_outputs(run())[0] for key, run in runs.items()}
+    for v, model in rt.genai_models.items():  # its own inputs (a real prefix in its cache): timed only
+        runs[genai.RUNTIME, v] = genai.runner(model, point.tokens, point.past, sig.vocabulary)
     fidelity = bench.fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
     with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
         timed, conditions = measure_watched(
@@ -257,11 +267,11 @@ def measure_point(
         variants[v] = {
             "build_s": b["build_s"],
             "streamed_bytes": b["packed"].streamed,
-            "model_bytes": weights - b["packed"].replaced + b["packed"].packed,
+            "model_bytes": sig.weight_bytes - b["packed"].replaced + b["packed"].packed,
             "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
         }
     greedy_here = point.phase == "decode" and point.past == DECODE_CONTEXT[0] >= GREEDY_PROMPT + GREEDY_STEPS
-    greedy_record = greedy_runs(builds, session, sig, point.past, vocabulary) if greedy_here else None
+    greedy_record = greedy_runs(builds, rt.session, sig, point.past) if greedy_here else None
     record = {
         "greedy": greedy_record,
         "phase": point.phase,
@@ -277,6 +287,7 @@ def measure_point(
         {"runtime": k, "variant": v, "phase": point.phase, "tokens": point.tokens, "past": point.past}
         | {f: t[f] for f in ("median_ms", "p90_ms", "runs")}
         | ({"streamed_bytes": variants[v]["streamed_bytes"]} if k == "tvm" else {})
+        | ({"streamed_bytes": rt.genai_streamed[v]} if k == genai.RUNTIME else {})
         for (k, v), t in timed.items()
     ]
     return record, rows
@@ -296,13 +307,22 @@ def rates(rows: list[dict], points: list[dict], sig: Signature, read_gb_s: float
         if r["runtime"] == "tvm" and r["variant"] == "fp32"
     }
     floats = {(p["phase"], p["tokens"], p["past"]): p["variants"]["fp32"]["streamed_bytes"] for p in points}
+    genai_ms = {
+        (r["phase"], r["tokens"], r["past"], r["variant"]): r["median_ms"]
+        for r in rows
+        if r["runtime"] == genai.RUNTIME
+    }
     out = []
     for row in rows:
         at = (row["phase"], row["tokens"], row["past"])
         seconds_ = row["median_ms"] / 1e3
         row = row | {"speedup_vs_onnxruntime": round(ort[at] / row["median_ms"], 3)}
+        row["speedup_vs_tvm_fp32"] = round(tvm[at] / row["median_ms"], 3)
         if row["runtime"] == "tvm":
-            row["speedup_vs_tvm_fp32"] = round(tvm[at] / row["median_ms"], 3)
+            if (*at, row["variant"]) in genai_ms:  # TVM against GenAI in the same precision
+                row["speedup_vs_onnxruntime_genai"] = round(
+                    genai_ms[*at, row["variant"]] / row["median_ms"], 3
+                )
         if row["phase"] == "prefill":  # time to first token, and the prompt's tokens a second
             out.append(
                 row | {"ttft_ms": row["median_ms"], "tokens_per_s": round(row["tokens"] / seconds_, 2)}
@@ -332,10 +352,54 @@ def positions(model: Any) -> int:
     )
 
 
+def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Any], dict]:
+    """ONNX Runtime GenAI's models of an example ({variant: model}, loaded) and what the result says of
+    them: each variant's bytes, or why it does not run."""
+    if eager is None:
+        return {}, {"why_not": "its model builder takes a Hugging Face checkpoint, and an upload is an .onnx"}
+    t0 = time.monotonic()
+    try:
+        folders = genai.build(eager, ctx.dir / "genai", threads)
+        models = genai.load(folders)
+    except Exception as e:  # noqa: BLE001 - TVM's figures go on without it; the page says why
+        return {}, {"why_not": error_message(e)}
+    about = {
+        "build_s": round(time.monotonic() - t0, 2),
+        "variants": {
+            v: {"model_bytes": genai.model_bytes(f), "streamed_bytes": genai.streamed_bytes(f)}
+            for v, f in folders.items()
+        },
+    }
+    return models, about
+
+
+def measure_points(
+    ctx: Context, path: Path, sig: Signature, rt: Runtimes, report: Report
+) -> tuple[list, list]:
+    """Every point of POINTS measured: (their records, the timed rows); a point that fails says why."""
+    points: list[dict] = []
+    rows: list[dict] = []
+    for i, point in enumerate(POINTS):
+        step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
+        about = {"phase": point.phase, "tokens": point.tokens, "past": point.past}
+        if rt.eager is not None and point.tokens + point.past > positions(rt.eager):
+            points.append(about | {"error": f"past the model's {positions(rt.eager):,} positions"})
+            continue
+        try:
+            record, timed = measure_point(ctx, path, sig, point, rt, step)
+        except Exception as e:  # noqa: BLE001 - the other points go on; this one says why it has none
+            points.append(about | {"error": error_message(e)})
+            continue
+        points.append(record)
+        rows += timed
+    return points, rows
+
+
 def generation_stage(ctx: Context, report: Report) -> Given[None]:
     """The model built for each point of POINTS and timed there, TVM (in float, and with its weights
-    quantized at the decode points) against ONNX Runtime (and PyTorch eager, for an example); then the
-    memory bandwidth, over as many bytes as the float weights a decode step reads."""
+    quantized at the decode points) against ONNX Runtime (and, for an example, PyTorch eager and ONNX
+    Runtime GenAI); then the memory bandwidth, over as many bytes as the float weights a decode step
+    reads."""
     import torch
 
     from webapp.pipeline.examples import causal_lm
@@ -346,24 +410,14 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     assert path is not None and sig is not None  # why_not_generated() is None
     threads = bench.bench_threads()
     torch.set_num_threads(threads)
-    session = bench.onnxruntime_session(path, threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
-    weights, vocabulary = sig.weight_bytes, sig.vocabulary
-    points: list[dict] = []
-    rows: list[dict] = []
-    for i, point in enumerate(POINTS):
-        step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
-        about = {"phase": point.phase, "tokens": point.tokens, "past": point.past}
-        if eager is not None and point.tokens + point.past > positions(eager):
-            points.append(about | {"error": f"past the model's {positions(eager):,} positions"})
-            continue
-        try:
-            record, timed = measure_point(ctx, path, sig, point, (session, eager, weights, vocabulary), step)
-        except Exception as e:  # noqa: BLE001 - the other points go on; this one says why it has none
-            points.append(about | {"error": error_message(e)})
-            continue
-        points.append(record)
-        rows += timed
+    models, genai_about = with_genai(ctx, eager, threads)
+    streamed_by = {v: a["streamed_bytes"] for v, a in genai_about.get("variants", {}).items()}
+    rt = Runtimes(bench.onnxruntime_session(path, threads), eager, models, streamed_by)
+    try:
+        points, rows = measure_points(ctx, path, sig, rt, report)
+    finally:
+        shutil.rmtree(ctx.dir / "genai", ignore_errors=True)
     done = [p for p in points if "error" not in p]
     if not any(p["phase"] == "decode" for p in done):
         raise StageError(f"No decode point could be measured: {points[-1].get('error')}")
@@ -377,10 +431,11 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
             f"{len(POINTS)} imports and their builds, one a point: TVM's importers do not take this model "
             "with symbolic lengths, so each prompt length and cache length is built with its lengths fixed"
         ),
-        "runtimes": [k for k in ("tvm", "onnxruntime", "pytorch") if any(r["runtime"] == k for r in rows)],
+        "runtimes": [k for k in RUNTIMES if any(r["runtime"] == k for r in rows)],
         "variants": list(done[-1]["variants"]),
+        "genai": genai_about,
         "bandwidth": measured,
-        "weight_bytes": weights,
+        "weight_bytes": sig.weight_bytes,
         "points": points,
         "rows": rates(rows, done, sig, measured["read_gb_s"]),
     }
