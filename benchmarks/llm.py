@@ -8,8 +8,10 @@ Each example runs as a job does (the whole pipeline, sandboxed, through its gene
 webapp/pipeline/stages/generation.py), so these are the figures its result page states.
 
     PYTHONPATH=. .venv/bin/python benchmarks/llm.py [--models llama,smollm2-135m] [--budget 2] [--record]
+        [--runs DIR]
 
---record appends the run to benchmarks/results/llm.json.
+--record appends the run to benchmarks/results/llm.json; --runs DIR keeps each model's run in DIR and takes
+one found there instead of measuring it again.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def table(run: dict) -> list[dict]:
             "tvm_vs_onnxruntime": tvm["speedup_vs_onnxruntime"],
             "tvm_vs_genai": tvm.get("speedup_vs_onnxruntime_genai"),
             **{f"genai_{v}_tokens_per_s": r["tokens_per_s"] for v, r in genai.items()},
-            **{f"genai_{v}_bound_share": r["bound_share"] for v, r in genai.items()},
+            **{f"genai_{v}_bound_share": r.get("bound_share") for v, r in genai.items()},
             **{f"tvm_{v}_vs_genai": r.get("speedup_vs_onnxruntime_genai") for v, r in quantized.items()},
             "tvm_vs_pytorch": at["pytorch"]["median_ms"] / tvm["median_ms"] if "pytorch" in at else None,
             "tvm_bound_share": tvm.get("bound_share"),
@@ -136,8 +138,7 @@ def show_quantized(run: dict, lines: list[dict]) -> None:
             f"{v:<10} {decode[0][f'tvm_{v}_model_bytes'] / 1e6:7.1f} {cells} "
             f"{decode[0][f'tvm_{v}_logits_sqnr_db']:7.1f} {said:>14}"
         )
-    genai = {k[6:-13] for ln in decode for k in ln if k.startswith("genai_") and k.endswith("_tokens_per_s")}
-    for v in sorted(genai):
+    for v in (v for v in run["genai"].get("variants", {}) if v != "fp32"):
         cells = " ".join(
             f"{ln[f'genai_{v}_tokens_per_s']:11.1f} {'':>7} {100 * ln[f'genai_{v}_bound_share']:4.0f}%"
             for ln in decode
@@ -156,12 +157,19 @@ def main() -> int:
     parser.add_argument("--models", default="llama,smollm2-135m")
     parser.add_argument("--preset", default="x86-host")
     parser.add_argument("--budget", type=float, default=2.0, help="timing seconds per runtime and point")
+    parser.add_argument("--runs", help="a folder keeping each model's run: one there is not measured again")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         config = Config.from_env(bench_budget_s=args.budget, data_dir=Path(tmp) / "data")
         for name in args.models.split(","):
-            run = measure(config, name, args.preset, Path(tmp))
+            kept = Path(args.runs) / f"llm-{name}-{args.preset}.json" if args.runs else None
+            if kept and kept.exists():  # a run measured before, printed and recorded again
+                run = json.loads(kept.read_text())
+            else:
+                run = measure(config, name, args.preset, Path(tmp))
+            if kept:
+                kept.write_text(json.dumps(run))
             lines = table(run)
             show(run, lines)
             show_quantized(run, lines)

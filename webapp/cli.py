@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import zipfile
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -160,6 +161,13 @@ def cmd_pool(args: argparse.Namespace) -> int:
     return run_pool(Config.from_env())
 
 
+def data_files(model: Path) -> list[Path]:
+    """An .onnx's external data file as exporters name it (`model.onnx.data` beside `model.onnx`: torch's
+    and onnx's default), where there is one; other layouts come as a .zip. The model is not parsed here."""
+    beside = model.with_name(model.name + ".data")
+    return [beside] if beside.is_file() else []
+
+
 def compile_locally(
     config: Config, model_arg: str, form: dict, out: Path, tuning_records: Path | None = None
 ) -> dict | None:
@@ -167,7 +175,7 @@ def compile_locally(
     unless config.unsandboxed, with the options in `form` (the API's field names), starting from the
     tuning records in the folder `tuning_records` if given. Returns the error ({"stage", "message"})
     or None. Raises SubmitError for arguments refused before anything runs."""
-    from webapp.jobs.submit import sniff_model_format
+    from webapp.jobs.submit import archive_kind, sniff_model_format
     from webapp.jobs.worker import prepare_job_folder, run_prepared_job
 
     options = JobOptions.parse({k: str(v) for k, v in form.items() if v is not None}).to_json()
@@ -181,7 +189,14 @@ def compile_locally(
             kind = sniff_model_format(f.read(16), model.name)
         options["model_file"] = f"model.{kind}"
         (out / "input").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(model, out / "input" / options["model_file"])
+        if kind == "onnx" and data_files(model):  # its external data beside it: one archive, as uploaded
+            with zipfile.ZipFile(out / "input" / "model.pt2", "w") as archive:
+                for path in (model, *data_files(model)):
+                    archive.write(path, path.relative_to(model.parent).as_posix())
+        else:
+            shutil.copyfile(model, out / "input" / options["model_file"])
+        if (out / "input" / "model.pt2").exists():
+            options["model_file"] = archive_kind(out / "input", model.name, config.max_unzipped_mb)
     else:
         raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
     out.mkdir(parents=True, exist_ok=True)
@@ -460,7 +475,11 @@ def benchmark_table(result: dict) -> str:
 def job_arguments(p: argparse.ArgumentParser, sandbox: bool = True) -> None:
     """The model and the job's options, as compile, tune and submit take them."""
     d = JobOptions()
-    p.add_argument("model", help=f"an .onnx or .pt2 file, or an example name ({', '.join(EXAMPLES)})")
+    p.add_argument(
+        "model",
+        help=f"an .onnx (its model.onnx.data beside it taken along) or .pt2 file, a .zip of an .onnx and its "
+        f"external data files, or an example name ({', '.join(EXAMPLES)})",
+    )
     p.add_argument("--target", default=d.target, choices=list(TARGETS))
     p.add_argument("--input-shapes", help="JSON, e.g. '{\"input\": [1, 3, 224, 224]}'")
     p.add_argument(

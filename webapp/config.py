@@ -24,8 +24,8 @@ class Config:
     port: int = 8000
     redis_url: str | None = None  # the queue: huey on Redis (default: huey on SQLite in the data folder)
     database_url: str | None = None  # the job store: PostgreSQL (default: SQLite in the data folder)
-    max_upload_mb: int = 500
-    max_unzipped_mb: int = 2048  # what a zip upload (.pt2, .npz) may expand to
+    max_upload_mb: int = 4096  # a model over 2 GB comes as a .zip with its external data
+    max_unzipped_mb: int = 4608  # what a zip upload (.pt2, .npz, an .onnx with its data) may expand to
     # Admission control: submissions per client address (flask-limiter's syntax; "" for none), and
     # caps on jobs queued or running, per address and in all (0 for none); past them, 429.
     submit_rate: str = "10 per minute;100 per day"

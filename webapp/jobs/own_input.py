@@ -62,11 +62,17 @@ def waiting_runs(config: Config) -> list[tuple[str, str]]:
     return runs
 
 
+# an uploaded archive's model (an .onnx with its external data files), as the import stage unpacks it
+UNPACKED_MODEL = "unpacked/model.onnx"
+
+
 def model_references(options: dict) -> dict[str, str]:
-    """The reference runtimes' model files in a job's input/ (as the worker prepared the job)."""
+    """The reference runtimes' model files in a job's folder (as the worker prepared the job)."""
     if options.get("example") in EXAMPLES:
         return {"pytorch": "input/reference.pt2", "onnxruntime": "input/model.onnx"}
     model = options["model_file"]
+    if model.endswith(".zip"):
+        return {"onnxruntime": UNPACKED_MODEL}
     return {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
 
 
@@ -83,7 +89,14 @@ def prepare(config: Config, job: dict, folder: Path) -> None:
             spec["libraries"][label] = f"input/{name}"
     for runtime, rel in model_references(job["options"]).items():
         path = safe_job_file(job_dir, rel)
-        if path is not None:
+        if path is not None and rel == UNPACKED_MODEL:  # the model with its external data files
+            for part in sorted((job_dir / "unpacked").rglob("*")):
+                kept = safe_job_file(job_dir, str(part.relative_to(job_dir)))
+                if kept is not None:
+                    (folder / "input" / part.relative_to(job_dir)).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(kept, folder / "input" / part.relative_to(job_dir))
+            spec["references"][runtime] = f"input/{rel}"
+        elif path is not None:
             shutil.copyfile(path, folder / "input" / path.name)
             spec["references"][runtime] = f"input/{path.name}"
     example = EXAMPLES.get(job["options"].get("example") or "")

@@ -35,7 +35,8 @@ TUNING_UPLOADS = {
 
 
 def sniff_model_format(head: bytes, filename: str) -> str:
-    """'onnx' or 'pt2', judged by the first bytes only."""
+    """'onnx' or 'pt2' (a zip: also an ONNX model's archive with its external data, archive_kind()),
+    judged by the first bytes only."""
     if not head:
         raise SubmitError("The uploaded file is empty.")
     if head.startswith(ZIP_MAGIC):
@@ -90,7 +91,7 @@ def submit_job(
             options["filename"] = filename[:200]
             save_upload(upload, head, job_dir / "input" / options["model_file"], config.max_upload_mb)
             if kind == "pt2":
-                check_zip(job_dir / "input" / options["model_file"], "The .pt2 file", config.max_unzipped_mb)
+                options["model_file"] = archive_kind(job_dir / "input", filename, config.max_unzipped_mb)
         else:
             options["example"] = example
         if tuning_files:
@@ -216,6 +217,19 @@ def check_zip(path: Path, what: str, max_mb: int) -> None:
             f"{what} would expand to {size / 1e6:,.0f} MB in {len(entries):,} entries when unpacked, more "
             f"than this server's limit of {max_mb:,} MB: refused (a zip bomb, or a model too large here)."
         )
+
+
+def archive_kind(inputs: Path, filename: str, max_mb: int) -> str:
+    """The name an uploaded zip (saved as model.pt2 in `inputs`) is kept under: model.zip for an ONNX
+    model with its external data files (an archive holding an .onnx), else model.pt2. Only the
+    archive's directory is read here; it is unpacked in the sandbox (pipeline/stages/unpack.py)."""
+    path = inputs / "model.pt2"
+    check_zip(path, "The .pt2 file" if filename.lower().endswith(".pt2") else "The zip archive", max_mb)
+    with zipfile.ZipFile(path) as archive:
+        if not any(name.lower().endswith(".onnx") for name in archive.namelist()):
+            return "model.pt2"
+    path.rename(inputs / "model.zip")
+    return "model.zip"
 
 
 def save_upload(upload: IO[bytes], head: bytes, path: Path, max_mb: int) -> None:

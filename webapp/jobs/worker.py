@@ -17,7 +17,7 @@ from webapp import targets
 from webapp.catalog import EXAMPLES, STAGES
 from webapp.codeviews import RENDERED, clear_rendered, prerender
 from webapp.config import Config
-from webapp.jobs.own_input import model_references
+from webapp.jobs.own_input import UNPACKED_MODEL, model_references
 from webapp.jobs.store import JobStore, job_store, read_untrusted_json
 from webapp.jobs.tuning_db import copy_in, merge_back, merge_database
 from webapp.jsonfile import write_json_atomic
@@ -94,6 +94,8 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     else:
         model = stored["model_file"]
         spec["model"] = f"input/{model}"
+        if model.endswith(".zip"):  # an .onnx with its external data files: unpacked by the import stage
+            spec |= {"model": UNPACKED_MODEL, "archive": f"input/{model}"}
     spec["references"] = model_references(stored)
     write_json_atomic(job_dir / "job.json", spec)
 

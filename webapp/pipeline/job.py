@@ -44,6 +44,7 @@ class Job:
     generator: Path | None = (
         None  # its generating form (.onnx with a KV cache), which the generate stage runs
     )
+    archive: Path | None = None  # an uploaded .zip of an .onnx and its external data: `model` unpacked
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -61,6 +62,7 @@ class Job:
             float(spec.get("quiet_wait_s", 0.0)),
             spec.get("example"),
             job_dir / spec["generator"] if spec.get("generator") else None,
+            job_dir / spec["archive"] if spec.get("archive") else None,
         )
 
 

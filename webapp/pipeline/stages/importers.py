@@ -25,6 +25,7 @@ from webapp.pipeline.stages.lm_inputs import default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
+from webapp.pipeline.stages.unpack import load_external_data, unpack
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
@@ -200,8 +201,6 @@ def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
     """The uploaded ONNX model, its weights inside, and the checker's warning where it finds it not valid."""
     import onnx
     from google.protobuf.message import DecodeError
-    from onnx import external_data_helper
-    from onnx.external_data_helper import uses_external_data
 
     try:
         model = onnx.load(str(path), load_external_data=False)
@@ -211,16 +210,10 @@ def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
         ) from e
     if not model.graph.node:
         raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
-    external = [t.name for t in external_data_helper._get_all_tensors(model) if uses_external_data(t)]
-    if external:  # an upload is one file: such a path could only point at files of this server
-        raise StageError(
-            f"The ONNX model keeps {len(external)} tensor(s) in external data files (e.g. {external[0]!r}), "
-            "and an upload is one file. Save it with the weights inside: "
-            "onnx.save_model(model, path, save_as_external_data=False)."
-        )
+    external = load_external_data(model, path)  # its files came with it (a .zip upload), or it fails
     warnings = []
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(path) if external else model)  # over 2 GB, only by its path
     except onnx.checker.ValidationError as e:  # ONNX Runtime and TVM run many such files: a warning
         first_line = str(e).strip().splitlines()[0]
         warnings.append(f"ONNX's checker finds the model not valid: {first_line}")
@@ -581,6 +574,8 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 
 def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
     """The model as Relax (a causal LM with its KV cache: one decode step), its imported IR kept."""
+    if ctx.job.archive is not None:  # an .onnx with its external data files, as one upload
+        unpack(ctx.job.archive, ctx.job.model.parent)
     model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())

@@ -1,0 +1,68 @@
+"""An ONNX model whose weights lie in external data files (how exporters save a model over protobuf's
+2 GB, and many smaller ones), uploaded as one zip archive of the .onnx and its data files. Unpacked in
+the sandbox, at the start of the import stage: the .onnx as `model.onnx`, each data file at its path
+relative to the .onnx's folder in the archive, where the model's `location` fields name it."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from webapp.pipeline.errors import StageError
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def unpack(archive: Path, folder: Path) -> Path:
+    """The archive's one .onnx file and the files beside it (and below it) written into `folder`; returns
+    the model's path there. Paths that would leave the folder are refused; other files are left out."""
+    try:
+        with zipfile.ZipFile(archive) as z:
+            members = [m for m in z.infolist() if not m.is_dir()]
+            models = [m for m in members if m.filename.lower().endswith(".onnx")]
+            if len(models) != 1:
+                raise StageError(
+                    f"The zip archive holds {len(models)} .onnx files: it must hold one model, with its "
+                    "external data files beside it."
+                )
+            root = PurePosixPath(models[0].filename).parent
+            for m in members:
+                path = PurePosixPath(m.filename)
+                if m is not models[0] and not path.is_relative_to(root):
+                    continue
+                rel = PurePosixPath("model.onnx") if m is models[0] else path.relative_to(root)
+                if path.is_absolute() or ".." in rel.parts or "\\" in m.filename:
+                    raise StageError(
+                        f"The zip archive's entry {m.filename!r} would be unpacked outside its folder."
+                    )
+                target = folder / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(m) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise StageError(f"The zip archive could not be unpacked: {e}") from e
+    return folder / "model.onnx"
+
+
+def load_external_data(model: onnx.ModelProto, path: Path) -> bool:
+    """The weights the model at `path` keeps in external data files loaded into it; False when it keeps
+    none. Each file must lie inside the model's folder and exist there."""
+    from onnx import external_data_helper as helper
+
+    tensors = [t for t in helper._get_all_tensors(model) if helper.uses_external_data(t)]
+    folder = path.parent.resolve()
+    for location in sorted({helper.ExternalDataInfo(t).location for t in tensors}):
+        file = (folder / location).resolve()
+        if not file.is_relative_to(folder):
+            raise StageError(f"The model names an external data file outside its folder: {location!r}.")
+        if not file.is_file():
+            raise StageError(
+                f"The model keeps weights in the external data file {location!r}, which did not come with "
+                "it: upload the .onnx and its data files as one .zip archive."
+            )
+    if tensors:
+        helper.load_external_data_for_model(model, str(folder))
+    return bool(tensors)
