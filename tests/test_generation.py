@@ -48,7 +48,8 @@ def test_the_roles_of_a_generating_models_inputs_are_read_from_its_names_and_sha
     assert shapes["input_ids"] == shapes["position_ids"] == [1, 16]
     assert shapes["attention_mask"] == [1, 16]
     assert shapes["past_key_values.1.value"] == [1, 2, 0, 16]
-    values = sig.values(tokens=1, past=128, vocabulary=256)  # one token after 128
+    assert sig.vocabulary == 256  # the logits' last axis
+    values = sig.values(tokens=1, past=128)  # one token after 128
     assert values["attention_mask"].shape == (1, 129) and values["attention_mask"].all()
     assert values["position_ids"].tolist() == [[128]]
     assert values["past_key_values.0.key"].shape == (1, 2, 128, 16)

@@ -189,14 +189,18 @@ def compile_locally(
             kind = sniff_model_format(f.read(16), model.name)
         options["model_file"] = f"model.{kind}"
         (out / "input").mkdir(parents=True, exist_ok=True)
-        if kind == "onnx" and data_files(model):  # its external data beside it: one archive, as uploaded
-            with zipfile.ZipFile(out / "input" / "model.pt2", "w") as archive:
-                for path in (model, *data_files(model)):
-                    archive.write(path, path.relative_to(model.parent).as_posix())
+        data = data_files(model) if kind == "onnx" else []
+        if data:  # its external data beside it: one archive, as an upload brings it
+            options["model_file"] = "model.zip"
+            with zipfile.ZipFile(out / "input" / "model.zip", "w") as archive:
+                for path in (model, *data):
+                    archive.write(path, path.name)
         else:
             shutil.copyfile(model, out / "input" / options["model_file"])
-        if (out / "input" / "model.pt2").exists():
-            options["model_file"] = archive_kind(out / "input", model.name, config.max_unzipped_mb)
+        if kind == "pt2":  # a zip: a .pt2, or an .onnx with its data files
+            options["model_file"] = archive_kind(
+                out / "input" / "model.pt2", model.name, config.max_unzipped_mb
+            )
     else:
         raise SubmitError(f"{model_arg!r} is neither a file nor an example ({', '.join(EXAMPLES)}).")
     out.mkdir(parents=True, exist_ok=True)

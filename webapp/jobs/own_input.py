@@ -91,10 +91,11 @@ def prepare(config: Config, job: dict, folder: Path) -> None:
         path = safe_job_file(job_dir, rel)
         if path is not None and rel == UNPACKED_MODEL:  # the model with its external data files
             for part in sorted((job_dir / "unpacked").rglob("*")):
-                kept = safe_job_file(job_dir, str(part.relative_to(job_dir)))
+                inside = part.relative_to(job_dir)
+                kept = safe_job_file(job_dir, str(inside))
                 if kept is not None:
-                    (folder / "input" / part.relative_to(job_dir)).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(kept, folder / "input" / part.relative_to(job_dir))
+                    (folder / "input" / inside).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(kept, folder / "input" / inside)
             spec["references"][runtime] = f"input/{rel}"
         elif path is not None:
             shutil.copyfile(path, folder / "input" / path.name)

@@ -91,7 +91,9 @@ def submit_job(
             options["filename"] = filename[:200]
             save_upload(upload, head, job_dir / "input" / options["model_file"], config.max_upload_mb)
             if kind == "pt2":
-                options["model_file"] = archive_kind(job_dir / "input", filename, config.max_unzipped_mb)
+                options["model_file"] = archive_kind(
+                    job_dir / "input" / "model.pt2", filename, config.max_unzipped_mb
+                )
         else:
             options["example"] = example
         if tuning_files:
@@ -219,16 +221,15 @@ def check_zip(path: Path, what: str, max_mb: int) -> None:
         )
 
 
-def archive_kind(inputs: Path, filename: str, max_mb: int) -> str:
-    """The name an uploaded zip (saved as model.pt2 in `inputs`) is kept under: model.zip for an ONNX
+def archive_kind(path: Path, filename: str, max_mb: int) -> str:
+    """The name an uploaded zip (saved at `path`, input/model.pt2) is kept under: model.zip for an ONNX
     model with its external data files (an archive holding an .onnx), else model.pt2. Only the
     archive's directory is read here; it is unpacked in the sandbox (pipeline/stages/unpack.py)."""
-    path = inputs / "model.pt2"
     check_zip(path, "The .pt2 file" if filename.lower().endswith(".pt2") else "The zip archive", max_mb)
     with zipfile.ZipFile(path) as archive:
         if not any(name.lower().endswith(".onnx") for name in archive.namelist()):
-            return "model.pt2"
-    path.rename(inputs / "model.zip")
+            return path.name
+    path.rename(path.with_name("model.zip"))
     return "model.zip"
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.stages.lm_inputs import initializer_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,15 +70,10 @@ def streamed_bytes(model_dir: Path) -> int:
     """Bytes of the weights a decode step streams: the initializers that its matrix products read
     (float weights, or int4 blocks with their scales and zero points)."""
     import onnx
-    from onnx import helper
 
     graph = onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
     read = {name for n in graph.node if n.op_type in ("MatMul", "MatMulNBits", "Gemm") for name in n.input}
-    return sum(
-        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        for t in graph.initializer
-        if t.name in read
-    )
+    return initializer_bytes(graph, read)
 
 
 def model_bytes(model_dir: Path) -> int:

@@ -247,7 +247,7 @@ def measure_point(
     from webapp.pipeline.stages import bench
 
     builds = build_point(path, sig, point, ctx.target)
-    values = sig.values(point.tokens, point.past, sig.vocabulary)
+    values = sig.values(point.tokens, point.past)
     # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
     runs = {("onnxruntime", "fp32"): lambda: rt.session.run(None, values)}
     if rt.eager is not None:
@@ -298,31 +298,19 @@ def rates(rows: list[dict], points: list[dict], sig: Signature, read_gb_s: float
     memory-bandwidth bound: the bytes a step reads (its matmuls' weights, float or packed, and the cache)
     at the measured read bandwidth. ONNX Runtime and PyTorch read the float weights TVM fp32 reads."""
     cache_itemsize = 4  # the cache tensors' float32 (every exporter here writes float32)
-    ort = {
-        (r["phase"], r["tokens"], r["past"]): r["median_ms"] for r in rows if r["runtime"] == "onnxruntime"
-    }
-    tvm = {
-        (r["phase"], r["tokens"], r["past"]): r["median_ms"]
-        for r in rows
-        if r["runtime"] == "tvm" and r["variant"] == "fp32"
-    }
+    ms = {(r["runtime"], r["variant"], r["phase"], r["tokens"], r["past"]): r["median_ms"] for r in rows}
     floats = {(p["phase"], p["tokens"], p["past"]): p["variants"]["fp32"]["streamed_bytes"] for p in points}
-    genai_ms = {
-        (r["phase"], r["tokens"], r["past"], r["variant"]): r["median_ms"]
-        for r in rows
-        if r["runtime"] == genai.RUNTIME
-    }
     out = []
     for row in rows:
         at = (row["phase"], row["tokens"], row["past"])
         seconds_ = row["median_ms"] / 1e3
-        row = row | {"speedup_vs_onnxruntime": round(ort[at] / row["median_ms"], 3)}
-        row["speedup_vs_tvm_fp32"] = round(tvm[at] / row["median_ms"], 3)
-        if row["runtime"] == "tvm":
-            if (*at, row["variant"]) in genai_ms:  # TVM against GenAI in the same precision
-                row["speedup_vs_onnxruntime_genai"] = round(
-                    genai_ms[*at, row["variant"]] / row["median_ms"], 3
-                )
+        row = row | {
+            "speedup_vs_onnxruntime": round(ms["onnxruntime", "fp32", *at] / row["median_ms"], 3),
+            "speedup_vs_tvm_fp32": round(ms["tvm", "fp32", *at] / row["median_ms"], 3),
+        }
+        genai_ms = ms.get((genai.RUNTIME, row["variant"], *at))
+        if row["runtime"] == "tvm" and genai_ms:  # TVM against GenAI in the same precision
+            row["speedup_vs_onnxruntime_genai"] = round(genai_ms / row["median_ms"], 3)
         if row["phase"] == "prefill":  # time to first token, and the prompt's tokens a second
             out.append(
                 row | {"ttft_ms": row["median_ms"], "tokens_per_s": round(row["tokens"] / seconds_, 2)}

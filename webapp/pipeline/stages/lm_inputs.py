@@ -43,7 +43,7 @@ class Signature:
                 out[name] = [1, past + tokens if name == "attention_mask" else tokens]
         return out
 
-    def values(self, tokens: int, past: int, vocabulary: int, seed: int = 0) -> dict[str, np.ndarray]:
+    def values(self, tokens: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs as a generating loop passes them: random token ids, a mask of ones, positions after the
         cache, a random cache (its values do not change the time a step takes)."""
         rng = np.random.default_rng(seed)
@@ -51,7 +51,7 @@ class Signature:
         for name, dtype, _ in self.inputs:
             shape = self.shapes(tokens, past)[name]
             if name == "input_ids":
-                out[name] = rng.integers(0, vocabulary, shape).astype(dtype)
+                out[name] = rng.integers(0, self.vocabulary, shape).astype(dtype)
             elif name == "attention_mask":
                 out[name] = np.ones(shape, dtype)
             elif name == "position_ids":
@@ -82,12 +82,20 @@ def signature(model: onnx.ModelProto) -> Signature | None:
     others = {name for name, _, _ in inputs} - set(cache)
     if not cache or "input_ids" not in others or others - set(ROLES):
         return None
-    weights = sum(
-        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        for t in model.graph.initializer
-    )
     last = model.graph.output[0].type.tensor_type.shape.dim[-1]
-    return Signature(inputs, cache, weights, last.dim_value or 2)
+    return Signature(inputs, cache, initializer_bytes(model.graph), last.dim_value or 2)
+
+
+def initializer_bytes(graph: onnx.GraphProto, names: set[str] | None = None) -> int:
+    """Bytes of the graph's weights (those named in `names`, where given), from their declared shapes and
+    types: the data itself is not read, and may lie in external files."""
+    from onnx import helper
+
+    return sum(
+        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        for t in graph.initializer
+        if names is None or t.name in names
+    )
 
 
 @functools.cache
