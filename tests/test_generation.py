@@ -4,7 +4,10 @@ the memory-bandwidth bound; and a model without a cache is not."""
 
 from __future__ import annotations
 
+import io
 import re
+import time
+from urllib.parse import urlparse
 
 import onnx
 import pytest
@@ -139,6 +142,69 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     # an upload has no Hugging Face checkpoint for ONNX Runtime GenAI's builder: the page says so
     assert "checkpoint" in g["genai"]["why_not"] and "ONNX Runtime GenAI is not run" in section
     genai_drawn(client.application, r, lm_inputs.onnx_signature(tiny_lm))
+    generated_on_its_page(client, job["id"], g)
+
+
+def wait_for_run(client, api_url: str, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.get(urlparse(api_url).path).get_json()
+        if run["status"] in ("done", "failed"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"the run did not finish in {timeout} s: {run}")
+
+
+def generated_on_its_page(client, job_id: str, g: dict) -> None:
+    """The decode builds the job kept generate from a prompt of token ids, then of text with a
+    tokenizer.json: each runtime greedily, the tokens Hugging Face's own generate() chooses."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    kept = g["generate"]
+    assert kept["slots"] == 128 and set(kept["libraries"]) == set(g["variants"])
+    assert kept["vocabulary"] == 256
+    html = client.get(f"/r/{job_id}").get_data(as_text=True)
+    assert f'action="/r/{job_id}/generate"' in html and 'max="127"' in html
+    prompt = [5, 17, 200, 3]
+    posted = client.post(f"/api/jobs/{job_id}/generate", data={"prompt": "5 17, 200 3", "new_tokens": "12"})
+    assert posted.status_code == 202, posted.get_data(as_text=True)
+    run = wait_for_run(client, posted.get_json()["api_url"])
+    assert run["status"] == "done", run
+    rows = {row["runtime"]: row for row in run["runtimes"]}
+    assert set(rows) == {f"TVM {v}" for v in g["variants"]} | {"onnxruntime"}
+    with torch.no_grad():  # the uploaded model's own weights (tiny_llama is seeded), decoded by transformers
+        expected = tiny_llama().generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    assert rows["onnxruntime"]["tokens"] == expected[0, len(prompt) :].tolist()
+    assert rows["TVM fp32"]["tokens"] == rows["onnxruntime"]["tokens"]
+    fp32 = rows["TVM fp32"]
+    assert fp32["against"] == {"reference": "onnxruntime", "same_share": 1.0, "first_difference": None}
+    assert rows["TVM int4-g32"]["against"]["reference"] == "TVM fp32"
+    assert len(fp32["step_ms"]) == 11 and fp32["first_token_ms"] > 0 and fp32["median_ms"] > 0
+    assert fp32["tokens_per_s"] == pytest.approx(1000 / fp32["median_ms"], rel=1e-2)
+    page = client.get(urlparse(posted.get_json()["url"]).path).get_data(as_text=True)
+    assert page.count('class="generated"') == len(rows) and "<code>5 17 200 3</code>" in page
+    chips = re.findall(r'<span class="tok">(\d+)<small>([\d.]+)</small></span>', page)
+    assert [int(t) for t, _ in chips[: len(fp32["tokens"])]] == fp32["tokens"]
+    # text, with a word-level tokenizer of the model's 256 words: the same prompt, its tokens as words
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    data = {"prompt": "w5 w17 w200 w3", "new_tokens": "12"}
+    data["tokenizer"] = (io.BytesIO(tokenizer.to_str().encode()), "tokenizer.json")
+    posted = client.post(f"/api/jobs/{job_id}/generate", data=data)
+    run = wait_for_run(client, posted.get_json()["api_url"])
+    assert run["prompt"] == prompt and run["prompt_text"] == "w5 w17 w200 w3", run
+    words = " ".join(f"w{t}" for t in rows["onnxruntime"]["tokens"])
+    assert {row["runtime"]: row["text"] for row in run["runtimes"]}["TVM fp32"] == words
+    # what cannot run says why: words without a tokenizer, too many tokens, a token past the vocabulary
+    said = client.post(f"/r/{job_id}/generate", data={"prompt": "hello", "new_tokens": "4"})
+    assert said.status_code == 400 and "tokenizer.json" in said.get_data(as_text=True)
+    said = client.post(f"/api/jobs/{job_id}/generate", data={"prompt": "1 2", "new_tokens": "128"})
+    assert said.status_code == 400 and "1 to 127 new tokens" in json.dumps(said.get_json())
+    posted = client.post(f"/api/jobs/{job_id}/generate", data={"prompt": "1 256", "new_tokens": "4"})
+    run = wait_for_run(client, posted.get_json()["api_url"])
+    assert run["status"] == "failed" and "Token 256 is outside the model's vocabulary of 256" in run["error"]
 
 
 def genai_drawn(app, r: dict, sig) -> None:

@@ -76,6 +76,51 @@ def model_references(options: dict) -> dict[str, str]:
     return {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
 
 
+def copy_model(job_dir: Path, rel: str, folder: Path) -> str | None:
+    """A model file of the job copied into the run's input/ (an unpacked model with its external data
+    files); its path there, or None where the job has none."""
+    path = safe_job_file(job_dir, rel)
+    if path is None:
+        return None
+    if rel != UNPACKED_MODEL:
+        shutil.copyfile(path, folder / "input" / path.name)
+        return f"input/{path.name}"
+    for part in sorted((job_dir / "unpacked").rglob("*")):
+        inside = part.relative_to(job_dir)
+        kept = safe_job_file(job_dir, str(inside))
+        if kept is not None:
+            (folder / "input" / inside).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, folder / "input" / inside)
+    return f"input/{rel}"
+
+
+def prepare_generation(config: Config, job: dict, folder: Path) -> None:
+    """input/run.json of a generation run (webapp/pipeline/own_prompt.py), and copies of the decode
+    libraries the generate stage kept and of the model ONNX Runtime runs."""
+    job_dir = job_store(config).job_dir(job["id"])
+    kept = ((job["results"].get("generation") or {}).get("generate")) or {}
+    asked = json.loads((folder / "input" / "upload-prompt.json").read_text())
+    spec: dict = {"libraries": {}, "slots": int(kept["slots"]), "threads": config.bench_threads}
+    for variant, name in (kept.get("libraries") or {}).items():
+        path = safe_job_file(job_dir, f"files/{name}")
+        if path is not None and re.fullmatch(r"[\w.-]{1,40}", variant):
+            shutil.copyfile(path, folder / "input" / path.name)
+            spec["libraries"][f"TVM {variant}"] = f"input/{path.name}"
+    example = job["options"].get("example")
+    model = "input/generator.onnx" if example in EXAMPLES else model_references(job["options"])["onnxruntime"]
+    spec["model"] = copy_model(job_dir, model, folder)
+    if spec["model"] is None or not spec["libraries"]:
+        raise FileNotFoundError("the result's decode libraries or its model are gone")
+    tokenizer = folder / "input" / "upload-tokenizer.json"
+    spec |= {
+        "example": example if example in EXAMPLES else None,
+        "prompt": str(asked["prompt"]),
+        "new_tokens": int(asked["new_tokens"]),
+        "tokenizer": f"input/{tokenizer.name}" if tokenizer.exists() else None,
+    }
+    write_json_atomic(folder / "input" / "run.json", spec)
+
+
 def prepare(config: Config, job: dict, folder: Path) -> None:
     """input/run.json and copies of what the run reads: the job's libraries and model files."""
     job_dir, r = job_store(config).job_dir(job["id"]), job["results"]
@@ -88,18 +133,9 @@ def prepare(config: Config, job: dict, folder: Path) -> None:
             shutil.copyfile(path, folder / "input" / name)
             spec["libraries"][label] = f"input/{name}"
     for runtime, rel in model_references(job["options"]).items():
-        path = safe_job_file(job_dir, rel)
-        if path is not None and rel == UNPACKED_MODEL:  # the model with its external data files
-            for part in sorted((job_dir / "unpacked").rglob("*")):
-                inside = part.relative_to(job_dir)
-                kept = safe_job_file(job_dir, str(inside))
-                if kept is not None:
-                    (folder / "input" / inside).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(kept, folder / "input" / inside)
-            spec["references"][runtime] = f"input/{rel}"
-        elif path is not None:
-            shutil.copyfile(path, folder / "input" / path.name)
-            spec["references"][runtime] = f"input/{path.name}"
+        copied = copy_model(job_dir, rel, folder)
+        if copied:
+            spec["references"][runtime] = copied
     example = EXAMPLES.get(job["options"].get("example") or "")
     spec |= {
         "upload": f"input/{spec['upload']}",
@@ -126,8 +162,10 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
     error = None
     try:
         # the run's job (a run is made for one): a job gone meanwhile fails in prepare, said below
-        prepare(config, cast(dict, job_view(store, job_id)), folder)
-        command = [sys.executable, "-m", "webapp.pipeline.own_input", str(folder)]
+        generating = status.get("kind") == "generate"
+        (prepare_generation if generating else prepare)(config, cast(dict, job_view(store, job_id)), folder)
+        module = "webapp.pipeline.own_prompt" if generating else "webapp.pipeline.own_input"
+        command = [sys.executable, "-m", module, str(folder)]
         last = [time.monotonic()]
 
         def beat() -> None:  # the worker's heartbeat, so that the page tells a stopped worker from a long run

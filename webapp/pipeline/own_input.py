@@ -277,14 +277,19 @@ def read_outputs(
     return kind
 
 
+def failed(e: Exception) -> dict:
+    """A run's result when it raised: an input's message as it is, our bug's with its traceback in the log."""
+    if isinstance(e, InputError):
+        return {"status": "failed", "error": str(e)}
+    traceback.print_exc()
+    return {"status": "failed", "error": f"The run failed: {type(e).__name__}: {e}"[:4000]}
+
+
 def main(run_dir: Path) -> int:
     try:
         result = {"status": "done", **run(run_dir)}
-    except InputError as e:
-        result = {"status": "failed", "error": str(e)}
-    except Exception as e:  # our bug or an input no check caught: its traceback in the log
-        traceback.print_exc()
-        result = {"status": "failed", "error": f"The run failed: {type(e).__name__}: {e}"[:4000]}
+    except Exception as e:  # noqa: BLE001 - an input no check caught, or our bug: said on the run's page
+        result = failed(e)
     write_json_atomic(run_dir / "result.json", result)
     return 0 if result["status"] == "done" else 1
 

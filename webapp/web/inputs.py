@@ -7,6 +7,7 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, cast
 
@@ -45,6 +46,70 @@ def why_not(job: dict) -> str | None:
     return None
 
 
+MAX_PROMPT_CHARS = 20_000
+MAX_TOKENIZER_MB = 50
+
+
+def why_not_generate(job: dict) -> str | None:
+    """Why this result cannot generate from a prompt here, or None: its generate stage kept its decode
+    builds (a causal LM with an attention mask, timed on this server's CPU) and they are still kept."""
+    kept = ((job.get("results") or {}).get("generation") or {}).get("generate")
+    if job["status"] != "done" or not isinstance(kept, dict) or not isinstance(kept.get("slots"), int):
+        return "The result kept no decode build to generate with."
+    libraries = kept.get("libraries")
+    if not isinstance(libraries, dict) or not libraries:
+        return "The result kept no decode build to generate with."
+    if job.get("expired") or not set(libraries.values()) <= set(job["results"].get("files") or []):
+        return "This result's decode libraries were removed (the server's retention policy)."
+    return None
+
+
+def new_run(config: Config, job: dict) -> tuple[str, Path]:
+    """A new run's id and folder (its input/ made); raises SubmitError at the limit. Its status is
+    written last, once its input is saved (a worker takes a run with a status)."""
+    if len(list(runs_dir(config, job["id"]).glob("*.status.json"))) >= MAX_RUNS_PER_JOB:
+        raise SubmitError(f"This result has run {MAX_RUNS_PER_JOB} inputs already, this server's limit.")
+    run_id = secrets.token_urlsafe(9)
+    folder = run_dir(config, job["id"], run_id)
+    (folder / "input").mkdir(parents=True)
+    return run_id, folder
+
+
+def queued(folder: Path, status: dict) -> None:
+    write_json_atomic(status_file(folder), {"status": "queued", "created": time.time()} | status)
+
+
+def create_generation(
+    config: Config, job: dict, prompt: str, new_tokens: str, tokenizer: IO[bytes] | None
+) -> str:
+    """Saves a prompt (token ids, or text with the model's tokenizer.json) as a new queued generation run
+    of `job`; returns its id (raises SubmitError)."""
+    why = why_not_generate(job)
+    if why:
+        raise SubmitError(why)
+    slots = job["results"]["generation"]["generate"]["slots"]
+    if not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
+        raise SubmitError(f"Type a prompt (at most {MAX_PROMPT_CHARS:,} characters).")
+    if tokenizer is None and not re.fullmatch(r"[\d\s,]+", prompt):
+        raise SubmitError(
+            "Type token ids (whole numbers separated by spaces), or send the model's tokenizer.json "
+            "with text."
+        )
+    if not new_tokens.isdigit() or not 1 <= int(new_tokens) < slots:
+        raise SubmitError(f"Ask for 1 to {slots - 1} new tokens.")
+    run_id, folder = new_run(config, job)
+    try:
+        if tokenizer is not None:
+            save_upload(tokenizer, b"", folder / "input" / "upload-tokenizer.json", MAX_TOKENIZER_MB)
+        asked = {"prompt": prompt, "new_tokens": int(new_tokens)}
+        write_json_atomic(folder / "input" / "upload-prompt.json", asked)
+    except BaseException:  # refused, or the upload broke off: nothing of it stays
+        shutil.rmtree(folder)
+        raise
+    queued(folder, {"kind": "generate", "filename": "your prompt"})
+    return run_id
+
+
 def create_run(config: Config, job: dict, upload: IO[bytes], filename: str) -> str:
     """Saves the upload as a new queued run of `job`; returns its id (raises SubmitError)."""
     why = why_not(job)
@@ -53,11 +118,7 @@ def create_run(config: Config, job: dict, upload: IO[bytes], filename: str) -> s
     suffix = Path(filename or "").suffix.lower()
     if suffix != ".npz" and suffix not in IMAGES:
         raise SubmitError("Send an .npz of the model's inputs, or an image (" + ", ".join(IMAGES) + ").")
-    if len(list(runs_dir(config, job["id"]).glob("*.status.json"))) >= MAX_RUNS_PER_JOB:
-        raise SubmitError(f"This result has run {MAX_RUNS_PER_JOB} inputs already, this server's limit.")
-    run_id = secrets.token_urlsafe(9)
-    folder = run_dir(config, job["id"], run_id)
-    (folder / "input").mkdir(parents=True)
+    run_id, folder = new_run(config, job)
     path = folder / "input" / f"upload{suffix}"
     try:
         save_upload(upload, b"", path, MAX_INPUT_MB)
@@ -66,8 +127,7 @@ def create_run(config: Config, job: dict, upload: IO[bytes], filename: str) -> s
     except BaseException:  # refused, or the upload broke off: nothing of it stays
         shutil.rmtree(folder)
         raise
-    status = {"status": "queued", "created": time.time(), "filename": Path(filename).name[:200]}
-    write_json_atomic(status_file(folder), status)
+    queued(folder, {"filename": Path(filename).name[:200]})
     return run_id
 
 
@@ -92,11 +152,51 @@ def run_view(config: Config, job_id: str, run_id: str) -> dict | None:
             "error": "The run was interrupted (its worker stopped): send the input again.",
         }
     done = status.get("status") == "done"
+    if status.get("kind") == "generate":  # its tokens as they come: read while it runs too
+        begun = view["status"] in ("running", "done")
+        result = read_untrusted_json(folder / "result.json") if begun else None
+        return view | {"kind": "generate"} | clean_generation(result if isinstance(result, dict) else {})
     result = read_untrusted_json(folder / "result.json") if done else None
     if isinstance(result, dict):
         view |= clean_result(result)
     view["outputs_file"] = done and safe_job_file(folder, "files/outputs.npz") is not None
     return view
+
+
+def clean_generation(result: dict) -> dict:
+    """A generation run's result.json (webapp/pipeline/own_prompt.py) reduced to what its page shows."""
+
+    def ints(x: object, n: int) -> list[int]:
+        return [v for v in items(x, n) if type(v) is int]
+
+    rows = []
+    for row in items(result.get("runtimes"), 8):
+        if not isinstance(row, dict):
+            continue
+        against = cast(dict, row.get("against")) if isinstance(row.get("against"), dict) else None
+        rows.append(
+            {
+                "runtime": text(row.get("runtime")),
+                "tokens": ints(row.get("tokens"), 1000),
+                "text": text(row.get("text")),
+                "step_ms": [number(v) for v in items(row.get("step_ms"), 1000)],
+                **{k: number(row.get(k)) for k in ("first_token_ms", "median_ms", "tokens_per_s")},
+                "against": against
+                and {
+                    "reference": text(against.get("reference")),
+                    "same_share": number(against.get("same_share")),
+                    "first_difference": against.get("first_difference")
+                    if type(against.get("first_difference")) is int
+                    else None,
+                },
+            }
+        )
+    return {
+        "prompt": ints(result.get("prompt"), 1000),
+        "prompt_text": text(result.get("prompt_text")),
+        **{k: v if type(v := result.get(k)) is int else None for k in ("new_tokens", "slots", "threads")},
+        "runtimes": rows,
+    }
 
 
 def text(x: object) -> str | None:
@@ -181,6 +281,7 @@ bp = Blueprint("inputs", __name__)
 
 
 bp.add_app_template_global(why_not, "own_input_why_not")
+bp.add_app_template_global(why_not_generate, "generate_why_not")
 
 
 def submitted(job_id: str) -> str:
@@ -197,27 +298,64 @@ def submitted(job_id: str) -> str:
     return run_id
 
 
+def generation_submitted(job_id: str) -> str:
+    config, _, queue = ctx()
+    job = view_or_404(job_id)
+    tokenizer = request.files.get("tokenizer")
+    try:
+        run_id = create_generation(
+            config,
+            job,
+            request.form.get("prompt", ""),
+            request.form.get("new_tokens", "").strip(),
+            tokenizer.stream if tokenizer and tokenizer.filename else None,
+        )
+    except SubmitError as e:
+        abort(400, str(e))
+    queue.enqueue_input(job_id, run_id)
+    return run_id
+
+
+def submitted_or_why(
+    submit: Callable[[str], str], job_id: str, title: str, back: tuple[str, str]
+) -> tuple[str, int] | BaseResponse:
+    """A form's run, shown on its page; a bad input answers with why and the way back to the form."""
+    try:
+        run_id = submit(job_id)
+    except BadRequest as e:
+        link = {"href": url_for("pages.result", job_id=job_id) + back[0], "text": back[1]}
+        return render_template("error.html", status=400, title=title, message=e.description, back=link), 400
+    return redirect(url_for("inputs.page", job_id=job_id, run_id=run_id), 303)
+
+
+def accepted(job_id: str, run_id: str) -> tuple[Response, int]:
+    """The API's answer to a queued run: its page and its JSON."""
+    urls = {k: url_for(f"inputs.{k}", job_id=job_id, run_id=run_id, _external=True) for k in ("page", "json")}
+    return jsonify({"id": run_id, "url": urls["page"], "api_url": urls["json"]}), 202
+
+
+@bp.post("/r/<job_id>/generate")
+def generate(job_id: str) -> tuple[str, int] | BaseResponse:
+    """The generation section's form: a bad prompt answers with why and the way back to the form."""
+    back = ("#generate", "Back to the result")
+    return submitted_or_why(generation_submitted, job_id, "This prompt cannot be run", back)
+
+
+@bp.post("/api/jobs/<job_id>/generate")
+def api_generate(job_id: str) -> tuple[Response, int]:
+    return accepted(job_id, generation_submitted(job_id))
+
+
 @bp.post("/r/<job_id>/inputs")
 def submit(job_id: str) -> tuple[str, int] | BaseResponse:
     """The result page's own-input form: a bad file answers with why and the way back to the form."""
-    try:
-        run_id = submitted(job_id)
-    except BadRequest as e:
-        back = {
-            "href": url_for("pages.result", job_id=job_id) + "#own-input",
-            "text": "Back to the result, to try another file",
-        }
-        return render_template(
-            "error.html", status=400, title="This file cannot be run", message=e.description, back=back
-        ), 400
-    return redirect(url_for("inputs.page", job_id=job_id, run_id=run_id), 303)
+    back = ("#own-input", "Back to the result, to try another file")
+    return submitted_or_why(submitted, job_id, "This file cannot be run", back)
 
 
 @bp.post("/api/jobs/<job_id>/inputs")
 def api_submit(job_id: str) -> tuple[Response, int]:
-    run_id = submitted(job_id)
-    urls = {k: url_for(f"inputs.{k}", job_id=job_id, run_id=run_id, _external=True) for k in ("page", "json")}
-    return jsonify({"id": run_id, "url": urls["page"], "api_url": urls["json"]}), 202
+    return accepted(job_id, submitted(job_id))
 
 
 def run_or_404(job_id: str, run_id: str) -> tuple[dict, dict]:
@@ -238,7 +376,8 @@ def json(job_id: str, run_id: str) -> Response:
 @bp.get("/r/<job_id>/inputs/<run_id>")
 def page(job_id: str, run_id: str) -> str:
     job, run = run_or_404(job_id, run_id)
-    return render_template("own_input.html", job=job, run=run, job_title=job_title(job))
+    page = "generated.html" if run.get("kind") == "generate" else "own_input.html"
+    return render_template(page, job=job, run=run, job_title=job_title(job))
 
 
 @bp.get("/r/<job_id>/inputs/<run_id>/outputs.npz")

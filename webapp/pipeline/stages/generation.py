@@ -27,7 +27,7 @@ from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages import genai
-from webapp.pipeline.stages.lm_inputs import Signature, onnx_signature
+from webapp.pipeline.stages.lm_inputs import Signature, SlidingCache, onnx_signature
 from webapp.pipeline.stages.timing import measure_watched
 
 if TYPE_CHECKING:
@@ -171,32 +171,17 @@ GREEDY_PROMPT, GREEDY_STEPS = 8, 64  # tokens of a random prompt, then tokens de
 
 
 def greedy(step: Callable[[dict], list], sig: Signature, slots: int, prompt: list[int]) -> list[int] | None:
-    """GREEDY_STEPS tokens decoded greedily after `prompt` with one decode build of `slots` cached tokens,
-    fed a token a step: the cache starts as `slots` masked zeros, and each step keeps its newest `slots`
-    (the oldest, masked, dropped), so one build serves every step. None for a model without an
-    attention mask, which could not mask the empty slots. `step(feed)` runs the model: its outputs,
-    the logits then each cache tensor's new value in the order of the cache inputs (as Hugging Face's
-    exporters write them)."""
-    types = {name: dtype for name, dtype, _ in sig.inputs}
-    if "attention_mask" not in types:
+    """GREEDY_STEPS tokens decoded greedily after `prompt` with one decode build of `slots` cached tokens
+    (lm_inputs.SlidingCache; `step(feed)` runs it). None for a model without an attention mask, which
+    could not mask the empty slots."""
+    if not sig.masked:
         return None
-    shapes = sig.shapes(1, slots)
-    cache = {name: np.zeros(shapes[name], types[name]) for name in sig.cache}
-    mask = np.zeros(slots, np.int64)
+    decoder = SlidingCache(sig, slots, step)
     tokens = list(prompt)
     for i in range(len(prompt) + GREEDY_STEPS - 1):
-        feed = {
-            "input_ids": np.array([[tokens[i]]], types["input_ids"]),
-            "attention_mask": np.append(mask, 1)[None].astype(types["attention_mask"]),
-            "position_ids": np.array([[i]], types.get("position_ids", "int64")),
-            **cache,
-        }
-        logits, *present = step({name: feed[name] for name, _, _ in sig.inputs})
-        for (name, axis), value in zip(sig.cache.items(), present, strict=True):
-            cache[name] = np.take(value, range(1, slots + 1), axis=axis)
-        mask = np.append(mask[1:], 1)
+        logits = decoder.step(tokens[i])
         if i >= len(prompt) - 1:
-            tokens.append(int(np.asarray(logits)[0, -1].argmax()))
+            tokens.append(int(logits.argmax()))
     return tokens[len(prompt) :]
 
 
@@ -240,6 +225,17 @@ def greedy_runs(builds: dict, session: Any, sig: Signature, slots: int) -> dict 
     }
 
 
+def keep_builds(ctx: Context, builds: dict) -> dict[str, str]:
+    """The decode builds greedy decoding ran, as libraries in the job's files: the page's generation runs
+    them (webapp/pipeline/own_prompt.py). {variant: file name}."""
+    from webapp.pipeline.stages.build import export
+
+    files = {v: f"generate-{v}.so" for v in builds}
+    for v, name in files.items():
+        export(builds[v]["executable"], ctx.target, ctx.dir / "files" / name)
+    return files
+
+
 def measure_point(
     ctx: Context, path: Path, sig: Signature, point: Point, rt: Runtimes, report: Report
 ) -> tuple[dict, list[dict]]:
@@ -274,6 +270,7 @@ def measure_point(
     greedy_record = greedy_runs(builds, rt.session, sig, point.past) if greedy_here else None
     record = {
         "greedy": greedy_record,
+        "libraries": keep_builds(ctx, builds) if greedy_record else None,
         "phase": point.phase,
         "tokens": point.tokens,
         "past": point.past,
@@ -422,6 +419,14 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
         "runtimes": [k for k in RUNTIMES if any(r["runtime"] == k for r in rows)],
         "variants": list(done[-1]["variants"]),
         "genai": genai_about,
+        "generate": next(
+            (
+                {"slots": p["past"], "libraries": p["libraries"], "vocabulary": sig.vocabulary}
+                for p in done
+                if p.get("libraries")
+            ),
+            None,
+        ),
         "bandwidth": measured,
         "weight_bytes": sig.weight_bytes,
         "points": points,

@@ -7,6 +7,7 @@ ONNX graph only: no TVM."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,6 +60,43 @@ class Signature:
             else:
                 out[name] = rng.standard_normal(shape).astype(dtype)
         return out
+
+    @property
+    def masked(self) -> bool:
+        """Whether the model takes an attention mask (a SlidingCache needs one)."""
+        return any(name == "attention_mask" for name, _, _ in self.inputs)
+
+
+class SlidingCache:
+    """A decode build of `slots` cached tokens fed one token a step, as greedy decoding and the page's
+    generation feed it: the cache starts as `slots` masked zeros, and each step keeps its newest `slots`
+    (the oldest, masked, dropped), so one build serves every step up to `slots` tokens. `run(feed)` runs
+    the model: its outputs, the logits then each cache tensor's new value in the order of the cache
+    inputs (as Hugging Face's exporters write them). Needs a model with an attention mask, which masks
+    the empty slots (`Signature.masked`)."""
+
+    def __init__(self, sig: Signature, slots: int, run: Callable[[dict], list]):
+        self.sig, self.slots, self.run = sig, slots, run
+        self.types = {name: dtype for name, dtype, _ in sig.inputs}
+        shapes = sig.shapes(1, slots)
+        self.cache = {name: np.zeros(shapes[name], self.types[name]) for name in sig.cache}
+        self.mask = np.zeros(slots, np.int64)
+        self.position = 0
+
+    def step(self, token: int) -> np.ndarray:
+        """The logits of the next token after `token`."""
+        feed = {
+            "input_ids": np.array([[token]], self.types["input_ids"]),
+            "attention_mask": np.append(self.mask, 1)[None].astype(self.types["attention_mask"]),
+            "position_ids": np.array([[self.position]], self.types.get("position_ids", "int64")),
+            **self.cache,
+        }
+        logits, *present = self.run({name: feed[name] for name, _, _ in self.sig.inputs})
+        for (name, axis), value in zip(self.sig.cache.items(), present, strict=True):
+            self.cache[name] = np.take(value, range(1, self.slots + 1), axis=axis)
+        self.mask = np.append(self.mask[1:], 1)
+        self.position += 1
+        return np.asarray(logits)[0, -1]
 
 
 def signature(model: onnx.ModelProto) -> Signature | None:
