@@ -78,6 +78,14 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert stages.pop("tune")["why"] == "no tuning trials asked, and no shared tuning records for x86-host"
     assert stages.pop("generate")["why"].startswith("not a causal language model with a KV cache")
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())
+    # each stage's own peak resident memory, under the job's address-space peak and the server's limit
+    limits = job["results"]["limits"]
+    assert limits == {"memory_mb": 16384, "cpu_s": 3600, "wall_s": 600, "upload_mb": 4096}
+    for s in stages.values():
+        assert 50 < s["memory"]["resident_mb"] <= s["memory"]["address_mb"] < limits["memory_mb"], s
+    html = client.get(f"/r/{created['id']}").get_data(as_text=True)
+    assert "A job on this server runs within 16,384 MB of address space" in html
+    assert f'{stages["build"]["memory"]["resident_mb"]:,} MB</span>' in html
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
     assert runtimes == {"tvm", "pytorch", "onnxruntime"}
     # its weights are random, and the result says so wherever its outputs are shown

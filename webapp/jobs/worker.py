@@ -76,6 +76,12 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
         "bench_budget_s": config.bench_budget_s,
         "quiet_wait_s": config.quiet_wait_s,
         "stage_budgets_s": config.stage_budgets_s,
+        "limits": {  # what the job runs within, stated in its result
+            "memory_mb": config.memory_limit_mb,
+            "cpu_s": config.cpu_limit_s,
+            "wall_s": config.wall_limit_s,
+            "upload_mb": config.max_upload_mb,
+        },
     }
     if stored.get("calibration_data"):
         spec["calibration_data"] = "input/calibration.npz"

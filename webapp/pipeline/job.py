@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ class Job:
         None  # its generating form (.onnx with a KV cache), which the generate stage runs
     )
     archive: Path | None = None  # an uploaded .zip of an .onnx and its external data: `model` unpacked
+    limits: dict | None = None  # the server's limits of a job (Config: memory, CPU and wall time, upload)
 
     @classmethod
     def load(cls, job_dir: Path) -> Job:
@@ -63,6 +65,7 @@ class Job:
             spec.get("example"),
             job_dir / spec["generator"] if spec.get("generator") else None,
             job_dir / spec["archive"] if spec.get("archive") else None,
+            spec.get("limits"),
         )
 
 
@@ -193,6 +196,7 @@ class Progress:
 
     def start(self, name: str) -> None:
         steps.set_step("")
+        memory_peak_reset()
         self.started, self.stopped, self.waited_before = time.monotonic(), 0.0, timing_slot.waited_s
         self.running = name
         self.stage(name).update(status="running", progress=0.0)
@@ -217,10 +221,33 @@ class Progress:
             status=status,
             seconds=round(time.monotonic() - self.started, 2),
             progress=1.0 if status == "done" else self.stage(name)["progress"],
+            memory=memory_peaks(),
         )
         if error is not None:
             self.error = {"stage": name, "message": error}
         self.write()
+
+
+def memory_peak_reset() -> None:
+    """Starts this process's peak resident memory anew (Linux: 5 to clear_refs), so that a stage's peak
+    is its own; the peak address space cannot be reset, and stays the process's so far."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def memory_peaks() -> dict[str, int] | None:
+    """This process's peak resident memory since the stage began (`resident_mb`) and its peak address
+    space so far (`address_mb`, what the sandbox's memory limit counts), in MB; None off Linux."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    kb = dict(re.findall(r"^(VmHWM|VmPeak):\s+(\d+) kB", status, re.M))
+    if len(kb) < 2:
+        return None
+    return {"resident_mb": int(kb["VmHWM"]) >> 10, "address_mb": int(kb["VmPeak"]) >> 10}
 
 
 T = TypeVar("T")

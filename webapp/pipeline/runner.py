@@ -22,6 +22,7 @@ from webapp.pipeline.stages.tune import tune_stage, tunes
 
 def run(job_dir: Path) -> None:
     ctx = Context.open(job_dir, STAGES)
+    ctx.results.save(limits=ctx.job.limits)
     model = ctx.stage("import", import_stage)
     optimized = ctx.stage("optimize", optimize_stage, model)
     no_quantize = "no quantization asked (quantize: none), and the model has no scales of its own"
