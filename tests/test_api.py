@@ -85,7 +85,7 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
         assert 50 < s["memory"]["resident_mb"] <= s["memory"]["address_mb"] < limits["memory_mb"], s
     html = client.get(f"/r/{created['id']}").get_data(as_text=True)
     assert "A job on this server runs within 16,384 MB of address space" in html
-    assert f'{stages["build"]["memory"]["resident_mb"]:,} MB</span>' in html
+    assert f"{stages['build']['memory']['resident_mb']:,} MB</span>" in html
     runtimes = {b["runtime"] for b in job["results"]["benchmarks"]}
     assert runtimes == {"tvm", "pytorch", "onnxruntime"}
     # its weights are random, and the result says so wherever its outputs are shown
