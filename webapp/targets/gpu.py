@@ -18,7 +18,7 @@ from webapp.targets.base import Target
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from tvm.runtime import Device, Executable, Module
+    from tvm.runtime import Device, Module
     from tvm.target import Target as TVMTarget
 
 
@@ -121,9 +121,6 @@ class GPU(Target):
     def lower_passes(self) -> list:
         backend = self.backend()
         return backend.dataflow_lower_passes(self.tvm) + backend.finalize_passes(self.tvm)
-
-    def export_library(self, executable: Executable | Module, path: str) -> None:
-        executable.export_library(path)
 
 
 class CUDA(GPU):
