@@ -360,7 +360,10 @@ def test_the_linter_and_llvm_mca_link_their_findings_to_the_code(page, live_serv
     """The headline counts the kernel linter's findings as its table lists them (those on kernels under
     1% of a run listed, not counted); a finding opens the kernel's assembly at the marked line it
     names; a kernel's llvm-mca figures open its report."""
-    page.goto(run_example(page, live_server, {"quantize": "int8"}))
+    # a sweep's int8 build is whole: no layer is kept in float by a timing (in one loaded full run the
+    # finding this test links to was missing; a layer kept in float, so no input quantization kernel,
+    # is the likeliest cause, not verified)
+    page.goto(run_example(page, live_server, {"quantize": "sweep"}))
     said = page.locator("#headline-lint").inner_text()
     count = int(re.search(r"(\d+) finding", said).group(1))
     minor = int((re.search(r"(\d+) more on kernels under 1% of a run", said) or [0, 0])[1])
