@@ -76,6 +76,18 @@ def model_references(options: dict) -> dict[str, str]:
     return {"pytorch" if model.endswith(".pt2") else "onnxruntime": f"input/{model}"}
 
 
+def copy_libraries(job_dir: Path, named: dict[str, str], folder: Path) -> dict[str, str]:
+    """The job's libraries ({label: file name in its files/}) copied into the run's input/, those still
+    there: {label: path in the run's folder}."""
+    out = {}
+    for label, name in named.items():
+        path = safe_job_file(job_dir, f"files/{name}")
+        if path is not None:
+            shutil.copyfile(path, folder / "input" / path.name)
+            out[label] = f"input/{path.name}"
+    return out
+
+
 def copy_model(job_dir: Path, rel: str, folder: Path) -> str | None:
     """A model file of the job copied into the run's input/ (an unpacked model with its external data
     files); its path there, or None where the job has none."""
@@ -100,12 +112,13 @@ def prepare_generation(config: Config, job: dict, folder: Path) -> None:
     job_dir = job_store(config).job_dir(job["id"])
     kept = ((job["results"].get("generation") or {}).get("generate")) or {}
     asked = json.loads((folder / "input" / "upload-prompt.json").read_text())
-    spec: dict = {"libraries": {}, "slots": int(kept["slots"]), "threads": config.bench_threads}
-    for variant, name in (kept.get("libraries") or {}).items():
-        path = safe_job_file(job_dir, f"files/{name}")
-        if path is not None and re.fullmatch(r"[\w.-]{1,40}", variant):
-            shutil.copyfile(path, folder / "input" / path.name)
-            spec["libraries"][f"TVM {variant}"] = f"input/{path.name}"
+    named = {
+        f"TVM {v}": name
+        for v, name in (kept.get("libraries") or {}).items()
+        if re.fullmatch(r"[\w.-]{1,40}", v)
+    }
+    spec: dict = {"slots": int(kept["slots"]), "threads": config.bench_threads}
+    spec["libraries"] = copy_libraries(job_dir, named, folder)
     example = job["options"].get("example")
     model = "input/generator.onnx" if example in EXAMPLES else model_references(job["options"])["onnxruntime"]
     spec["model"] = copy_model(job_dir, model, folder)
@@ -126,12 +139,8 @@ def prepare(config: Config, job: dict, folder: Path) -> None:
     job_dir, r = job_store(config).job_dir(job["id"]), job["results"]
     variant = re.sub(r"[^\w.-]", "", str((r.get("quantization") or {}).get("variant") or ""))[:20]
     files = {"model-fp32.so": "TVM fp32", "model.so": f"TVM {variant or 'fp32'}"}
-    spec: dict = {"libraries": {}, "references": {}, "upload": next((folder / "input").glob("upload*")).name}
-    for name, label in files.items():
-        path = safe_job_file(job_dir, f"files/{name}")
-        if path is not None:
-            shutil.copyfile(path, folder / "input" / name)
-            spec["libraries"][label] = f"input/{name}"
+    spec: dict = {"references": {}, "upload": next((folder / "input").glob("upload*")).name}
+    spec["libraries"] = copy_libraries(job_dir, {label: name for name, label in files.items()}, folder)
     for runtime, rel in model_references(job["options"]).items():
         copied = copy_model(job_dir, rel, folder)
         if copied:

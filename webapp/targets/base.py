@@ -317,12 +317,10 @@ class LLVMCPU(Target):
         return self.int8_mnemonics.get(self.dot_instruction())
 
     def export_library(self, executable: Executable | Module, path: str) -> None:
-        if self.cross_compiler is None:
-            export_library(executable, path)
-            return
         from tvm.support import cc
 
-        export_library(executable, path, cc.cross_compiler(self.cross_compiler))
+        cross = cc.cross_compiler(self.cross_compiler) if self.cross_compiler else None
+        export_library(executable, path, cross)
 
 
 def export_library(executable: Executable | Module, path: str, fcompile: object = None) -> None:
@@ -339,17 +337,17 @@ def export_library(executable: Executable | Module, path: str, fcompile: object 
     try:
         # x86-64's small code model reaches 2 GB: a larger module goes in a large section, which the
         # linker places after the code and data that must reach each other
-        large = fcompile is None and platform.machine() == "x86_64"
-        pack = partial(pack_imports, section=".lrodata" if large else ".rodata")
+        pack = partial(pack_imports, large=fcompile is None and platform.machine() == "x86_64")
         executable.export_library(path, fcompile=fcompile, fpack_imports=pack, workspace_dir=parts)
     finally:
         shutil.rmtree(parts, ignore_errors=True)
 
 
-def pack_imports(module: Module, is_system_lib: bool, prefix: str, workspace_dir: str, section: str) -> str:
+def pack_imports(module: Module, is_system_lib: bool, prefix: str, workspace_dir: str, large: bool) -> str:
     """An assembly file defining the symbol TVM's loader reads the imported modules from
     (`__tvm_ffi__library_bin`: the bytes ModulePackImportsToC would write as a C array), its bytes
-    included from a file written straight from TVM's tensor of them."""
+    included from a file written straight from TVM's tensor of them; in x86-64's large read-only
+    section where `large`."""
     import numpy as np
     from tvm.runtime import _ffi_api
 
@@ -359,10 +357,11 @@ def pack_imports(module: Module, is_system_lib: bool, prefix: str, workspace_dir
     del blob
     symbol = f"{prefix}__tvm_ffi__library_bin"
     data = data.replace("\\", "\\\\").replace('"', '\\"')  # a string of the assembler's
+    section, flags = (".lrodata", "al") if large else (".rodata", "a")
     asm = os.path.join(workspace_dir, "devc.S")
     with open(asm, "w") as f:  # %object: the form every ELF assembler takes (Arm reads @ as a comment)
         f.write(
-            f'\t.section {section}.{symbol},"a{"l" if section == ".lrodata" else ""}"\n\t.globl {symbol}\n'
+            f'\t.section {section}.{symbol},"{flags}"\n\t.globl {symbol}\n'
             f'\t.type {symbol}, %object\n\t.balign 16\n{symbol}:\n\t.incbin "{data}"\n'
             f"\t.size {symbol}, . - {symbol}\n"
             '\t.section .note.GNU-stack,"",%progbits\n'  # no executable stack
