@@ -174,3 +174,28 @@ def run_here_or_skip(preset: str) -> None:
 
     if not get(preset).can_run_here:
         pytest.skip(f"{preset}'s code built and checked; not run: {get(preset).runs_on}")
+
+
+def tiny_llama():
+    """A 2-layer Llama with grouped-query attention (4 query, 2 key-value heads), random weights."""
+    import torch
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+    return hf.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    """tiny_llama() as Hugging Face's exporters write a generating model (its cache as inputs and outputs)."""
+    from webapp.pipeline.examples import write_generator_file
+
+    return write_generator_file(tiny_llama(), tmp_path_factory.mktemp("lm") / "tiny-llama.onnx")

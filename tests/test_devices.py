@@ -172,6 +172,49 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
         assert speed["not_tried"] == "board"
 
 
+def test_a_language_model_on_rpi5_decodes_on_the_board_in_float_int8_and_int4_beside_llvm_mcas_estimate(
+    pool, tmp_path, tiny_lm, app
+):
+    """An uploaded causal LM with a KV cache, target rpi5: the generate stage builds its decode step for
+    the board in float and with int8 and int4 weights, each estimated by llvm-mca on the Cortex-A76's
+    model; the remote stage times each on the emulated board and checks its logits."""
+    from tests.test_pages import write_job
+
+    error, result, stages = run_job(pool, tmp_path / "job", str(tiny_lm), target="rpi5", quantize="none")
+    assert error is None, error
+    assert stages["generate"]["status"] == "done" and stages["remote"]["status"] == "done"
+    g = result["generation"]
+    assert g["board"] == "rpi5" and "error" not in g, g.get("error")
+    assert g["variants"] == ["fp32", "int8-g128", "int4-g32", "int4-g128"]
+    rows = {r["variant"]: r for r in g["rows"]}
+    assert set(rows) == set(g["variants"])
+    assert {r["device"] for r in rows.values()} == {g["device"]} == {"rpi5 (emulated: QEMU cortex-a76)"}
+    assert all(r["past"] == 128 and r["median_ms"] > 0 for r in rows.values())
+    assert all(r["tokens_per_s"] == round(1e3 / r["median_ms"], 2) for r in rows.values())
+    assert rows["fp32"]["logits_sqnr_db"] > 60, rows  # the board's float logits = ONNX Runtime's here
+    assert all(10 < rows[v]["logits_sqnr_db"] < 60 for v in g["variants"][1:]), rows  # against its fp32
+    for v in g["variants"]:
+        library = (tmp_path / "job" / "remote" / f"generate-{v}.so").read_bytes()
+        assert library[:4] == b"\x7fELF" and int.from_bytes(library[18:20], "little") == 0xB7  # aarch64
+    (point,) = g["points"]
+    mca = {v: point["variants"][v]["mca"] for v in g["variants"]}
+    assert all(m["cpu"] == "cortex-a76" and m["clock_ghz"] == 2.4 and m["threads"] == 4 for m in mca.values())
+    assert all(0 < m["analysed"] <= m["kernels"] and m["predicted_ms"] > 0 for m in mca.values())
+    assert any(k["name"].startswith("weight_only_4b") for k in mca["int4-g32"]["top"])  # its own kernels
+    assert point["variants"]["int4-g32"]["streamed_bytes"] < point["variants"]["fp32"]["streamed_bytes"] / 4
+    # the page: the board's table, its emulation said, each build's time and estimate
+    job_id = write_job(
+        app, result, options={"model_file": "model.onnx", "target": "rpi5", "quantize": "none"}
+    )
+    page = app.test_client().get(f"/r/{job_id}").get_data(as_text=True)
+    assert "Generation on the board" in page and 'id="generation-emulated"' in page
+    table = page[page.index('id="generation-board"') :]
+    for v in g["variants"]:
+        assert (
+            f"{rows[v]['tokens_per_s']:,.2f}" in table and f"{mca[v]['predicted_tokens_per_s']:,.1f}" in table
+        )
+
+
 def test_floor_to_int_on_arm_is_one_fcvtms_and_equals_numpy_floor_at_the_extremes(pool, tmp_path):
     """A quantized layer's last rounding, int32(floor(x)), in one fcvtms on Arm (passes/lowering.py),
     scalar and in vectors of 8: on the emulated board, the same integers as numpy's floor, saturated at

@@ -14,31 +14,9 @@ import pytest
 import torch
 from onnx.numpy_helper import to_array
 
-from tests.conftest import wait_for_job
-from webapp.pipeline.examples import write_generator_file
+from tests.conftest import tiny_llama, wait_for_job
 from webapp.pipeline.rules import weight_only
 from webapp.pipeline.stages import generation, lm_inputs
-
-
-def tiny_llama():
-    """A 2-layer Llama with grouped-query attention (4 query, 2 key-value heads), random weights."""
-    import transformers as hf
-
-    torch.manual_seed(0)
-    config = hf.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
-    return hf.LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tmp_path_factory):
-    return write_generator_file(tiny_llama(), tmp_path_factory.mktemp("lm") / "tiny-llama.onnx")
 
 
 def test_the_roles_of_a_generating_models_inputs_are_read_from_its_names_and_shapes(tiny_lm):

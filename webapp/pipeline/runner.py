@@ -10,6 +10,7 @@ from pathlib import Path
 from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
 from webapp.pipeline.stages.bench import benchmark_stage
+from webapp.pipeline.stages.board_generation import board_generation_stage
 from webapp.pipeline.stages.build import build_stage
 from webapp.pipeline.stages.generation import generation_stage, why_not_generated
 from webapp.pipeline.stages.importers import import_stage
@@ -35,7 +36,7 @@ def run(job_dir: Path) -> None:
     inspected = ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
     if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage next
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
-        ctx.skip("generate", why_not_generated(ctx) or "")
+        ctx.stage("generate", board_generation_stage, skip=why_not_generated(ctx), required=False)
     else:  # a benchmark that cannot run is marked failed; the job is done with its build and views
         why = ctx.target.why_not_timed()
         if why:  # built for a device this server lacks: said in the benchmark section too

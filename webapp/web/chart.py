@@ -83,8 +83,11 @@ RUNTIME_ORDER = ("tvm", "onnxruntime", "onnxruntime-genai", "pytorch", "bound")
 def generation_charts(generation: dict) -> list[dict]:
     """Two line charts of a generate stage's rows, as geometry: decode tokens/s against the tokens in
     the cache (with the memory-bandwidth bound as a line of its own), and the time to the first token
-    against the prompt's length. x: the points evenly spaced; y: linear from 0."""
-    charts = []
+    against the prompt's length. x: the points evenly spaced; y: linear from 0. A board's section (one
+    point, its table) has none."""
+    charts: list[dict] = []
+    if generation.get("board"):
+        return charts
     for phase, title, x_key, y_key, unit in (
         ("decode", "decode, tokens/s", "past", "tokens_per_s", "tokens in the cache"),
         ("prefill", "time to first token, ms", "tokens", "ttft_ms", "tokens in the prompt"),

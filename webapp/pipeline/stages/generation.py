@@ -116,17 +116,21 @@ def why_not_generated(ctx: Context) -> str | None:
             "not a causal language model with a KV cache (past_key_values inputs, as Hugging Face's "
             "exporters write one)"
         )
-    if ctx.target.timed_on_board or ctx.target.why_not_timed():
-        return f"generation is timed on this server's CPU, and {ctx.target.name}'s code does not run here"
+    if ctx.target.why_not_timed():
+        return f"generation is timed where the code runs, and {ctx.target.name}'s code runs nowhere here"
     return None
 
 
-def build_point(path: Path, sig: Signature, point: Point, target: Target) -> dict[str, dict]:
+def build_point(
+    path: Path, sig: Signature, point: Point, target: Target, analyse: Callable[..., dict] | None = None
+) -> dict[str, dict]:
     """The model built for one point's fixed lengths on the default rules: in float, and for a decode
     point also with its weights quantized (weight_only.SCHEMES). {variant: {"executable", "build_s",
-    "packed"}}, each from the one import."""
+    "packed"}}, each from the one import; with `analyse(executable, fused, lowered)`, its answer as the
+    variant's "analysis" too."""
+    from webapp.pipeline.passes.legalize import fuse
     from webapp.pipeline.rules import weight_only
-    from webapp.pipeline.stages.build import compile_relax
+    from webapp.pipeline.stages.build import build, schedule
     from webapp.pipeline.stages.importers import import_model
 
     t0 = time.monotonic()
@@ -136,9 +140,14 @@ def build_point(path: Path, sig: Signature, point: Point, target: Target) -> dic
     for variant in ("fp32", *(weight_only.SCHEMES if point.phase == "decode" else ())):
         t0 = time.monotonic()
         mod, packed = weight_only.quantize_weights(imported.mod, weight_only.SCHEMES.get(variant))
-        executable, _ = compile_relax(mod, target)
+        fused = fuse(mod, target)
+        lowered, _ = schedule(fused, target)
+        executable = build(lowered, target, None)
         seconds_ = time.monotonic() - t0 + (import_s if variant == "fp32" else 0)
         builds[variant] = {"executable": executable, "build_s": round(seconds_, 2), "packed": packed}
+        if analyse is not None:
+            builds[variant]["analysis"] = analyse(executable, fused, lowered)
+        del fused, lowered
     return builds
 
 

@@ -174,11 +174,33 @@ def timed(
     first_s: float,
 ) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
-    warm-up call; first_s, the time of the call that fetched the outputs, sizes it."""
+    warm-up call, of the stateful call (its inputs set once, as a tuple's outputs come back over RPC);
+    first_s, the time of the call that fetched the outputs, sizes it."""
     from webapp.pipeline.stages.timing import summarize
 
     runs = int(max(3, min(50, budget_s / max(first_s, 1e-6))))
-    return summarize([t * 1e3 for t in vm.time_evaluator("main", dev, number=1, repeat=runs)(*args).results])
+    vm.set_input("main", *args)
+    timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=runs)
+    return summarize([t * 1e3 for t in timer("main").results])
+
+
+def run_timed(
+    session: rpc.RPCSession, dev: tvm.runtime.Device, library: Path, inputs: list[np.ndarray], budget_s: float
+) -> tuple[list[np.ndarray], dict]:
+    """A library of remote/ uploaded to the board, run on `inputs`: (its outputs, timed())."""
+    import tvm
+    from tvm import relax
+
+    from webapp.pipeline.stages.bench import flatten_outputs
+
+    session.upload(str(library))
+    vm = relax.VirtualMachine(session.load_module(library.name), dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    started = time.perf_counter()
+    vm.set_input("main", *args)  # the stateful calls: over RPC a tuple comes back only by get_outputs
+    vm.invoke_stateful("main")
+    outputs = flatten_outputs(vm.get_outputs("main"))
+    return outputs, timed(vm, dev, args, budget_s, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -201,12 +223,12 @@ class Remote:
 LIBRARY_NAME = re.compile(r"[\w.-]+\.so")
 
 
-def run_remote(job: Remote, report: Callable[..., None]) -> dict:
-    import tvm
-    from tvm import relax, rpc
+def run_remote(job: Remote, report: Callable[..., None], generation: dict | None = None) -> dict:
+    """The job's builds timed on a board (and the generate stage's decode builds, added to its
+    `generation` section)."""
+    from tvm import rpc
 
     from webapp.devices.tracker import Tracker, TrackerError
-    from webapp.pipeline.stages.bench import flatten_outputs
 
     folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())
@@ -240,12 +262,9 @@ def run_remote(job: Remote, report: Callable[..., None]) -> dict:
         for i, build in enumerate(plan["builds"]):
             what = f"the {build['variant']} build"
             try:
-                session.upload(str(folder / build["file"]))
-                vm = relax.VirtualMachine(session.load_module(build["file"]), dev)
-                args = [tvm.runtime.tensor(a, dev) for a in inputs]
-                started = time.perf_counter()
-                outs[(build["variant"], build["tuned"])] = flatten_outputs(vm["main"](*args))
-                timing = timed(vm, dev, args, job.budget_s, time.perf_counter() - started)
+                outs[build["variant"], build["tuned"]], timing = run_timed(
+                    session, dev, folder / build["file"], inputs, job.budget_s
+                )
             except Exception as exc:
                 raise StageError(crash_message(board, what, exc)) from None
             threads = board.get("threads")
@@ -253,11 +272,54 @@ def run_remote(job: Remote, report: Callable[..., None]) -> dict:
                         | {"device": board["name"], "threads": threads, **timing})  # fmt: skip
             report((i + 1) / len(plan["builds"]), {"board": board["name"]})
         speed = time_layers(session, dev, folder, plan, board)
+        generated = time_generation(session, dev, folder, board, job.budget_s, generation)
     fid = board_fidelity(outs, expected, board["key"], plan["classifier"])
     out = {"benchmarks": rows, "fidelity": fid, "device": board, "threads": board.get("threads")}
     if speed and plan.get("quantization"):  # the quantized layers, as timed on the board
         out["quantization"] = plan["quantization"] | {"layer_speed": speed}
-    return out
+    return out | ({"generation": generated} if generated else {})
+
+
+def time_generation(
+    session: rpc.RPCSession,
+    dev: tvm.runtime.Device,
+    folder: Path,
+    board: dict,
+    budget_s: float,
+    generation: dict | None,
+) -> dict | None:
+    """The generate stage's decode builds for the board (remote/generate.json, board_generation.py) run
+    and timed on it: `generation`, the stage's section, with the board's rows (tokens per second) and
+    each build's logits against ONNX Runtime's on this server (fp32) and the board's fp32 (quantized).
+    None where the stage left no builds; a failure is said in the section, the job's timings stand."""
+    from webapp.pipeline.stages.bench import fidelity
+
+    if not generation or not (folder / "generate.json").is_file():
+        return None
+    plan = json.loads((folder / "generate.json").read_text())
+    logits, rows = {}, []
+    try:
+        if not all(LIBRARY_NAME.fullmatch(str(b["file"])) for b in plan["builds"]):
+            raise StageError("remote/generate.json names a library outside remote/: refused.")
+        with np.load(folder / "generate-inputs.npz", allow_pickle=False) as data:
+            inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+        expected = np.load(folder / "generate-expected.npy", allow_pickle=False)
+        for build in plan["builds"]:
+            variant = build["variant"]
+            outputs, timing = run_timed(session, dev, folder / build["file"], inputs, budget_s)
+            logits[variant] = outputs[0]
+            reference = expected if variant == "fp32" else logits["fp32"]
+            rows.append(
+                {"runtime": "tvm", "variant": variant, "phase": "decode", "tokens": 1, "past": plan["past"]}
+                | {f: timing[f] for f in ("median_ms", "p90_ms", "runs")}
+                | {"tokens_per_s": round(1e3 / timing["median_ms"], 2), "device": board["name"]}
+                | {"logits_sqnr_db": fidelity([logits[variant]], [reference], classifier=False)["sqnr_db"]}
+            )
+    except Exception as exc:  # noqa: BLE001 - the job's own timings on the board stand
+        return generation | {"rows": rows, "error": crash_message(board, "the decode builds", exc)}
+    fp32_ms = next(r["median_ms"] for r in rows if r["variant"] == "fp32")
+    rows = [r | {"speedup_vs_tvm_fp32": round(fp32_ms / r["median_ms"], 3)} for r in rows]
+    return generation | {"rows": rows, "device": board["name"], "threads": board.get("threads")}
 
 
 def board_fidelity(outs: dict, expected: dict, board_key: str, classifier: bool) -> list[dict]:
@@ -341,7 +403,8 @@ def main(argv: list[str]) -> None:
 
     job = Remote.from_argv(argv)
     progress, results = Progress(job.job_dir, STAGES, resume=True), Results(job.job_dir, resume=True)
-    results.save(**(progress.run_stage("remote", lambda report: run_remote(job, report)) or {}))
+    generation = results.data.get("generation")
+    results.save(**(progress.run_stage("remote", lambda report: run_remote(job, report, generation)) or {}))
 
 
 if __name__ == "__main__":

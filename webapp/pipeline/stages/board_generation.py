@@ -1,0 +1,140 @@
+"""The generate stage of a job timed on a board of the device pool (a Raspberry Pi): llama-bench's text
+generation measured where the code is for. One point, decode with a cache of BOARD_POINT.past tokens,
+built here for the board in float and with its weights quantized in int8 and int4 (as the generate
+stage builds a decode point for this server, webapp/pipeline/stages/generation.py); each build's
+kernels estimated by llvm-mca on the board core's scheduling model (reports/mca.py), and what the
+remote stage needs to time the builds on the board: the libraries, the step's inputs and ONNX Runtime's
+logits of them on this server (remote/generate.json and its files). The remote stage adds the board's
+rows (webapp/pipeline/stages/remote.py: time_generation).
+
+An emulated board's times are QEMU's on this server's cores, not a Pi's: the page says so, and
+llvm-mca's per-kernel estimate for the board's core stands beside them. Prefill and longer caches are
+left to a job on a server: each point would be four more builds for the board and its runs under QEMU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.stages.generation import Point, build_point, generator_file
+from webapp.pipeline.stages.lm_inputs import onnx_signature
+
+if TYPE_CHECKING:
+    import tvm
+
+    from webapp.targets import Target
+
+BOARD_POINT = Point("decode", 1, 128)
+TOP_KERNELS = 5  # the kernels with the longest estimated time a token, named in the result
+MCA_BUDGET_S = 60  # llvm-mca's time for one build's kernels: the rest are left unanalysed, counted
+
+
+def kernel_estimates(
+    executable: tvm.runtime.Executable, fused: tvm.IRModule, lowered: tvm.IRModule, target: Target
+) -> dict:
+    """llvm-mca's estimate of one build's decode step on the board's core: each kernel's hot loop
+    analysed as the inspect stage analyses the job's kernels, its predicted ms (reports/mca.py:
+    predicted_ms, operands in the L1 cache, the board's nominal clock, its cores) times its calls.
+    Their sum is the step's compute bound: decode also waits for its weights from memory, which the
+    estimate leaves out. What is not analysed (no loop of vector arithmetic) is counted, not guessed."""
+    import tvm
+
+    from webapp.asm import filter_asm
+    from webapp.pipeline.reports import mca
+    from webapp.pipeline.reports.graphs import op_counts, relax_graph
+    from webapp.pipeline.stages.bench import bench_threads
+    from webapp.pipeline.stages.inspect import CodeIndex, executed_flop, host_code_module
+
+    cpu, clock, _ = target.mca_cpu()
+    threads = target.analysis_threads(bench_threads())
+    host = host_code_module(executable)
+    code = CodeIndex("", host.inspect_source("s") if host is not None else "")
+    calls = op_counts(relax_graph(fused))
+    names = {gv.name_hint for gv in fused.get_global_vars()}
+    kernels, flop = [], {"all": 0.0, "analysed": 0.0}
+    deadline = time.monotonic() + MCA_BUDGET_S
+    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tvm.tirx.PrimFunc) or target.dialect is None:
+            continue
+        name, n = gv.name_hint, calls.get(gv.name_hint, 0)
+        ops = executed_flop(fused[name] if name in names else func)
+        flop["all"] += ops * n
+        if time.monotonic() > deadline:
+            continue
+        figures, _ = mca.analyse(
+            filter_asm(code.kernel_code(name)[1]), target.dialect, target.mca_triple, cpu
+        )
+        ms = mca.predicted_ms(figures, ops, n, clock, threads) if figures else None
+        if ms is None or figures is None:
+            continue
+        flop["analysed"] += ops * n
+        kernels.append(
+            {"name": name, "calls": n, "predicted_ms": round(ms, 6)}
+            | {k: figures[k] for k in ("cycles_per_iteration", "limit", "bottleneck")}
+        )
+    total = sum(k["predicted_ms"] for k in kernels)
+    return {
+        "cpu": cpu,
+        "clock_ghz": clock,
+        "threads": threads,
+        "kernels": sum(1 for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)),
+        "analysed": len(kernels),
+        "analysed_flop_share": round(flop["analysed"] / flop["all"], 3) if flop["all"] else None,
+        "predicted_ms": round(total, 6),
+        "predicted_tokens_per_s": round(1e3 / total, 2) if total else None,
+        "top": sorted(kernels, key=lambda k: -k["predicted_ms"])[:TOP_KERNELS],
+    }
+
+
+def board_generation_stage(ctx: Context, report: Report) -> Given[None]:
+    """BOARD_POINT's builds for the board, each with llvm-mca's estimate, and remote/generate.json for the
+    remote stage; the result's generation section, its rows to come from the board."""
+    from webapp.pipeline.stages import bench
+
+    path = generator_file(ctx)
+    sig = onnx_signature(path) if path else None
+    assert path is not None and sig is not None  # why_not_generated() is None
+    point, target, folder = BOARD_POINT, ctx.target, ctx.dir / "remote"
+    values = sig.values(point.tokens, point.past)
+    session = bench.onnxruntime_session(path, bench.bench_threads())
+    folder.mkdir(exist_ok=True)
+    np.savez(folder / "generate-inputs.npz", *values.values())
+    np.save(folder / "generate-expected.npy", session.run(None, values)[0])  # the logits, on this server
+    report(0.1)
+
+    def analyse(executable: Any, fused: Any, lowered: Any) -> dict:
+        return kernel_estimates(executable, fused, lowered, target)
+
+    builds = build_point(path, sig, point, target, analyse)
+    files = {v: f"generate-{v}.so" for v in builds}
+    for v, build in builds.items():
+        target.export_library(build["executable"], str(folder / files[v]))
+    plan = {"past": point.past, "builds": [{"variant": v, "file": f} for v, f in files.items()]}
+    (folder / "generate.json").write_text(json.dumps(plan, indent=1))
+    variants = {
+        v: {
+            "build_s": b["build_s"],
+            "streamed_bytes": b["packed"].streamed,
+            "model_bytes": sig.weight_bytes - b["packed"].replaced + b["packed"].packed,
+            "mca": b["analysis"],
+        }
+        for v, b in builds.items()
+    }
+    record = {"phase": point.phase, "tokens": point.tokens, "past": point.past, "variants": variants}
+    generation = {
+        "board": target.board,
+        "builds": (
+            f"one point built for {target.name}, decode with {point.past} tokens in the cache, in float "
+            "and with its weights quantized; the remote stage times each build on the board"
+        ),
+        "variants": list(builds),
+        "weight_bytes": sig.weight_bytes,
+        "points": [record],
+        "rows": [],  # the board's, added by the remote stage
+    }
+    return Given(None, {"generation": generation})
