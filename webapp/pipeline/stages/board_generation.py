@@ -127,7 +127,7 @@ def board_generation_stage(ctx: Context, report: Report) -> Given[None]:
     }
     record = {"phase": point.phase, "tokens": point.tokens, "past": point.past, "variants": variants}
     generation = {
-        "board": target.board,
+        "board": target.timed_on_board,
         "builds": (
             f"one point built for {target.name}, decode with {point.past} tokens in the cache, in float "
             "and with its weights quantized; the remote stage times each build on the board"
