@@ -41,6 +41,34 @@ def test_a_model_without_a_cache_is_not_a_generator(example_files):
     assert lm_inputs.signature(onnx.load(str(example_files / "transformer-block.onnx"))) is None
 
 
+@pytest.mark.parametrize("k", [512, 576])  # whole groups of 128, and a partial last one (SmolLM2's width)
+def test_the_weight_only_kernels_compute_the_matmul_of_their_dequantized_weights_at_every_tile(k):
+    """Each scheme's kernel against x @ W' (W' its weights dequantized in numpy), at each tile width a
+    target takes: AVX-512's 4 vectors, AVX2's and NEON's 2 (their registers hold half), 1."""
+    import numpy as np
+    import tvm
+
+    from webapp.targets import get
+
+    assert [weight_only.tile_vectors(get(t), 1536) for t in ("x86-avx512", "x86-avx2", "rpi5")] == [4, 2, 2]
+    assert weight_only.tile_vectors(get("x86-avx512"), 48) == 1  # 3 vectors of columns: no wider tile
+    rng = np.random.default_rng(0)
+    n = 128
+    w, x = rng.standard_normal((k, n)).astype("float32"), rng.standard_normal((1, k)).astype("float32")
+    dev = tvm.cpu()
+    for scheme in weight_only.SCHEMES.values():
+        values, scales = weight_only.quantize_weight(w, scheme)
+        expected = x @ weight_only.dequantized(values, scales, k, scheme)
+        for vectors in (4, 2, 1):
+            kernel = weight_only.weight_only_kernel(1, k, n, scheme, vectors).with_attr(
+                "global_symbol", "main"
+            )
+            built = tvm.compile(tvm.IRModule({"main": kernel}), target=get("x86-host").tvm)
+            out = tvm.runtime.tensor(np.zeros((1, n), "float32"), dev)
+            built["main"](*(tvm.runtime.tensor(a, dev) for a in (x, values, scales)), out)
+            np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 @pytest.mark.slow
 def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(client, tiny_lm):
     with open(tiny_lm, "rb") as f:

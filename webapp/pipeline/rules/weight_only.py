@@ -7,13 +7,15 @@ decode step is bound by the bytes it reads).
 Every `R.matmul(x, W)` of the imported module whose W is a float32 constant [K, N] (ONNX's MatMul with
 its weight as exporters write nn.Linear) and N a multiple of LANES becomes a call of one kernel,
 `weight_only_kernel`: the weight packed as (N / LANES, K / per byte, LANES) panels and the scales as
-(N / LANES, groups, LANES), parallel over panels, LANES columns a vector, `VECTORS` vectors a tile,
-the reduction running down K. The other matmuls (attention's, over the cache) stay float.
+(N / LANES, groups, LANES), parallel over panels, LANES columns a vector, as many vectors a tile as the
+target's registers hold (`tile_vectors`), the reduction running down K a group at a time. The other
+matmuls (attention's, over the cache) stay float.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -22,8 +24,10 @@ from tvm import relax, s_tir, te
 from webapp.pipeline.passes.rewrites import static_shape
 from webapp.pipeline.rules.schedules import SCHEDULE_ATTR
 
-LANES = 16  # columns a vector (an AVX-512 register of float32; two NEON or AVX2 registers)
-VECTORS = 4  # vectors of columns a tile
+if TYPE_CHECKING:
+    from webapp.targets import Target
+
+LANES = 16  # columns a vector of the panels (an AVX-512 register of float32; two AVX2, four NEON)
 
 
 @dataclass(frozen=True)
@@ -74,43 +78,68 @@ def dequantized(packed: np.ndarray, scales: np.ndarray, k: int, scheme: Scheme) 
     return q[:k].astype(np.float32) * np.repeat(s, scheme.group, axis=0)[:k]
 
 
-def weight_only_kernel(m: int, k: int, n: int, scheme: Scheme) -> tvm.tirx.PrimFunc:
-    """C[m, n] = sum_k A[m, k] * q[k, n] * scale[k // group, n], scheduled: parallel over panels of
-    LANES * VECTORS columns, the rows and the reduction inside, the tile's accumulators in registers."""
-    per = 8 // scheme.bits
+def tile_vectors(target: Target, n: int) -> int:
+    """How many LANES-column vectors a kernel's tile takes on `target`: as many (4, 2 or 1) as keep its
+    two sets of float accumulators (the tile's sums and its group's, weight_only_kernel) in half of the
+    vector registers, the other half left for the weights as they are widened (AVX-512's 32 registers of
+    16 lanes: 4; AVX2's 16 of 8 and NEON's 32 of 4: 2); and that divide the N columns."""
+    lanes, registers = target.vector_shape()
+    return next(v for v in (4, 2, 1) if 2 * v * LANES <= lanes * registers // 2 and n % (LANES * v) == 0)
+
+
+def weight_only_kernel(m: int, k: int, n: int, scheme: Scheme, vectors: int) -> tvm.tirx.PrimFunc:
+    """C[m, n] = sum_g scale[g, n] * sum_{k in group g} A[m, k] * q[k, n], scheduled: parallel over panels
+    of LANES * `vectors` columns, the rows and the groups inside; each group's sums of products in
+    registers, scaled once a group into the tile's sums, also in registers (a scale a group, not a
+    multiply a weight). A last partial group (SmolLM2's 576 in groups of 128) reads its bytes clamped to
+    the last and takes A as 0 past K."""
+    per, size = 8 // scheme.bits, scheme.group
+    groups = -(-k // size)
     a = te.placeholder((m, k), "float32", name="A")
     q = te.placeholder((n // LANES, k // per, LANES), "int8" if scheme.bits == 8 else "uint8", name="Q")
-    s = te.placeholder((n // LANES, -(-k // scheme.group), LANES), "float32", name="S")
-    r = te.reduce_axis((0, k), name="k")
+    s = te.placeholder((n // LANES, groups, LANES), "float32", name="S")
+    r, rg = te.reduce_axis((0, size), name="k"), te.reduce_axis((0, groups), name="g")
 
-    def weight(j, kk):
-        v = q[j // LANES, kk // per, j % LANES]
-        if scheme.bits == 4:
-            shift = (4 * (kk % 2)).astype("uint8")
-            v = ((v >> shift) & tvm.tirx.const(15, "uint8")).astype("float32") - tvm.tirx.const(
-                8.0, "float32"
-            )
-        return v.astype("float32") * s[j // LANES, kk // scheme.group, j % LANES]
+    def weight(j: Any, kk: Any, clamped: bool) -> Any:
+        byte = te.min(kk // per, k // per - 1) if clamped else kk // per
+        v = q[j // LANES, byte, j % LANES]
+        if scheme.bits == 8:
+            return v.astype("float32")
+        shift = (4 * (kk % 2)).astype("uint8")  # the nibble of kk itself, clamped or not
+        return ((v >> shift) & tvm.tirx.const(15, "uint8")).astype("float32") - tvm.tirx.const(8.0, "float32")
 
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * weight(j, r), axis=r), name="C")
+    def product(i: Any, g: Any, j: Any) -> Any:
+        kk = g * size + r
+        if k % size == 0:
+            return a[i, kk] * weight(j, kk, False)
+        inside = tvm.tirx.Select(kk < k, a[i, te.min(kk, k - 1)], tvm.tirx.const(0.0, "float32"))
+        return inside * weight(j, kk, True)
+
+    p = te.compute((m, groups, n), lambda i, g, j: te.sum(product(i, g, j), axis=r), name="P")
+    c = te.compute((m, n), lambda i, j: te.sum(p[i, rg, j] * s[j // LANES, rg, j % LANES], axis=rg), name="C")
     sch = s_tir.Schedule(te.create_prim_func([a, q, s, c]))
-    block = sch.get_sblock("C")
-    i, j, kk = sch.get_loops(block)
-    vectors = VECTORS if n % (LANES * VECTORS) == 0 else 1
+    block, sums = sch.get_sblock("C"), sch.get_sblock("P")
+    i, j, g = sch.get_loops(block)
     outer, vec, lane = sch.split(j, [None, vectors, LANES])
-    ko, ki = sch.split(kk, [None, per])  # int4: both nibbles of a byte in one step, each its own shift
-    sch.reorder(outer, i, ko, ki, vec, lane)
-    sch.unroll(ki)
-    kk = ko
+    sch.reorder(outer, i, g, vec, lane)
     sch.parallel(outer)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, i)
+    sch.compute_at(sums, g)  # a group's sums, in registers
+    sch.set_scope(sums, 0, "local")
+    columns, kk = sch.get_loops(sums)[-2:]
+    svec, slane = sch.split(columns, [vectors, LANES])
+    ko, ki = sch.split(kk, [None, per])  # int4: both nibbles of a byte in one step, each its own shift
+    sch.reorder(ko, ki, svec, slane)
+    sch.unroll(ki)
+    sch.unroll(svec)
+    sch.vectorize(slane)
+    sch.vectorize(sch.get_loops(sch.decompose_reduction(sums, ko))[-1])
     sch.unroll(vec)
     sch.vectorize(lane)
-    init = sch.decompose_reduction(block, kk)
-    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(sch.get_loops(sch.decompose_reduction(block, g))[-1])
     sch.vectorize(sch.get_loops(acc)[-1])
-    label = f"weight-only {scheme.name}: dequantized in the matrix-vector kernel"
+    label = f"weight-only {scheme.name}: dequantized in the matrix-vector kernel, scaled a group"
     kernel = sch.mod["main"].without_attr("global_symbol")
     return kernel.with_attr("tirx.is_scheduled", True).with_attr(SCHEDULE_ATTR, label)
 
@@ -129,9 +158,9 @@ class Packed:
 class WeightOnly(relax.PyExprMutator):
     """Each weight matmul as a weight-only kernel of `scheme` (None: none, the weights only counted)."""
 
-    def __init__(self, mod: tvm.IRModule, scheme: Scheme | None):
+    def __init__(self, mod: tvm.IRModule, scheme: Scheme | None, target: Target):
         super().__init__(mod)
-        self.scheme, self.packed = scheme, Packed()
+        self.scheme, self.target, self.packed = scheme, target, Packed()
         self.kernels: dict[tuple[int, int, int], tvm.ir.GlobalVar] = {}
         self.done: dict[relax.Call, relax.Expr] = {}
 
@@ -162,7 +191,7 @@ class WeightOnly(relax.PyExprMutator):
         self.packed.packed += values.nbytes + scales.nbytes
         self.packed.replaced += weight.nbytes
         if (m, k, n) not in self.kernels:
-            kernel = weight_only_kernel(m, k, n, self.scheme)
+            kernel = weight_only_kernel(m, k, n, self.scheme, tile_vectors(self.target, n))
             name = f"weight_only_{self.scheme.bits}b_{m}x{k}x{n}"
             self.kernels[m, k, n] = self.builder_.add_func(kernel, name)
         rows = self.builder_.emit(relax.op.reshape(x, [m, k]))
@@ -176,9 +205,10 @@ class WeightOnly(relax.PyExprMutator):
         return relax.op.reshape(out, [*shape[:-1], n])
 
 
-def quantize_weights(mod: tvm.IRModule, scheme: Scheme | None) -> tuple[tvm.IRModule, Packed]:
-    """The module with its weight matmuls on `scheme` (None: as it is), and what their weights take."""
-    mutator = WeightOnly(mod, scheme)
+def quantize_weights(mod: tvm.IRModule, scheme: Scheme | None, target: Target) -> tuple[tvm.IRModule, Packed]:
+    """The module with its weight matmuls on `scheme` (None: as it is) in kernels tiled for `target`, and
+    what their weights take."""
+    mutator = WeightOnly(mod, scheme, target)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))

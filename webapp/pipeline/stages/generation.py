@@ -139,7 +139,7 @@ def build_point(
     builds = {}
     for variant in ("fp32", *(weight_only.SCHEMES if point.phase == "decode" else ())):
         t0 = time.monotonic()
-        mod, packed = weight_only.quantize_weights(imported.mod, weight_only.SCHEMES.get(variant))
+        mod, packed = weight_only.quantize_weights(imported.mod, weight_only.SCHEMES.get(variant), target)
         fused = fuse(mod, target)
         lowered, _ = schedule(fused, target)
         executable = build(lowered, target, None)
