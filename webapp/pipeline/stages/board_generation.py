@@ -130,7 +130,7 @@ def board_generation_stage(ctx: Context, report: Report) -> Given[None]:
         "board": target.timed_on_board,
         "builds": (
             f"one point built for {target.name}, decode with {point.past} tokens in the cache, in float "
-            "and with its weights quantized; the remote stage times each build on the board"
+            f"and with its weights quantized ({', '.join(v for v in builds if v != 'fp32')})"
         ),
         "variants": list(builds),
         "weight_bytes": sig.weight_bytes,
