@@ -4,6 +4,7 @@ status, seconds and progress in progress.json and ends the job with its message 
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -24,6 +25,19 @@ from webapp.pipeline.stages.tune import tune_stage, tunes
 def run(job_dir: Path) -> None:
     ctx = Context.open(job_dir, STAGES)
     ctx.results.save(limits=ctx.job.limits)
+    # the generate stage builds the model again at each of its points: the records of the stages before
+    # it (the model's modules and builds, its weights several times over) are let go when this returns
+    build_and_time(ctx)
+    gc.collect()
+    if ctx.target.timed_on_board:  # built for the board here; the remote stage times them there
+        ctx.stage("generate", board_generation_stage, skip=why_not_generated(ctx), required=False)
+    else:
+        ctx.stage("generate", generation_stage, skip=why_not_generated(ctx), required=False)
+        ctx.skip("remote", "timed on this server, not on a board of the device pool")
+
+
+def build_and_time(ctx: Context) -> None:
+    """The stages from import to benchmark."""
     model = ctx.stage("import", import_stage)
     optimized = ctx.stage("optimize", optimize_stage, model)
     no_quantize = "no quantization asked (quantize: none), and the model has no scales of its own"
@@ -34,16 +48,14 @@ def run(job_dir: Path) -> None:
     tuned = ctx.stage("tune", tune_stage, optimized, quantized, skip=None if tunes(ctx) else no_tune)
     built = ctx.stage("build", build_stage, model, optimized, quantized, tuned)
     inspected = ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
-    if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage next
+    if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage after generate
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
-        ctx.stage("generate", board_generation_stage, skip=why_not_generated(ctx), required=False)
-    else:  # a benchmark that cannot run is marked failed; the job is done with its build and views
-        why = ctx.target.why_not_timed()
-        if why:  # built for a device this server lacks: said in the benchmark section too
-            ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
-        ctx.stage("benchmark", benchmark_stage, model, built, inspected, skip=why, required=False)
-        ctx.stage("generate", generation_stage, skip=why_not_generated(ctx), required=False)
-        ctx.skip("remote", "timed on this server, not on a board of the device pool")
+        return
+    # a benchmark that cannot run is marked failed; the job is done with its build and views
+    why = ctx.target.why_not_timed()
+    if why:  # built for a device this server lacks: said in the benchmark section too
+        ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
+    ctx.stage("benchmark", benchmark_stage, model, built, inspected, skip=why, required=False)
 
 
 if __name__ == "__main__":
