@@ -166,20 +166,13 @@ def board_of(session: rpc.RPCSession, key: str, host: str, port: int) -> dict:
     return info | {"address": f"{host}:{port}"}
 
 
-def timed(
-    vm: relax.VirtualMachine,
-    dev: tvm.runtime.Device,
-    args: list[tvm.runtime.Tensor],
-    budget_s: float,
-    first_s: float,
-) -> dict:
+def timed(vm: relax.VirtualMachine, dev: tvm.runtime.Device, budget_s: float, first_s: float) -> dict:
     """time_evaluator on the board, as many runs as fit in the budget (at least 3) after its own
-    warm-up call, of the stateful call (its inputs set once, as a tuple's outputs come back over RPC);
-    first_s, the time of the call that fetched the outputs, sizes it."""
+    warm-up call, of the stateful call on the inputs already set (run_timed); first_s, the time of the
+    call that fetched the outputs, sizes it."""
     from webapp.pipeline.stages.timing import summarize
 
     runs = int(max(3, min(50, budget_s / max(first_s, 1e-6))))
-    vm.set_input("main", *args)
     timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=runs)
     return summarize([t * 1e3 for t in timer("main").results])
 
@@ -200,7 +193,19 @@ def run_timed(
     vm.set_input("main", *args)  # the stateful calls: over RPC a tuple comes back only by get_outputs
     vm.invoke_stateful("main")
     outputs = flatten_outputs(vm.get_outputs("main"))
-    return outputs, timed(vm, dev, args, budget_s, time.perf_counter() - started)
+    return outputs, timed(vm, dev, budget_s, time.perf_counter() - started)
+
+
+def load_arrays(path: Path) -> list[np.ndarray]:
+    """The arrays of an .npz written by np.savez(*arrays), in order."""
+    with np.load(path, allow_pickle=False) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def refuse_outside(files: list, plan: str) -> None:
+    """A plan the pipeline wrote names libraries of remote/ only: one outside it ends the stage."""
+    if not all(LIBRARY_NAME.fullmatch(str(f)) for f in files):
+        raise StageError(f"remote/{plan} names a library outside remote/: refused.")
 
 
 @dataclass(frozen=True)
@@ -233,10 +238,8 @@ def run_remote(job: Remote, report: Callable[..., None], generation: dict | None
     folder = job.job_dir / "remote"
     plan = json.loads((folder / "plan.json").read_text())
     files = [b.get(k) for b in plan["builds"] for k in ("file", "kernels_file") if k == "file" or k in b]
-    if not all(LIBRARY_NAME.fullmatch(str(f)) for f in files):
-        raise StageError("remote/plan.json names a library outside remote/: refused.")
-    with np.load(folder / "inputs.npz", allow_pickle=False) as data:
-        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    refuse_outside(files, "plan.json")
+    inputs = load_arrays(folder / "inputs.npz")
     expected = load_expected(folder / "expected.npz")
     key, wait_s = job.key, job.wait_s
     report(0.0, {"waiting": f"for a free '{key}' board (up to {wait_s:.0f} s)"})
@@ -299,10 +302,8 @@ def time_generation(
     plan = json.loads((folder / "generate.json").read_text())
     logits, rows = {}, []
     try:
-        if not all(LIBRARY_NAME.fullmatch(str(b["file"])) for b in plan["builds"]):
-            raise StageError("remote/generate.json names a library outside remote/: refused.")
-        with np.load(folder / "generate-inputs.npz", allow_pickle=False) as data:
-            inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+        refuse_outside([b["file"] for b in plan["builds"]], "generate.json")
+        inputs = load_arrays(folder / "generate-inputs.npz")
         expected = np.load(folder / "generate-expected.npy", allow_pickle=False)
         for build in plan["builds"]:
             variant = build["variant"]
