@@ -18,8 +18,8 @@ from webapp.jobs.queue import JobQueue
 ROOT = Path(__file__).resolve().parent.parent
 # The examples written in plain PyTorch, and the 4-layer Hugging Face transformers (test_transformers.py:
 # each is 120-270 MB and takes tens of seconds a build, so the tests over every example take the others;
-# smollm2-135m, a real model's size, 538 MB and 30 layers, is measured by benchmarks/llm.py)
-FULL_SIZE = ("smollm2-135m",)
+# the full-size ones (smollm2-135m, 538 MB; qwen2.5-0.5b, 1.98 GB) are measured by benchmarks/llm.py)
+FULL_SIZE = [name for name, e in EXAMPLES.items() if e.full_size]
 TRANSFORMERS = [name for name, e in EXAMPLES.items() if e.transformers and name not in FULL_SIZE]
 CLASSIC = [name for name, e in EXAMPLES.items() if not e.transformers]
 

@@ -6,6 +6,7 @@ folder, or missing, fail the import with a clear message."""
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 
 import onnx
@@ -89,3 +90,38 @@ def test_the_command_line_takes_an_onnx_with_its_data_file_beside_it(config, exa
     assert error is None, error
     assert (tmp_path / "out" / "input" / "model.zip").is_file()
     assert (tmp_path / "out" / "unpacked" / "model.onnx.data").is_file()
+
+
+@pytest.mark.slow
+def test_an_example_past_2_gb_keeps_its_data_file_in_its_jobs_and_downloads_as_a_zip(
+    config, example_files, tmp_path
+):
+    """An example exported with its weights beside it (qwen2.5-0.5b's form, `<name>.onnx.data`; here
+    the mlp saved so): its job copies the data file beside the model, and its .onnx download is a .zip of
+    both, which an upload takes."""
+    from dataclasses import replace
+
+    from webapp import create_app
+
+    own = replace(config, data_dir=tmp_path / "data")
+    own.examples_dir.mkdir(parents=True)
+    source = onnx.load(str(example_files / "mlp.onnx"))
+    onnx.save_model(
+        source, str(own.examples_dir / "mlp.onnx"), save_as_external_data=True, location="mlp.onnx.data"
+    )
+    (own.examples_dir / "mlp.pt2").write_bytes((example_files / "mlp.pt2").read_bytes())
+    error = compile_locally(own, "mlp", {"target": "x86-host"}, tmp_path / "job")
+    assert error is None, error
+    assert (tmp_path / "job" / "input" / "mlp.onnx.data").stat().st_size > 1000
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert {b["runtime"] for b in result["benchmarks"]} >= {"tvm", "onnxruntime"}  # ORT read the data too
+    download = create_app(own).test_client().get("/api/examples/mlp.onnx")
+    assert download.status_code == 200 and "mlp.zip" in download.headers["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(download.data)) as archive:
+        assert sorted(archive.namelist()) == ["mlp.onnx", "mlp.onnx.data"]
+        archive.extractall(tmp_path / "unzipped")
+    weights = {
+        t.name: numpy_helper.to_array(t) for t in onnx.load(str(example_files / "mlp.onnx")).graph.initializer
+    }
+    got = onnx.load(str(tmp_path / "unzipped" / "mlp.onnx"))
+    assert all((numpy_helper.to_array(t) == weights[t.name]).all() for t in got.graph.initializer)

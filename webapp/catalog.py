@@ -27,6 +27,9 @@ class Example:
     # a causal language model: also exported as it generates (its KV cache as inputs and outputs, as
     # Hugging Face exporters write it), which the generate stage builds and times token by token
     generator: bool = False
+    # the size of a real model (hundreds of MB of weights or more): the tests' loops over the examples
+    # leave it out (benchmarks/llm.py measures it)
+    full_size: bool = False
 
     @property
     def weights(self) -> dict:
@@ -131,6 +134,22 @@ EXAMPLES: dict[str, Example] = {
             vocabulary=49152,
             transformers=True,
             generator=True,
+            full_size=True,
+        ),
+        Example(
+            "qwen2.5-0.5b",
+            "Qwen2.5-0.5B-shaped model",
+            "A Qwen2 at the shape of Qwen2.5-0.5B: width 896, 24 layers, 14 query and 2 key-value heads "
+            "(biases on the queries, keys and values), MLP 4,864, 151,936-word vocabulary tied to the "
+            "embedding (494 M parameters, 1.98 GB in float32, past ONNX's 2 GB file limit: its weights "
+            "are an external data file), random weights; 64 tokens in, logits out, and generation token "
+            "by token.",
+            (1, 64),
+            classifier=False,
+            vocabulary=151936,
+            transformers=True,
+            generator=True,
+            full_size=True,
         ),
     ]
 }

@@ -96,6 +96,10 @@ def copy_model(job_dir: Path, rel: str, folder: Path) -> str | None:
         return None
     if rel != UNPACKED_MODEL:
         shutil.copyfile(path, folder / "input" / path.name)
+        for data in sorted((job_dir / "input").glob("*.onnx.data")):  # an example's weights past 2 GB
+            kept = safe_job_file(job_dir, f"input/{data.name}")
+            if kept is not None:
+                shutil.copyfile(kept, folder / "input" / data.name)
         return f"input/{path.name}"
     for part in sorted((job_dir / "unpacked").rglob("*")):
         inside = part.relative_to(job_dir)

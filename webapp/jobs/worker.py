@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -64,6 +65,31 @@ def generator_file(config: Config, name: str) -> Path:
     return config.examples_dir / f"{name}-generator.onnx"
 
 
+def copy_onnx(source: Path, out: Path) -> None:
+    """An example's .onnx copied to `out`, with its weights' data file where it has one (a model past
+    2 GB: `<file>.data`, under the name the model records, beside the copy)."""
+    shutil.copyfile(source, out)
+    data = source.with_name(source.name + ".data")
+    if data.exists():
+        shutil.copyfile(data, out.with_name(data.name))
+
+
+def example_archive(config: Config, name: str) -> Path | None:
+    """The example's .onnx and its weights' data file as one .zip (stored, not compressed), as an upload
+    past 2 GB comes: made once, beside them; None for a model in one file."""
+    _, onnx = ensure_example_files(config, name)
+    data = onnx.with_name(onnx.name + ".data")
+    archive = config.examples_dir / f"{name}.zip"
+    if not data.exists() or archive.exists():
+        return archive if data.exists() else None
+    partial = config.examples_dir / f".{name}.partial.zip"
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for path in (onnx, data):
+            z.write(path, path.name)
+    partial.rename(archive)
+    return archive
+
+
 def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
     """job.json for the pipeline: the job's options and where its files are; for an example, copies
     of its model files."""
@@ -91,10 +117,10 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
         spec["weights"] = example.weights
         pt2, onnx = ensure_example_files(config, example.name)
         (job_dir / "input").mkdir(exist_ok=True)
-        shutil.copyfile(onnx, job_dir / "input" / "model.onnx")
+        copy_onnx(onnx, job_dir / "input" / "model.onnx")
         shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
         if example.generator:
-            shutil.copyfile(generator_file(config, example.name), job_dir / "input" / "generator.onnx")
+            copy_onnx(generator_file(config, example.name), job_dir / "input" / "generator.onnx")
             spec |= {"example": example.name, "generator": "input/generator.onnx"}
         spec["model"] = "input/model.onnx"
     else:

@@ -9,6 +9,7 @@ dynamo exporter, which keeps each node's module path).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ def hugging_face(name: str) -> nn.Module:
     return LastOutput(causal_lm(name, use_cache=False), "logits")
 
 
-LLAMA_SHAPES: dict[str, dict[str, Any]] = {
+LM_SHAPES: dict[str, dict[str, Any]] = {
     "llama": {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
               "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000,
               "max_position_embeddings": 4096},  # room for 2,048 cached tokens and more (rotary: no weights)
@@ -243,7 +244,16 @@ LLAMA_SHAPES: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
                      "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
                      "max_position_embeddings": 8192},
+    # Qwen2.5-0.5B's config.json (a Qwen2: biases on q, k and v), its weights random
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                     "max_position_embeddings": 32768, "use_sliding_window": False},
 }  # fmt: skip
+QWEN2 = ("qwen2.5-0.5b",)
+# A model of more float weights than this is exported with them in a data file beside its .onnx
+# (`<file>.data`, as torch.onnx.export writes it): one .onnx file holds at most 2 GB (protobuf's limit)
+EXTERNAL_DATA_BYTES = 1 << 30
 
 
 def causal_lm(name: str, use_cache: bool = True) -> Any:
@@ -253,7 +263,9 @@ def causal_lm(name: str, use_cache: bool = True) -> Any:
     torch.manual_seed(0)
     if name == "gpt2":
         return hf.GPT2LMHeadModel(hf.GPT2Config(n_layer=4, use_cache=use_cache)).eval()
-    return hf.LlamaForCausalLM(hf.LlamaConfig(**LLAMA_SHAPES[name], use_cache=use_cache)).eval()
+    if name in QWEN2:
+        return hf.Qwen2ForCausalLM(hf.Qwen2Config(**LM_SHAPES[name], use_cache=use_cache)).eval()
+    return hf.LlamaForCausalLM(hf.LlamaConfig(**LM_SHAPES[name], use_cache=use_cache)).eval()
 
 
 def cache_shape(model: Any, past: int) -> tuple[int, int, int, int]:
@@ -291,6 +303,25 @@ class GeneratorStep(nn.Module):
         return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
 
 
+def external_data(model: nn.Module) -> bool:
+    """Whether the model's .onnx keeps its weights in a data file beside it (EXTERNAL_DATA_BYTES)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
+
+
+def written_atomically(out: Path, write: Callable[[Path], object]) -> Path:
+    """`write(path)` into a hidden folder beside `out`, at out's name, then its files moved beside `out`,
+    the model last: a reader never sees a half-written model, and the name of its data file, which
+    the model records, stays right."""
+    folder = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    write(folder / out.name)
+    for path in sorted(folder.iterdir(), key=lambda p: p.name == out.name):
+        path.rename(out.with_name(path.name))
+    folder.rmdir()
+    return out
+
+
 def write_generator_file(model: Any, out: Path) -> Path:
     """The example as it generates, as an .onnx with symbolic sequence and cache lengths and the input
     and output names Hugging Face's exporters give (input_ids, attention_mask, position_ids,
@@ -307,25 +338,21 @@ def write_generator_file(model: Any, out: Path) -> Path:
     tokens = torch.export.Dim("sequence_length", max=8192)
     cached = torch.export.Dim("past_sequence_length", max=8192)
     dynamic = ({1: tokens}, {1: torch.export.Dim.DYNAMIC}, {1: tokens}, [{2: cached}] * len(cache))
-    tmp = out.with_name(f".{out.name}.partial")
+    names = ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{k}" for k in kv)]
     with torch.no_grad():
-        torch.onnx.export(
-            GeneratorStep(model),
-            args,
-            str(tmp),
-            dynamo=True,
-            external_data=False,
-            dynamic_shapes=dynamic,
-            input_names=[
-                "input_ids",
-                "attention_mask",
-                "position_ids",
-                *(f"past_key_values.{k}" for k in kv),
-            ],
-            output_names=["logits", *(f"present.{k}" for k in kv)],
+        return written_atomically(
+            out,
+            lambda path: torch.onnx.export(
+                GeneratorStep(model),
+                args,
+                str(path),
+                dynamo=True,
+                external_data=external_data(model),
+                dynamic_shapes=dynamic,
+                input_names=names,
+                output_names=["logits", *(f"present.{k}" for k in kv)],
+            ),
         )
-    tmp.rename(out)
-    return out
 
 
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
@@ -338,7 +365,7 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "digits-cnn": DigitsCNN,
     **{
         name: lambda name=name: hugging_face(name)
-        for name in ("bert", "vit", "gpt2", "llama", "smollm2-135m")
+        for name in ("bert", "vit", "gpt2", "llama", "smollm2-135m", "qwen2.5-0.5b")
     },
 }
 
@@ -377,19 +404,23 @@ def write_example_files(name: str, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model, x = build_example(name), example_input(name)
     pt2, onnx_path = out_dir / f"{name}.pt2", out_dir / f"{name}.onnx"
-    pt2_tmp, onnx_tmp = out_dir / f".{name}.partial.pt2", out_dir / f".{name}.partial.onnx"
+    pt2_tmp = out_dir / f".{name}.partial.pt2"
     with torch.no_grad():
         torch.export.save(torch.export.export(model, (x,)), str(pt2_tmp))
-        # the transformers as Hugging Face models are exported today, their weights inside the file
+        if EXAMPLES[name].generator:
+            write_generator_file(causal_lm(name), out_dir / f"{name}-generator.onnx")
+        # the transformers as Hugging Face models are exported today, their weights inside the file (or
+        # beside it, past 2 GB)
         exporter = ONNX_EXPORTERS["dynamo" if EXAMPLES[name].transformers else "torchscript"]
-        torch.onnx.export(
-            model, (x,), str(onnx_tmp), input_names=["input"], output_names=["output"], **exporter
+        if exporter["dynamo"] and external_data(model):
+            exporter = exporter | {"external_data": True}
+        written_atomically(
+            onnx_path,
+            lambda path: torch.onnx.export(
+                model, (x,), str(path), input_names=["input"], output_names=["output"], **exporter
+            ),
         )
-    if EXAMPLES[name].generator:
-        write_generator_file(causal_lm(name), out_dir / f"{name}-generator.onnx")
-    # rename last, so a reader never sees a half-written file
-    pt2_tmp.rename(pt2)
-    onnx_tmp.rename(onnx_path)
+    pt2_tmp.rename(pt2)  # last: the files are there when it is (webapp/jobs/worker.py)
     return pt2, onnx_path
 
 

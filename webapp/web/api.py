@@ -9,7 +9,7 @@ from flask import Blueprint, Response, abort, jsonify, request, send_file
 from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
 from webapp.jobs.submit import SubmitError
-from webapp.jobs.worker import ensure_example_files
+from webapp.jobs.worker import ensure_example_files, example_archive
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import job_json
 
@@ -59,6 +59,9 @@ def example_file(name: str, fmt: str) -> Response:
         abort(404)
     config, _, _ = ctx()
     pt2, onnx = ensure_example_files(config, name)
+    archive = example_archive(config, name) if fmt == "onnx" else None
+    if archive is not None:  # past 2 GB: the model and its data file, as an upload takes them
+        return send_file(archive, as_attachment=True, download_name=f"{name}.zip")
     return send_file(onnx if fmt == "onnx" else pt2, as_attachment=True, download_name=f"{name}.{fmt}")
 
 
