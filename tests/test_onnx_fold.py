@@ -8,25 +8,26 @@ import onnx
 import onnxruntime
 import pytest
 import tvm
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 from tvm import relax
 
 from webapp.pipeline.errors import StageError
 from webapp.pipeline.stages.bench import make_inputs
 from webapp.pipeline.stages.importers import import_model
-from webapp.pipeline.stages.onnx_fold import branch_inputs
+from webapp.pipeline.stages.onnx_fold import branch_inputs, fold_onnx
 
 
 def const(name: str, value, dtype=np.int64):
     return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
-def save(path, nodes, inputs, outputs, inits, opset=13):
+def save(path, nodes, inputs, outputs, inits, opset=13, **save_options):
     graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    onnx.save(model, path, **save_options)
 
 
-def paddle_flatten(path) -> None:
+def paddle_flatten(path, width: int = 4, **save_options) -> None:
     """Paddle2ONNX's flatten before a classifier's matmul: the batch size read with Shape, cast to
     int32 and back, sliced and concatenated with -1 into Reshape's target. TVM's importer refuses
     it: "Reshape requires the input new shape to be Shape ... relax.TensorType"."""
@@ -41,9 +42,10 @@ def paddle_flatten(path) -> None:
         helper.make_node("MatMul", ["flat", "w"], ["y"], name="classifier"),
     ]
     inits = [const("zero", [0]), const("one", [1]), const("minus1", [-1])]
-    inits.append(const("w", np.random.default_rng(0).normal(size=(8, 4)), np.float32))
+    inits.append(const("w", np.random.default_rng(0).normal(size=(8, width)), np.float32))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "h", "w"])
-    save(path, nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])
+    save(path, nodes, [x], [y], inits, **save_options)
 
 
 def run_both(path, shapes=None, values=None) -> tuple[list, list, object]:
@@ -65,6 +67,27 @@ def test_shape_arithmetic_tvm_refuses_is_folded_and_computes_what_onnx_runtime_d
     assert folded["removed"] == {"Cast": 2, "Concat": 1, "Shape": 1, "Slice": 1}
     assert model.to_json()["folded"] == folded
     assert "classifier" in model.layers.values()  # the layers keep their names
+
+
+def test_the_fold_neither_reads_nor_copies_the_weights_which_are_read_after_it(tmp_path):
+    """A 2 GB model's fold copied its weights several times (13.7 GB) and took a minute: the weights
+    (1 MiB and more) are shown to onnxslim as inputs of their shape, and read from their file only
+    once the model is folded."""
+    path = tmp_path / "m.onnx"
+    paddle_flatten(path, 40_000, save_as_external_data=True, location="m.data")
+    ours, reference, model = run_both(path, {"x": [2, 8, 6, 6]})
+    np.testing.assert_allclose(ours[0], reference[0], rtol=1e-4, atol=1e-4)
+    assert model.folded["removed"] == {"Cast": 2, "Concat": 1, "Shape": 1, "Slice": 1}
+    # folded with its weight file gone: the weight was never read, and comes back still in its file
+    unread = onnx.load(str(path), load_external_data=False)
+    (tmp_path / "m.data").unlink()
+    weight = next(t for t in unread.graph.initializer if t.name == "w")
+    folded, about = fold_onnx(unread, {"x": [2, 8, 6, 6]}, {})
+    assert about["removed"] == model.folded["removed"], about
+    assert [i.name for i in folded.graph.input] == ["x"]
+    kept = next(t for t in folded.graph.initializer if t.name == "w")
+    assert external_data_helper.uses_external_data(kept) and kept == weight and list(kept.dims) == [8, 40_000]
+    assert {t.name for t in folded.graph.initializer} == {"w", "shape"}  # Reshape's target a constant
 
 
 def if_on_sample_rate(path) -> None:

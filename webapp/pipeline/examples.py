@@ -343,7 +343,7 @@ def write_generator_file(model: Any, out: Path) -> Path:
         return written_atomically(
             out,
             lambda path: torch.onnx.export(
-                GeneratorStep(model),
+                GeneratorStep(model).eval(),
                 args,
                 str(path),
                 dynamo=True,

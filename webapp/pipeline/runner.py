@@ -4,12 +4,12 @@ status, seconds and progress in progress.json and ends the job with its message 
 
 from __future__ import annotations
 
-import gc
 import sys
 from pathlib import Path
 
 from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
+from webapp.pipeline.memory import let_go
 from webapp.pipeline.stages.bench import benchmark_stage
 from webapp.pipeline.stages.board_generation import board_generation_stage
 from webapp.pipeline.stages.build import build_stage
@@ -28,7 +28,7 @@ def run(job_dir: Path) -> None:
     # the generate stage builds the model again at each of its points: the records of the stages before
     # it (the model's modules and builds, its weights several times over) are let go when this returns
     build_and_time(ctx)
-    gc.collect()
+    let_go()
     if ctx.target.timed_on_board:  # built for the board here; the remote stage times them there
         ctx.stage("generate", board_generation_stage, skip=why_not_generated(ctx), required=False)
     else:

@@ -26,6 +26,7 @@ import numpy as np
 from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.memory import let_go
 from webapp.pipeline.stages import genai
 from webapp.pipeline.stages.lm_inputs import Signature, SlidingCache, onnx_signature
 from webapp.pipeline.stages.timing import measure_watched
@@ -93,14 +94,23 @@ POINTS = [Point("prefill", n, 0) for n in PREFILL_TOKENS] + [Point("decode", 1, 
 
 @dataclass
 class Runtimes:
-    """What runs beside TVM: an ONNX Runtime session of the .onnx, the Hugging Face model in PyTorch (an
-    example's; None for an upload), ONNX Runtime GenAI's models ({variant: onnxruntime_genai.Model},
-    empty where it does not run) and the bytes each streams a decode step."""
+    """What runs beside TVM: ONNX Runtime on the .onnx (`threads`), the Hugging Face model in PyTorch (an
+    example's; None for an upload), ONNX Runtime GenAI's model folders ({variant: folder}, empty where it
+    does not run) and the bytes each streams a decode step. ONNX Runtime's and GenAI's sessions are
+    opened at each point once TVM's builds are made (`sessions`), and closed after it: a 2 GB model's
+    import beside them went past the job's memory."""
 
-    session: Any
+    path: Path
+    threads: int
     eager: Any
-    genai_models: dict[str, Any]
+    genai_folders: dict[str, Path]
     genai_streamed: dict[str, int]
+
+    def sessions(self) -> tuple[Any, dict[str, Any]]:
+        """(an ONNX Runtime session of the .onnx, {variant: onnxruntime_genai.Model})."""
+        from webapp.pipeline.stages import bench
+
+        return bench.onnxruntime_session(self.path, self.threads), genai.load(self.genai_folders)
 
 
 def generator_file(ctx: Context) -> Path | None:
@@ -251,15 +261,18 @@ def measure_point(
     """One point built and timed: (its record, a row per runtime and TVM build)."""
     from webapp.pipeline.stages import bench
 
+    let_go()  # the point before's sessions and builds
     builds = build_point(path, sig, point, ctx.target)
+    let_go()  # the import's copies of the weights
     values = sig.values(point.tokens, point.past)
+    session, genai_models = rt.sessions()
     # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
-    runs = {("onnxruntime", "fp32"): lambda: rt.session.run(None, values)}
+    runs = {("onnxruntime", "fp32"): lambda: session.run(None, values)}
     if rt.eager is not None:
         runs["pytorch", "fp32"] = eager_runner(rt.eager, sig, values)
     runs |= {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
     logits = {key: bench.flatten_outputs(run())[0] for key, run in runs.items()}
-    for v, model in rt.genai_models.items():  # its own inputs (a real prefix in its cache): timed only
+    for v, model in genai_models.items():  # its own inputs (a real prefix in its cache): timed only
         runs[genai.RUNTIME, v] = genai.runner(model, point.tokens, point.past, sig.vocabulary)
     fidelity = bench.fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
     with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
@@ -276,7 +289,7 @@ def measure_point(
             "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
         }
     greedy_here = point.phase == "decode" and point.past == DECODE_CONTEXT[0] >= GREEDY_PROMPT + GREEDY_STEPS
-    greedy_record = greedy_runs(builds, rt.session, sig, point.past) if greedy_here else None
+    greedy_record = greedy_runs(builds, session, sig, point.past) if greedy_here else None
     record = {
         "greedy": greedy_record,
         "libraries": keep_builds(ctx, builds) if greedy_record else None,
@@ -346,15 +359,15 @@ def positions(model: Any) -> int:
     )
 
 
-def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Any], dict]:
-    """ONNX Runtime GenAI's models of an example ({variant: model}, loaded) and what the result says of
-    them: each variant's bytes, or why it does not run."""
+def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Path], dict]:
+    """ONNX Runtime GenAI's models of an example ({variant: folder}, each loaded once to check it) and
+    what the result says of them: each variant's bytes, or why it does not run."""
     if eager is None:
         return {}, {"why_not": "its model builder takes a Hugging Face checkpoint, and an upload is an .onnx"}
     t0 = time.monotonic()
     try:
         folders = genai.build(eager, ctx.dir / "genai", threads)
-        models = genai.load(folders)
+        genai.load(folders)
     except Exception as e:  # noqa: BLE001 - TVM's figures go on without it; the page says why
         return {}, {"why_not": error_message(e)}
     about = {
@@ -364,7 +377,7 @@ def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Any], 
             for v, f in folders.items()
         },
     }
-    return models, about
+    return folders, about
 
 
 def measure_points(
@@ -405,9 +418,9 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     threads = bench.bench_threads()
     torch.set_num_threads(threads)
     eager = causal_lm(ctx.job.example) if ctx.job.example else None
-    models, genai_about = with_genai(ctx, eager, threads)
+    folders, genai_about = with_genai(ctx, eager, threads)
     streamed_by = {v: a["streamed_bytes"] for v, a in genai_about.get("variants", {}).items()}
-    rt = Runtimes(bench.onnxruntime_session(path, threads), eager, models, streamed_by)
+    rt = Runtimes(path, threads, eager, folders, streamed_by)
     try:
         points, rows = measure_points(ctx, path, sig, rt, report)
     finally:

@@ -25,7 +25,7 @@ from webapp.pipeline.stages.lm_inputs import default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
-from webapp.pipeline.stages.unpack import load_external_data, unpack
+from webapp.pipeline.stages.unpack import WEIGHT_BYTES, external_data, load_weights, unpack
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
@@ -84,8 +84,7 @@ class ImportedModel:
 def import_model(
     path: Path, input_shapes: dict[str, list[int]] | None = None, input_values: dict | None = None
 ) -> ImportedModel:
-    data = path.read_bytes()
-    if not data:
+    if path.stat().st_size == 0:
         raise StageError("The model file is empty.")
     if path.suffix == ".pt2":
         if input_values:
@@ -178,6 +177,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     pre = None
     if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
+        load_weights(model, path)
         model, pre = dequantized(model)
     for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
         node.name = node.name or node.output[0]
@@ -185,6 +185,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     folded = None
     if given or FOLD_OPS & set(ops):
         model, folded = fold_onnx(model, shapes, given, pre)
+    load_weights(model, path)  # read only now: a 2 GB model's checks and fold ran without them
     model, folded, (mod, layers) = to_relax(model, inputs, pre, shapes, given, folded, warnings)
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
@@ -198,7 +199,8 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
 
 
 def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
-    """The uploaded ONNX model, its weights inside, and the checker's warning where it finds it not valid."""
+    """The uploaded ONNX model, its weights left in their external data files where it keeps them there
+    (load_weights reads them), and the checker's warning where it finds it not valid."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -210,7 +212,8 @@ def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
         ) from e
     if not model.graph.node:
         raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
-    external = load_external_data(model, path)  # its files came with it (a .zip upload), or it fails
+    external = external_data(model, path)  # its files came with it (a .zip upload), or it fails
+    load_weights(model, path, below=WEIGHT_BYTES)  # shapes and indices now, the weights once folded
     warnings = []
     try:
         onnx.checker.check_model(str(path) if external else model)  # over 2 GB, only by its path

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from webapp.pipeline.errors import StageError
+from webapp.pipeline.stages.unpack import WEIGHT_BYTES, tensor_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -64,7 +65,9 @@ def onnx_input_values(model: onnx.ModelProto, inputs: list[str]) -> dict[str, Va
         pass
     graph = model.graph
     shapes = {t.name: list(t.dims) for t in graph.initializer}
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    constants = {  # an index's axes: never a weight, which may not even be read yet
+        t.name: numpy_helper.to_array(t) for t in graph.initializer if tensor_bytes(t) < WEIGHT_BYTES
+    }
     for v in [*graph.value_info, *graph.input, *graph.output]:
         dims = v.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):

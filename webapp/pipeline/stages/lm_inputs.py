@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from webapp.pipeline.stages.unpack import tensor_bytes
+
 if TYPE_CHECKING:
     import onnx
 
@@ -127,13 +129,7 @@ def signature(model: onnx.ModelProto) -> Signature | None:
 def initializer_bytes(graph: onnx.GraphProto, names: set[str] | None = None) -> int:
     """Bytes of the graph's weights (those named in `names`, where given), from their declared shapes and
     types: the data itself is not read, and may lie in external files."""
-    from onnx import helper
-
-    return sum(
-        int(np.prod(t.dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        for t in graph.initializer
-        if names is None or t.name in names
-    )
+    return sum(tensor_bytes(t) for t in graph.initializer if names is None or t.name in names)
 
 
 @functools.cache

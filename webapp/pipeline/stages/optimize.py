@@ -152,6 +152,7 @@ def optimize(
         if name == FUSION_PASS:
             fused = snapshot
     fused = fused if fused is not None else lowered
+    capture.snapshots.clear()  # kept alive by TVM as the trace is (FusionTrace.fusion)
     return Optimized(lowered=lowered, fused=fused, passes=passes, fusion=trace.fusion())
 
 
@@ -224,12 +225,16 @@ class FusionTrace:
 
     def fusion(self) -> Fusion:
         """The fusion as traced; an empty one if it cannot be followed (the insight views then show
-        less, the job goes on)."""
+        less, the job goes on). The trace lets go of its modules then: TVM keeps an instrument alive
+        after its pass context (the leak held a 2 GB model's weights three times over)."""
         try:
             return self.follow() if self.after is not None else Fusion({}, {}, self.layer_of)
         except Exception:  # noqa: BLE001 - never a job's failure
             traceback.print_exc()
             return Fusion({}, {}, self.layer_of)
+        finally:
+            self.imported = self.before = self.after = self.unconverted = None
+            self.origin = {}
 
     def follow(self) -> Fusion:
         kernel_of, sites = fusion_map(self.before, self.after)

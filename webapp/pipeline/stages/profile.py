@@ -57,9 +57,12 @@ def profile_kernels(
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     hooked = HookedRuns(executable, dev, (lambda: None) if on_host else dev.sync)
-    with timing_slot.hold("kernel profile"):
-        hooked.rounds(args, runs, skip=not DATA_DEPENDENT.search(executable.as_text()))
-        skip_hook_s = hooked.hook_cost_s() if hooked.skipped else 0.0
+    try:
+        with timing_slot.hold("kernel profile"):
+            hooked.rounds(args, runs, skip=not DATA_DEPENDENT.search(executable.as_text()))
+            skip_hook_s = hooked.hook_cost_s() if hooked.skipped else 0.0
+    finally:
+        hooked.close()
     if trace is not None:  # only a whole profile's calls
         trace.extend(hooked.timeline)
     rounds, calls = len(hooked.times), hooked.calls
@@ -178,6 +181,11 @@ class HookedRuns:
                 self.per_run.setdefault(name, []).append(t)
             self.invocations = self.counted
             skip = skip and self.skipped_run(args)
+
+    def close(self) -> None:
+        """The VM let go: its instrument hook holds this object, which holds the VM, a cycle through TVM
+        that Python's collector cannot see (it kept the model's weights alive for the rest of the job)."""
+        self.vm = None
 
     def timed(self, run: Callable[[], object], begun: float | None = None) -> float:
         begun = begun or time.perf_counter()

@@ -15,6 +15,8 @@ from webapp.pipeline.errors import StageError
 if TYPE_CHECKING:
     import onnx
 
+WEIGHT_BYTES = 1 << 20  # an initializer this large is a weight, never a shape
+
 
 def unpack(archive: Path, folder: Path) -> Path:
     """The archive's one .onnx file and the files beside it (and below it) written into `folder`; returns
@@ -47,9 +49,9 @@ def unpack(archive: Path, folder: Path) -> Path:
     return folder / "model.onnx"
 
 
-def load_external_data(model: onnx.ModelProto, path: Path) -> bool:
-    """The weights the model at `path` keeps in external data files loaded into it; False when it keeps
-    none. Each file must lie inside the model's folder and exist there."""
+def external_data(model: onnx.ModelProto, path: Path) -> bool:
+    """Whether the model at `path` keeps weights in external data files (left there: load_weights reads
+    them). Each file must lie inside the model's folder and exist there."""
     from onnx import external_data_helper as helper
 
     tensors = [t for t in helper._get_all_tensors(model) if helper.uses_external_data(t)]
@@ -63,6 +65,25 @@ def load_external_data(model: onnx.ModelProto, path: Path) -> bool:
                 f"The model keeps weights in the external data file {location!r}, which did not come with "
                 "it: upload the .onnx and its data files as one .zip archive."
             )
-    if tensors:
-        helper.load_external_data_for_model(model, str(folder))
     return bool(tensors)
+
+
+def load_weights(model: onnx.ModelProto, path: Path, below: int | None = None) -> None:
+    """The weights still in the external data files of the model at `path` (external_data checked them)
+    read into it, or only those under `below` bytes; nothing to do for a model that keeps them inside or
+    has read them already."""
+    from onnx import external_data_helper as helper
+
+    for tensor in helper._get_all_tensors(model):
+        if helper.uses_external_data(tensor) and (below is None or tensor_bytes(tensor) < below):
+            helper.load_external_data_for_tensor(tensor, str(path.parent.resolve()))
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """A tensor's bytes from its declared shape and type: its data is not read, and may lie in a file."""
+    from onnx import helper
+
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
