@@ -68,19 +68,10 @@ def generator_file(config: Config, name: str) -> Path:
 def copy_onnx(source: Path, out: Path) -> None:
     """An example's .onnx copied to `out`, with its weights' data file where it has one (a model past
     2 GB: `<file>.data`, under the name the model records, beside the copy)."""
-    linked(source, out)
+    shutil.copyfile(source, out)
     data = source.with_name(source.name + ".data")
-    if data.exists():
-        linked(data, out.with_name(data.name))
-
-
-def linked(source: Path, out: Path) -> None:
-    """An example's file in a job's input: a hard link (a job's input is read-only to it, and a 2 GB model
-    is then not written again for every job), or a copy where the two folders do not share a disk."""
-    try:
-        os.link(source, out)
-    except OSError:
-        shutil.copyfile(source, out)
+    if data.exists():  # a copy: ONNX refuses a data file with several hard links ("a hardlink attack")
+        shutil.copyfile(data, out.with_name(data.name))
 
 
 def example_archive(config: Config, name: str) -> Path | None:
@@ -127,7 +118,7 @@ def prepare_job_folder(config: Config, job_dir: Path, stored: dict) -> None:
         pt2, onnx = ensure_example_files(config, example.name)
         (job_dir / "input").mkdir(exist_ok=True)
         copy_onnx(onnx, job_dir / "input" / "model.onnx")
-        linked(pt2, job_dir / "input" / "reference.pt2")
+        shutil.copyfile(pt2, job_dir / "input" / "reference.pt2")
         if example.generator:
             copy_onnx(generator_file(config, example.name), job_dir / "input" / "generator.onnx")
             spec |= {"example": example.name, "generator": "input/generator.onnx"}

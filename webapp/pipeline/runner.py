@@ -9,7 +9,7 @@ from pathlib import Path
 
 from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
-from webapp.pipeline.memory import let_go
+from webapp.pipeline.memory import let_go, map_large_allocations
 from webapp.pipeline.stages.bench import benchmark_stage
 from webapp.pipeline.stages.board_generation import board_generation_stage
 from webapp.pipeline.stages.build import build_stage
@@ -23,6 +23,7 @@ from webapp.pipeline.stages.tune import tune_stage, tunes
 
 
 def run(job_dir: Path) -> None:
+    map_large_allocations()  # weights freed leave the address space the sandbox limits (memory.py)
     ctx = Context.open(job_dir, STAGES)
     ctx.results.save(limits=ctx.job.limits)
     # the generate stage builds the model again at each of its points: the records of the stages before

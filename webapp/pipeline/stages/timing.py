@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from webapp.pipeline.memory import heap_while_timed
 from webapp.pipeline.stages.conditions import Watch
 
 # A timing is disturbed when other processes kept cores busy or the hypervisor stole CPU time meanwhile
@@ -57,6 +58,14 @@ def measure_interleaved(
     round is the nearest to the machine's unhindered speed (a drift longer than the whole timing moves
     it all the same, as measured there). `rounds_ms` holds each round's median, and `spread` how far
     apart they lie, (largest - smallest) / `median_ms`."""
+    with heap_while_timed():  # PyTorch's tensors of a few MB a call from glibc's heap (memory.py)
+        return timed_rounds(runs, budget_s, rounds, report)
+
+
+def timed_rounds(
+    runs: dict[Any, Callable[[], object]], budget_s: float, rounds: int, report: Callable[..., None]
+) -> dict:
+    """measure_interleaved's rounds."""
     times: dict = {key: [] for key in runs}
     medians: dict = {key: [] for key in runs}  # of each round
     for done in range(rounds):
