@@ -290,6 +290,8 @@ def measure_point(
         }
     greedy_here = point.phase == "decode" and point.past == DECODE_CONTEXT[0] >= GREEDY_PROMPT + GREEDY_STEPS
     greedy_record = greedy_runs(builds, session, sig, point.past) if greedy_here else None
+    runs, session, genai_models = {}, None, {}  # closed before the libraries' export, which copies weights
+    let_go()
     record = {
         "greedy": greedy_record,
         "libraries": keep_builds(ctx, builds) if greedy_record else None,

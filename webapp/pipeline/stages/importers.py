@@ -25,7 +25,13 @@ from webapp.pipeline.stages.lm_inputs import default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
-from webapp.pipeline.stages.unpack import WEIGHT_BYTES, external_data, load_weights, unpack
+from webapp.pipeline.stages.unpack import (
+    WEIGHT_BYTES,
+    external_data,
+    load_weights,
+    unpack,
+    weights_read_in_place,
+)
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
@@ -185,8 +191,8 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     folded = None
     if given or FOLD_OPS & set(ops):
         model, folded = fold_onnx(model, shapes, given, pre)
-    load_weights(model, path)  # read only now: a 2 GB model's checks and fold ran without them
-    model, folded, (mod, layers) = to_relax(model, inputs, pre, shapes, given, folded, warnings)
+    with weights_read_in_place(path):  # not before: a 2 GB model's checks and fold run without them
+        model, folded, (mod, layers) = to_relax(model, inputs, pre, shapes, given, folded, warnings)
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     imported = ImportedModel(mod, "onnx", inputs, relax_outputs(mod, outputs), param_count, ops, layer_of)

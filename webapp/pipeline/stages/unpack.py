@@ -5,8 +5,11 @@ relative to the .onnx's folder in the archive, where the model's `location` fiel
 
 from __future__ import annotations
 
+import os
 import shutil
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
@@ -77,6 +80,20 @@ def load_weights(model: onnx.ModelProto, path: Path, below: int | None = None) -
     for tensor in helper._get_all_tensors(model):
         if helper.uses_external_data(tensor) and (below is None or tensor_bytes(tensor) < below):
             helper.load_external_data_for_tensor(tensor, str(path.parent.resolve()))
+
+
+@contextmanager
+def weights_read_in_place(path: Path) -> Iterator[None]:
+    """The working folder the folder of the model at `path` while the block runs: ONNX then reads a tensor
+    still in its external data file (external_data checked where each lies) from its location there, one
+    tensor at a time as TVM's importer converts it (numpy_helper.to_array, given no folder), so the model's
+    weights are never held whole beside TVM's constants (a 2 GB model's import peaked at 6.5 GB so)."""
+    before = Path.cwd()
+    os.chdir(path.parent)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
