@@ -57,12 +57,9 @@ def profile_kernels(
     on_host = dev.dlpack_device_type() == host().device().dlpack_device_type()
     args = [tvm.runtime.tensor(a, dev) for a in inputs.values()]
     hooked = HookedRuns(executable, dev, (lambda: None) if on_host else dev.sync)
-    try:
-        with timing_slot.hold("kernel profile"):
-            hooked.rounds(args, runs, skip=not DATA_DEPENDENT.search(executable.as_text()))
-            skip_hook_s = hooked.hook_cost_s() if hooked.skipped else 0.0
-    finally:
-        hooked.close()
+    with timing_slot.hold("kernel profile"):
+        hooked.rounds(args, runs, skip=not DATA_DEPENDENT.search(executable.as_text()))
+        skip_hook_s = hooked.hook_cost_s() if hooked.skipped else 0.0
     if trace is not None:  # only a whole profile's calls
         trace.extend(hooked.timeline)
     rounds, calls = len(hooked.times), hooked.calls
@@ -169,18 +166,21 @@ class HookedRuns:
         self.vm["main"](*args)
         self.vm.set_instrument(self.hook)
         began = time.perf_counter()
-        while len(self.times) < runs or (
-            time.perf_counter() - began < ROUNDS_S and len(self.times) < MAX_ROUNDS
-        ):
-            self.plain.append(self.timed(lambda: plain["main"](*args)))
-            self.seconds.clear()
-            self.counted = 0
-            self.run_at.append(time.perf_counter())
-            self.times.append(self.timed(lambda: self.vm["main"](*args), self.run_at[-1]))
-            for name, t in self.seconds.items():
-                self.per_run.setdefault(name, []).append(t)
-            self.invocations = self.counted
-            skip = skip and self.skipped_run(args)
+        try:
+            while len(self.times) < runs or (
+                time.perf_counter() - began < ROUNDS_S and len(self.times) < MAX_ROUNDS
+            ):
+                self.plain.append(self.timed(lambda: plain["main"](*args)))
+                self.seconds.clear()
+                self.counted = 0
+                self.run_at.append(time.perf_counter())
+                self.times.append(self.timed(lambda: self.vm["main"](*args), self.run_at[-1]))
+                for name, t in self.seconds.items():
+                    self.per_run.setdefault(name, []).append(t)
+                self.invocations = self.counted
+                skip = skip and self.skipped_run(args)
+        finally:
+            self.close()
 
     def close(self) -> None:
         """The VM let go: its instrument hook holds this object, which holds the VM, a cycle through TVM
