@@ -161,13 +161,6 @@ def cmd_pool(args: argparse.Namespace) -> int:
     return run_pool(Config.from_env())
 
 
-def data_files(model: Path) -> list[Path]:
-    """An .onnx's external data file as exporters name it (`model.onnx.data` beside `model.onnx`: torch's
-    and onnx's default), where there is one; other layouts come as a .zip. The model is not parsed here."""
-    beside = model.with_name(model.name + ".data")
-    return [beside] if beside.is_file() else []
-
-
 def compile_locally(
     config: Config, model_arg: str, form: dict, out: Path, tuning_records: Path | None = None
 ) -> dict | None:
@@ -176,7 +169,7 @@ def compile_locally(
     tuning records in the folder `tuning_records` if given. Returns the error ({"stage", "message"})
     or None. Raises SubmitError for arguments refused before anything runs."""
     from webapp.jobs.submit import archive_kind, sniff_model_format
-    from webapp.jobs.worker import prepare_job_folder, run_prepared_job
+    from webapp.jobs.worker import data_files, prepare_job_folder, run_prepared_job
 
     options = JobOptions.parse({k: str(v) for k, v in form.items() if v is not None}).to_json()
     if out.exists() and any(out.iterdir()):

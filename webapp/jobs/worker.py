@@ -65,12 +65,18 @@ def generator_file(config: Config, name: str) -> Path:
     return config.examples_dir / f"{name}-generator.onnx"
 
 
+def data_files(model: Path) -> list[Path]:
+    """An .onnx's external data file as exporters name it (`model.onnx.data` beside `model.onnx`: torch's
+    and onnx's default), where there is one; other layouts come as a .zip. The model is not parsed here."""
+    beside = model.with_name(model.name + ".data")
+    return [beside] if beside.is_file() else []
+
+
 def copy_onnx(source: Path, out: Path) -> None:
     """An example's .onnx copied to `out`, with its weights' data file where it has one (a model past
     2 GB: `<file>.data`, under the name the model records, beside the copy)."""
     shutil.copyfile(source, out)
-    data = source.with_name(source.name + ".data")
-    if data.exists():  # a copy: ONNX refuses a data file with several hard links ("a hardlink attack")
+    for data in data_files(source):  # a copy: ONNX refuses a data file with several hard links
         shutil.copyfile(data, out.with_name(data.name))
 
 
@@ -78,13 +84,13 @@ def example_archive(config: Config, name: str) -> Path | None:
     """The example's .onnx and its weights' data file as one .zip (stored, not compressed), as an upload
     past 2 GB comes: made once, beside them; None for a model in one file."""
     _, onnx = ensure_example_files(config, name)
-    data = onnx.with_name(onnx.name + ".data")
+    data = data_files(onnx)
     archive = config.examples_dir / f"{name}.zip"
-    if not data.exists() or archive.exists():
-        return archive if data.exists() else None
+    if not data or archive.exists():
+        return archive if data else None
     partial = config.examples_dir / f".{name}.partial.zip"
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for path in (onnx, data):
+        for path in (onnx, *data):
             z.write(path, path.name)
     partial.rename(archive)
     return archive

@@ -19,11 +19,18 @@ TIMED_BYTES = 32 << 20  # while timed: glibc's largest dynamic threshold, where 
 mapped = False  # whether this process maps large allocations (map_large_allocations)
 
 
-def mallopt(threshold: int) -> bool:
+def glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (mallopt, malloc_trim); None elsewhere."""
     try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):  # not glibc: its allocator does as it does
-        return False
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+def mallopt(threshold: int) -> bool:
+    libc = glibc()
+    return bool(libc and libc.mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def map_large_allocations() -> None:
@@ -50,7 +57,6 @@ def let_go() -> None:
     """What was let go collected, and the heap's free memory handed back (glibc keeps it resident: 1.9 GB
     after the stages of a 538 MB model)."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    libc = glibc()
+    if libc:
+        libc.malloc_trim(0)

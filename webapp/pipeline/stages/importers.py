@@ -20,18 +20,12 @@ from webapp.catalog import code_file
 from webapp.options import MAX_INPUT_ELEMENTS, MAX_RANK, over_shape_limits
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
+from webapp.pipeline.stages import unpack
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
 from webapp.pipeline.stages.lm_inputs import default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
-from webapp.pipeline.stages.unpack import (
-    WEIGHT_BYTES,
-    external_data,
-    load_weights,
-    unpack,
-    weights_read_in_place,
-)
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
@@ -183,7 +177,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     pre = None
     if is_prequantized(set(ops)):  # quantized by another tool: a float model and its scales
-        load_weights(model, path)
+        unpack.load_weights(model, path)
         model, pre = dequantized(model)
     for node in model.graph.node:  # an unnamed node is its output tensor, as viewers show it
         node.name = node.name or node.output[0]
@@ -191,7 +185,7 @@ def import_onnx(path: Path, input_shapes: dict, input_values: dict) -> ImportedM
     folded = None
     if given or FOLD_OPS & set(ops):
         model, folded = fold_onnx(model, shapes, given, pre)
-    with weights_read_in_place(path):  # not before: a 2 GB model's checks and fold run without them
+    with unpack.weights_read_in_place(path):  # not before: a 2 GB model's checks and fold ran without
         model, folded, (mod, layers) = to_relax(model, inputs, pre, shapes, given, folded, warnings)
     layer_of = layers.of_vars(mod)
     param_count = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
@@ -218,8 +212,8 @@ def load_onnx(path: Path) -> tuple[onnx.ModelProto, list[str]]:
         ) from e
     if not model.graph.node:
         raise StageError("The ONNX file holds no graph (no nodes): it may be truncated or not an ONNX model.")
-    external = external_data(model, path)  # its files came with it (a .zip upload), or it fails
-    load_weights(model, path, below=WEIGHT_BYTES)  # shapes and indices now, the weights once folded
+    external = unpack.external_data(model, path)  # its files came with it (a .zip upload), or it fails
+    unpack.load_weights(model, path, below=unpack.WEIGHT_BYTES)  # shapes and indices; weights once folded
     warnings = []
     try:
         onnx.checker.check_model(str(path) if external else model)  # over 2 GB, only by its path
@@ -584,7 +578,7 @@ def relax_outputs(mod: tvm.IRModule, declared: list[TensorSpec]) -> list[TensorS
 def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
     """The model as Relax (a causal LM with its KV cache: one decode step), its imported IR kept."""
     if ctx.job.archive is not None:  # an .onnx with its external data files, as one upload
-        unpack(ctx.job.archive, ctx.job.model.parent)
+        unpack.unpack(ctx.job.archive, ctx.job.model.parent)
     model = import_model(ctx.job.model, ctx.options.input_shapes, ctx.options.input_values)
     (ctx.dir / "views").mkdir(exist_ok=True)
     (ctx.dir / code_file("relax-imported")).write_text(model.mod.script())
