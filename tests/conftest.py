@@ -199,3 +199,29 @@ def tiny_lm(tmp_path_factory):
     from webapp.pipeline.examples import write_generator_file
 
     return write_generator_file(tiny_llama(), tmp_path_factory.mktemp("lm") / "tiny-llama.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_pt2(tmp_path_factory):
+    """tiny_llama() as a .pt2 generator: examples.GeneratorStep exported with its lengths dynamic, its cache
+    a list of tensors (the form docs/architecture.md#generation shows)."""
+    import torch
+
+    from webapp.pipeline.examples import GeneratorStep, cache_shape
+
+    model = tiny_llama()
+    seq, past = 3, 5  # torch.export takes sizes of 2 and more as dynamic
+    cache = [torch.randn(*cache_shape(model, past)) for _ in range(2 * model.config.num_hidden_layers)]
+    args = (
+        torch.randint(0, 256, (1, seq)),
+        torch.ones(1, past + seq, dtype=torch.int64),
+        torch.arange(past, past + seq)[None],
+        cache,
+    )
+    tokens, cached = torch.export.Dim("seq", max=8192), torch.export.Dim("past", max=8192)
+    dynamic = ({1: tokens}, {1: torch.export.Dim.DYNAMIC}, {1: tokens}, [{2: cached}] * len(cache))
+    with torch.no_grad():
+        ep = torch.export.export(GeneratorStep(model).eval(), args, dynamic_shapes=dynamic)
+    out = tmp_path_factory.mktemp("lm-pt2") / "tiny-llama.pt2"
+    torch.export.save(ep, out)
+    return out

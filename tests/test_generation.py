@@ -151,6 +151,35 @@ def test_an_uploaded_causal_lm_is_timed_as_it_generates_and_its_page_draws_it(cl
     generated_on_its_page(client, job["id"], g)
 
 
+@pytest.mark.slow
+def test_an_uploaded_pt2_generator_is_timed_through_its_onnx_form_and_generates_on_its_page(
+    client, tiny_lm_pt2
+):
+    with open(tiny_lm_pt2, "rb") as f:
+        job = client.post("/api/jobs", data={"model": (f, "tiny-llama.pt2"), "target": "x86-host"}).get_json()
+    result = wait_for_job(client, job["id"])
+    assert result["status"] == "done", result["error"]
+    assert {s["name"]: s["status"] for s in result["stages"]}["generate"] == "done"
+    r = result["results"]
+    # the job's other stages ran one decode step of the .pt2 itself (no input_shapes needed), TVM against
+    # PyTorch running the program (its cache argument a list, fed flat)
+    shapes = {i["name"]: i["shape"] for i in r["model"]["inputs"]}
+    assert shapes["input_ids"] == [1, 1] and shapes["attention_mask"] == [1, 129]
+    assert shapes["cache_3"] == [1, 2, 128, 16]
+    assert {row["runtime"] for row in r["benchmarks"]} >= {"tvm", "pytorch"}, r.get("unavailable")
+    g = r["generation"]
+    assert "torch.onnx.export" in g["builds"] and g["generate"]["model"] == "generator/generator.onnx"
+    assert g["runtimes"] == ["tvm", "onnxruntime"]
+    assert len(g["points"]) == len(generation.POINTS) and not [p for p in g["points"] if "error" in p]
+    for p in g["points"]:  # TVM computes ONNX Runtime's logits at every length
+        assert p["logits_sqnr_db"] > 80, p
+    decode = next(p for p in g["points"] if p["phase"] == "decode")["variants"]
+    assert decode["int4-g32"]["streamed_bytes"] < decode["fp32"]["streamed_bytes"] / 4  # matmuls quantized
+    html = client.get(f"/r/{job['id']}").get_data(as_text=True)
+    assert "written as ONNX by torch.onnx.export" in html
+    generated_on_its_page(client, job["id"], g)
+
+
 def wait_for_run(client, api_url: str, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,6 +6,7 @@ output as the job's own library."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import tvm
 
 from tests.conftest import wait_for_job
 from tests.test_api import submit
+from webapp.targets import get
 
 # run.py as __main__ with `webapp` made unimportable: the reproducer needs nothing of the project
 RUN = (
@@ -44,6 +46,9 @@ def test_a_kernel_reproducer_runs_alone_and_gives_the_jobs_output(client, tmp_pa
     names = {p.name for p in folder.iterdir()}
     assert {"kernel.py", "reference.py", "target.json", "run.py", "README.txt"} <= names
     assert "prepack.py" in names  # an int8 convolution reads its weights repacked for its dot product
+    # where the int8 kernels sum pairs of products in int16, run.py draws weights within the job's pair limit
+    limit = get("x86-host").int8_pair_limit()
+    assert json.loads((folder / "run.json").read_text()).get("int8_pair_limit") == limit
 
     run = subprocess.run(
         [sys.executable, "-I", "-c", RUN, "--runs", "3", "--out", "out.npz"],

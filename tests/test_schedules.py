@@ -425,7 +425,8 @@ def test_a_convolution_along_rows_tiles_rows_in_registers(tmp_path):
     lowered, labels = schedule(optimized.fused, target)
     assert labels["conv2d"] == "default rule: conv2d NHWC", labels
     unrolled = [int(n) for n in re.findall(r"T\.unroll\(T\.int64\((\d+)\)\)", lowered["conv2d"].script())]
-    assert unrolled[0] * unrolled[1] == 16, unrolled  # 4 rows x 4 vectors: 16 accumulators
+    # rows x vectors: 4 x 4 accumulators in AVX-512's 32 registers, 2 x 4 in AVX2's 16
+    assert unrolled[0] > 1 and unrolled[0] * unrolled[1] >= 8, unrolled
     ours, reference, _ = run_both(
         tmp_path / "m.onnx", {"x": RNG.normal(0, 1, (1, 64, 100, 1)).astype(np.float32)}
     )
@@ -452,7 +453,8 @@ def test_a_reduction_over_a_sequence_computes_its_elementwise_inputs_as_it_reads
     assert labels[name] == "default rule: reduction", labels
     code = lowered[name].script()
     assert code.count("alloc_buffer") == 1, code  # the accumulators only
-    assert "T.parallel(T.int64(4))" in code, code  # 64 outputs: 4 vectors, in parallel
+    lanes = target.vector_shape()[0]  # float32 lanes: 16 with AVX-512, 8 with AVX2
+    assert f"T.parallel(T.int64({64 // lanes}))" in code, code  # 64 outputs: that many vectors, in parallel
     ours, reference, _ = run_both(
         tmp_path / "m.onnx", {"x": RNG.normal(0, 1, (1, 200, 64)).astype(np.float32)}
     )

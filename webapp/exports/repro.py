@@ -59,7 +59,9 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
             if CONSTANTS_NPZ in parts
             else ""
         )  # fmt: skip
-        + "target.json: the job's TVM target; run.json: the threads its benchmark ran on.\n\n"
+        + "target.json: the job's TVM target; run.json: the threads its benchmark ran on and, where\n"
+        "its int8 kernels sum pairs of products in int16 (x86 without VNNI), the most two neighbouring\n"
+        "weights may add up to: run.py draws 8-bit weights within it, as the job's quantizer keeps them.\n\n"
         "    pip install apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 numpy\n"
         "    python run.py   # builds, checks against the reference on seeded random inputs, times\n\n"
         + WARNING
@@ -72,8 +74,11 @@ def reproducer_zip(job_dir: Path, results: dict, kernel: str) -> bytes | None:
                 return None
             z.writestr(f"{folder}/{name}", path.read_bytes())
         z.writestr(f"{folder}/target.json", json.dumps(target, indent=2) + "\n")
-        if results.get("threads"):  # the job's benchmark threads: run.py times the kernel on as many
-            z.writestr(f"{folder}/run.json", json.dumps({"threads": results["threads"]}) + "\n")
+        # the job's benchmark threads (run.py times the kernel on as many) and its int8 kernels' pair
+        # limit (run.py draws 8-bit weights within it)
+        run = {"threads": results.get("threads"), "int8_pair_limit": results["target"].get("int8_pair_limit")}
+        if any(run.values()):
+            z.writestr(f"{folder}/run.json", json.dumps({k: v for k, v in run.items() if v}) + "\n")
         z.writestr(f"{folder}/run.py", SCRIPT.read_text())
         z.writestr(f"{folder}/README.txt", readme)
     return buffer.getvalue()

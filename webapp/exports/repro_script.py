@@ -26,14 +26,15 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+# the job's benchmark threads and its int8 kernels' pair limit, where it had them
+JOB = json.loads((HERE / "run.json").read_text()) if (HERE / "run.json").exists() else {}
 
 
 def threads_asked(argv: list[str]) -> int | None:
     """--threads N, else the job's benchmark threads (run.json), else None (TVM's own default)."""
     if "--threads" in argv[:-1]:
         return int(argv[argv.index("--threads") + 1])
-    job = json.loads((HERE / "run.json").read_text()) if (HERE / "run.json").exists() else {}
-    return job.get("threads")
+    return JOB.get("threads")
 
 
 # TVM reads its thread count once, when it starts its thread pool: set before it is imported
@@ -47,9 +48,11 @@ def load(name: str) -> tvm.tirx.PrimFunc:
     return tvm.script.from_source((HERE / name).read_text())
 
 
-def random_args(func: tvm.tirx.PrimFunc, seed: int) -> list[np.ndarray]:
+def random_args(func: tvm.tirx.PrimFunc, seed: int, pair_limit: int | None = None) -> list[np.ndarray]:
     """One seeded array per parameter, by its dtype: floats normal, 8-bit integers over their range,
-    wider integers small (indices, biases)."""
+    wider integers small (indices, biases). With a `pair_limit` (run.json: x86 without VNNI sums two
+    uint8 x int8 products in int16, which saturates past 32,767), int8 values (the weights) lie within
+    half of it, so that any two add up to at most the limit, as the job's quantizer keeps them."""
     rng = np.random.default_rng(seed)
     arrays = []
     for param in func.params:
@@ -57,8 +60,10 @@ def random_args(func: tvm.tirx.PrimFunc, seed: int) -> list[np.ndarray]:
         if dtype.startswith("float"):
             arrays.append(rng.standard_normal(shape).astype(dtype))
         elif dtype in ("int8", "uint8"):
-            info = np.iinfo(dtype)
-            arrays.append(rng.integers(info.min, int(info.max) + 1, shape).astype(dtype))
+            lo, hi = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+            if dtype == "int8" and pair_limit:
+                lo, hi = -(pair_limit // 2), pair_limit // 2
+            arrays.append(rng.integers(lo, hi + 1, shape).astype(dtype))
         elif dtype == "bool":
             arrays.append(rng.integers(0, 2, shape).astype(dtype))
         else:
@@ -134,7 +139,7 @@ def main() -> int:
         return 0
 
     dev = tvm.cpu()
-    arrays = random_args(reference, args.seed)
+    arrays = random_args(reference, args.seed, JOB.get("int8_pair_limit"))
     if (HERE / "constants.npz").exists():  # the model's own scales and clip bounds, where the job wrote them
         with np.load(HERE / "constants.npz", allow_pickle=False) as given:
             for key in given.files:

@@ -96,8 +96,8 @@ def copy_model(job_dir: Path, rel: str, folder: Path) -> str | None:
         return None
     if rel != UNPACKED_MODEL:
         shutil.copyfile(path, folder / "input" / path.name)
-        for data in sorted((job_dir / "input").glob("*.onnx.data")):  # an example's weights past 2 GB
-            kept = safe_job_file(job_dir, f"input/{data.name}")
+        for data in sorted(path.parent.glob("*.onnx.data")):  # an example's weights past 2 GB, a .pt2's
+            kept = safe_job_file(job_dir, str(Path(rel).parent / data.name))
             if kept is not None:
                 shutil.copyfile(kept, folder / "input" / data.name)
         return f"input/{path.name}"
@@ -124,7 +124,9 @@ def prepare_generation(config: Config, job: dict, folder: Path) -> None:
     spec: dict = {"slots": int(kept["slots"]), "threads": config.bench_threads}
     spec["libraries"] = copy_libraries(job_dir, named, folder)
     example = job["options"].get("example")
-    model = "input/generator.onnx" if example in EXAMPLES else model_references(job["options"])["onnxruntime"]
+    model = kept.get("model") or (  # what the generate stage ran ONNX Runtime on (results before it: guessed)
+        "input/generator.onnx" if example in EXAMPLES else model_references(job["options"])["onnxruntime"]
+    )
     spec["model"] = copy_model(job_dir, model, folder)
     if spec["model"] is None or not spec["libraries"]:
         raise FileNotFoundError("the result's decode libraries or its model are gone")

@@ -188,7 +188,7 @@ def top5(scores: np.ndarray, classes: list[str] | None) -> list[list]:
 
 
 def run(run_dir: Path) -> dict:
-    from webapp.pipeline.stages.bench import fidelity
+    from webapp.pipeline.stages.fidelity import fidelity
 
     spec = json.loads((run_dir / "input" / "run.json").read_text())
     specs, upload = spec["inputs"], run_dir / spec["upload"]

@@ -8,7 +8,6 @@ median is that of its fastest round; its min, p90 and count are of all its calls
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.reports.graphs import time_graphs
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.stages.conditions import machine
+from webapp.pipeline.stages.fidelity import fidelity
 from webapp.pipeline.stages.importers import TensorSpec
 from webapp.pipeline.stages.profile import profile_builds, timed_kernels
 from webapp.pipeline.stages.timing import (
@@ -152,10 +152,10 @@ def pytorch_module(pt2: Path, threads: int) -> torch.nn.Module:
     """The .pt2's module, PyTorch on `threads` threads."""
     import torch
 
-    from webapp.pipeline.stages.importers import load_pt2
+    from webapp.pipeline.stages.pt2 import flat_module, load_pt2
 
     torch.set_num_threads(threads)
-    return load_pt2(pt2).module()
+    return flat_module(load_pt2(pt2))
 
 
 def pytorch_runner(
@@ -203,46 +203,6 @@ def torch_outputs(out: Any) -> list[np.ndarray]:
     if isinstance(out, torch.Tensor):
         return [out.detach().cpu().numpy()]
     return [a for o in out for a in torch_outputs(o)]
-
-
-# ---------------------------------------------------------------- fidelity
-
-
-def fidelity(ours: list[np.ndarray], reference: list[np.ndarray], classifier: bool) -> dict:
-    a = np.concatenate([o.astype(np.float64).ravel() for o in ours])
-    b = np.concatenate([r.astype(np.float64).ravel() for r in reference])
-    if a.shape != b.shape:
-        return {"error": f"output sizes differ: {a.size} vs {b.size} values"}
-    noise = float(np.sum((a - b) ** 2))
-    signal = float(np.sum(b**2))
-    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-    result: dict[str, float | str | None] = {
-        "max_abs_err": float(np.max(np.abs(a - b))) if a.size else 0.0,
-        # undefined where an output is all zeros and the two differ (not 0: a word says why)
-        "cosine": float(np.dot(a, b) / norms) if norms > 0 else (1.0 if noise == 0 else None),
-        "sqnr_db": (float(10 * math.log10(signal / noise)) if noise > 0 else None) if signal > 0 else None,
-        "top1_agree": None,
-    }
-    constant = [note for note in (constant_output(b, "the reference"), constant_output(a, "TVM")) if note]
-    if constant:  # cosine and SQNR compare directions and energies: of a constant they say little
-        result["degenerate"] = "; ".join(constant)
-    first, ref_first = ours[0], reference[0]
-    if classifier and first.ndim == 2 and first.shape[1] > 1:
-        # On the inputs of this one run (its batch): with one input, 0 or 1 and no evidence of
-        # anything; the page shows it only over several (accuracy() measures it on a dataset).
-        result["top1_agree"] = float(np.mean(first.argmax(1) == ref_first.argmax(1)))
-        result["top1_inputs"] = int(first.shape[0])
-    return result
-
-
-def constant_output(values: np.ndarray, who: str) -> str | None:
-    """Says so where an output is all zeros or one value everywhere (a model whose weights are
-    constants, a broken build), which cosine and SQNR would show as a bare 0 or a blank."""
-    if values.size < 2 or np.ptp(values) != 0:
-        return None
-    if values[0] == 0:
-        return f"{who}'s output is all zeros"
-    return f"{who}'s output is {values[0]:.6g} everywhere"
 
 
 def is_classifier(outputs: list[TensorSpec]) -> bool:
@@ -303,11 +263,12 @@ def benchmark(
     ]
     return {
         "benchmarks": rows,
-        "fidelity": fidelities(executables, outs, references, inputs, threads, on_cuda, classifier),
+        "fidelity": fidelities(
+            executables, outs, references, inputs, threads, on_cuda, classifier, reference_variant
+        ),
         "threads": threads,
         "nice": os.nice(0),  # the CPU priority it was measured at (the web's is 0)
         "conditions": conditions,
-        # fewer threads than configured, every runtime alike, where other processes kept cores busy
         "fewer_threads": fewer_threads(threads, all_threads),
         "machine": machine(),
         "sgemm": sgemm,
@@ -317,6 +278,7 @@ def benchmark(
 
 
 def fewer_threads(threads: int, of: int) -> dict | None:
+    """Fewer threads than configured, every runtime alike, where other processes kept cores busy."""
     return {"threads": threads, "of": of, "busy_cores": of - threads} if threads < of else None
 
 
@@ -384,14 +346,18 @@ def fidelities(
     threads: int,
     on_cuda: dict[str, bool],
     classifier: bool,
+    reference_variant: str = "fp32",
 ) -> list[dict]:
     """Each build's outputs against each reference's (and a quantized build's against TVM fp32's); with
-    references on a GPU, against the float model on the CPU too."""
+    references on a GPU, against the float model on the CPU too; a pre-quantized model's against its
+    operators' own arithmetic too (unfused_reference)."""
     references_out = {
         f"{ref} (CUDA)" if on_cuda[ref] else ref: out for (ref, _, _), out in outs.items() if ref != "tvm"
     }
     if on_cuda["pytorch"] or on_cuda["onnxruntime"]:  # the float model on the CPU: what the GPU answers to
         references_out |= cpu_reference(references, inputs, threads)
+    if reference_variant == "int8" and "onnxruntime" in references:
+        references_out |= unfused_reference(references["onnxruntime"], inputs, threads)
     if ("tvm", "fp32", False) in outs and any(v != "fp32" for v, _ in executables):
         references_out["tvm fp32"] = outs[("tvm", "fp32", False)]
     fid = [
@@ -435,6 +401,34 @@ def cpu_reference(references: dict[str, Path], inputs: dict[str, np.ndarray], th
     except Exception:  # a reference that cannot run is not a failure of the job
         pass
     return {}
+
+
+def unfused_reference(onnx_path: Path, inputs: dict[str, np.ndarray], threads: int) -> dict:
+    """A pre-quantized model's outputs as its operators define them: in QDQ form (QLinearConv and the
+    like as DequantizeLinear -> float op -> QuantizeLinear) run by ONNX Runtime with its graph
+    optimizations off, so each op runs in float and rounds where the model says. ONNX Runtime's fused
+    int8 kernels approximate it: on x86 without VNNI they sum pairs of products in int16 (vpmaddubsw),
+    which saturates with 8-bit weights. {} where it cannot run (a model over 2 GB, say)."""
+    import onnx
+    import onnxruntime as ort
+
+    from webapp.pipeline.stages.prequantized import to_qdq
+
+    try:
+        model = onnx.load(str(onnx_path))
+        to_qdq(model)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
+        return {UNFUSED: flatten_outputs(session.run(None, feed))}
+    except Exception as exc:  # a reference that cannot run is not a failure of the job
+        print(f"the unfused reference left out: {type(exc).__name__}: {exc}")
+        return {}
+
+
+UNFUSED = "onnxruntime unfused"  # the reference name of unfused_reference's outputs
 
 
 def cpu_name() -> str:

@@ -27,7 +27,8 @@ from webapp.machine import timing_slot
 from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.memory import let_go
-from webapp.pipeline.stages import genai
+from webapp.pipeline.stages import genai, pt2
+from webapp.pipeline.stages.fidelity import fidelity
 from webapp.pipeline.stages.lm_inputs import Signature, SlidingCache, onnx_signature
 from webapp.pipeline.stages.timing import measure_watched
 
@@ -94,34 +95,52 @@ POINTS = [Point("prefill", n, 0) for n in PREFILL_TOKENS] + [Point("decode", 1, 
 
 @dataclass
 class Runtimes:
-    """What runs beside TVM: ONNX Runtime on the .onnx (`threads`), the Hugging Face model in PyTorch (an
-    example's; None for an upload), ONNX Runtime GenAI's model folders ({variant: folder}, empty where it
-    does not run) and the bytes each streams a decode step. ONNX Runtime's and GenAI's sessions are
-    opened at each point once TVM's builds are made (`sessions`), and closed after it: a 2 GB model's
-    import beside them went past the job's memory."""
+    """What runs beside TVM: ONNX Runtime on the .onnx (`threads`), the example's Hugging Face model in
+    PyTorch (`example`; None for an upload, which has none), ONNX Runtime GenAI's model folders
+    ({variant: folder}, empty where it does not run) and the bytes each streams a decode step. Each is
+    made at each point once TVM's builds are (`sessions`), and let go after it: a 2 GB model's import, and
+    the export of its libraries, beside them went past the job's memory."""
 
     path: Path
     threads: int
-    eager: Any
+    example: str | None
     genai_folders: dict[str, Path]
     genai_streamed: dict[str, int]
 
-    def sessions(self) -> tuple[Any, dict[str, Any]]:
-        """(an ONNX Runtime session of the .onnx, {variant: onnxruntime_genai.Model})."""
+    def sessions(self) -> tuple[Any, dict[str, Any], Any]:
+        """(an ONNX Runtime session of the .onnx, {variant: onnxruntime_genai.Model}, the Hugging Face
+        model or None): the same seeded weights each time."""
+        from webapp.pipeline.examples import causal_lm
         from webapp.pipeline.stages import bench
 
-        return bench.onnxruntime_session(self.path, self.threads), genai.load(self.genai_folders)
+        eager = causal_lm(self.example) if self.example else None
+        return bench.onnxruntime_session(self.path, self.threads), genai.load(self.genai_folders), eager
+
+
+PT2_GENERATOR = "generator/generator.onnx"  # a .pt2 generator as ONNX, in the job's folder
+
+
+def generating(ctx: Context) -> tuple[Path, Signature | None]:
+    """The model the stage generates with (an example's generator export, or the upload itself) and its
+    Signature, None where it does not generate."""
+    path = ctx.job.generator or ctx.job.model
+    read = {".pt2": pt2.generator_signature, ".onnx": onnx_signature}.get(path.suffix)
+    return path, read(path) if read else None
 
 
 def generator_file(ctx: Context) -> Path | None:
-    """The .onnx the stage generates with: an example's generator export, or the upload itself."""
-    path = ctx.job.generator or ctx.job.model
-    return path if path.suffix == ".onnx" and onnx_signature(path) is not None else None
+    """The .onnx the stage generates with: the model itself, or an uploaded .pt2 generator as ONNX
+    (pt2.generator_onnx, written here once: what TVM builds and ONNX Runtime runs). None where the model
+    does not generate."""
+    path, sig = generating(ctx)
+    if sig is None:
+        return None
+    return pt2.generator_onnx(path, ctx.dir / PT2_GENERATOR) if path.suffix == ".pt2" else path
 
 
 def why_not_generated(ctx: Context) -> str | None:
     """Why the job has no generate stage (None: it has one)."""
-    if generator_file(ctx) is None:
+    if generating(ctx)[1] is None:
         return (
             "not a causal language model with a KV cache (past_key_values inputs, as Hugging Face's "
             "exporters write one)"
@@ -265,32 +284,32 @@ def measure_point(
     builds = build_point(path, sig, point, ctx.target)
     let_go()  # the import's copies of the weights
     values = sig.values(point.tokens, point.past)
-    session, genai_models = rt.sessions()
+    session, genai_models, eager = rt.sessions()
     # ONNX Runtime first: it checks what TVM's kernels take on trust (a position past the model's table)
     runs = {("onnxruntime", "fp32"): lambda: session.run(None, values)}
-    if rt.eager is not None:
-        runs["pytorch", "fp32"] = eager_runner(rt.eager, sig, values)
     runs |= {("tvm", v): bench.tvm_runner(b["executable"], values) for v, b in builds.items()}
     logits = {key: bench.flatten_outputs(run())[0] for key, run in runs.items()}
+    if eager is not None:  # timed, its logits not compared
+        runs["pytorch", "fp32"] = eager_runner(eager, sig, values)
     for v, model in genai_models.items():  # its own inputs (a real prefix in its cache): timed only
         runs[genai.RUNTIME, v] = genai.runner(model, point.tokens, point.past, sig.vocabulary)
-    fidelity = bench.fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
+    against_ort = fidelity([logits["tvm", "fp32"]], [logits["onnxruntime", "fp32"]], classifier=False)
     with timing_slot.hold("generation"):  # one job times at a time on this machine; builds go on beside
         timed, conditions = measure_watched(
             runs, ctx.job.bench_budget_s, report, ctx.job.quiet_wait_s, timings=2
         )
     variants = {}
     for v, b in builds.items():
-        against = bench.fidelity([logits["tvm", v]], [logits["tvm", "fp32"]], classifier=False)
+        against = None if v == "fp32" else fidelity([logits["tvm", v]], [logits["tvm", "fp32"]], False)
         variants[v] = {
             "build_s": b["build_s"],
             "streamed_bytes": b["packed"].streamed,
             "model_bytes": sig.weight_bytes - b["packed"].replaced + b["packed"].packed,
-            "logits_sqnr_db": against["sqnr_db"] if v != "fp32" else None,
+            "logits_sqnr_db": against["sqnr_db"] if against else None,
         }
     greedy_here = point.phase == "decode" and point.past == DECODE_CONTEXT[0] >= GREEDY_PROMPT + GREEDY_STEPS
     greedy_record = greedy_runs(builds, session, sig, point.past) if greedy_here else None
-    runs, session, genai_models = {}, None, {}  # closed before the libraries' export, which copies weights
+    runs, session, genai_models, eager = {}, None, {}, None  # let go before the export, which copies weights
     let_go()
     record = {
         "greedy": greedy_record,
@@ -299,8 +318,8 @@ def measure_point(
         "tokens": point.tokens,
         "past": point.past,
         "build_s": builds["fp32"]["build_s"],
-        "logits_sqnr_db": fidelity["sqnr_db"],
-        "logits_max_abs_err": fidelity["max_abs_err"],
+        "logits_sqnr_db": against_ort["sqnr_db"],
+        "logits_max_abs_err": against_ort["max_abs_err"],
         "disturbed": conditions["disturbed"],
         "variants": variants,
     }
@@ -352,7 +371,7 @@ def rates(rows: list[dict], points: list[dict], sig: Signature, read_gb_s: float
     return out
 
 
-def positions(model: Any) -> int:
+def model_positions(model: Any) -> int:
     """How many positions a Hugging Face causal LM has (GPT-2's table of 1,024; Llama's rotary 2,048 or its
     config's)."""
     config = model.config
@@ -365,7 +384,7 @@ def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Path],
     """ONNX Runtime GenAI's models of an example ({variant: folder}, each loaded once to check it) and
     what the result says of them: each variant's bytes, or why it does not run."""
     if eager is None:
-        return {}, {"why_not": "its model builder takes a Hugging Face checkpoint, and an upload is an .onnx"}
+        return {}, {"why_not": "its model builder takes a Hugging Face checkpoint, which an upload is not"}
     t0 = time.monotonic()
     try:
         folders = genai.build(eager, ctx.dir / "genai", threads)
@@ -382,17 +401,30 @@ def with_genai(ctx: Context, eager: Any, threads: int) -> tuple[dict[str, Path],
     return folders, about
 
 
+def runtimes(ctx: Context, path: Path, threads: int) -> tuple[Runtimes, dict, int]:
+    """What runs beside TVM, what the result says of ONNX Runtime GenAI's models, and how many positions
+    the model has (an example's; an upload's own errors say where it ends)."""
+    from webapp.pipeline.examples import causal_lm
+
+    eager = causal_lm(ctx.job.example) if ctx.job.example else None  # made again at each point
+    folders, genai_about = with_genai(ctx, eager, threads)
+    most = model_positions(eager) if eager is not None else 1 << 30
+    streamed_by = {v: a["streamed_bytes"] for v, a in genai_about.get("variants", {}).items()}
+    return Runtimes(path, threads, ctx.job.example, folders, streamed_by), genai_about, most
+
+
 def measure_points(
-    ctx: Context, path: Path, sig: Signature, rt: Runtimes, report: Report
+    ctx: Context, path: Path, sig: Signature, rt: Runtimes, positions: int, report: Report
 ) -> tuple[list, list]:
-    """Every point of POINTS measured: (their records, the timed rows); a point that fails says why."""
+    """Every point of POINTS measured up to the model's `positions`: (their records, the timed rows); a
+    point that fails says why."""
     points: list[dict] = []
     rows: list[dict] = []
     for i, point in enumerate(POINTS):
         step = lambda f, i=i: report((i + f) / len(POINTS))  # noqa: E731
         about = {"phase": point.phase, "tokens": point.tokens, "past": point.past}
-        if rt.eager is not None and point.tokens + point.past > positions(rt.eager):
-            points.append(about | {"error": f"past the model's {positions(rt.eager):,} positions"})
+        if point.tokens + point.past > positions:
+            points.append(about | {"error": f"past the model's {positions:,} positions"})
             continue
         try:
             record, timed = measure_point(ctx, path, sig, point, rt, step)
@@ -411,7 +443,6 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     reads."""
     import torch
 
-    from webapp.pipeline.examples import causal_lm
     from webapp.pipeline.stages import bench
 
     path = generator_file(ctx)
@@ -419,12 +450,9 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
     assert path is not None and sig is not None  # why_not_generated() is None
     threads = bench.bench_threads()
     torch.set_num_threads(threads)
-    eager = causal_lm(ctx.job.example) if ctx.job.example else None
-    folders, genai_about = with_genai(ctx, eager, threads)
-    streamed_by = {v: a["streamed_bytes"] for v, a in genai_about.get("variants", {}).items()}
-    rt = Runtimes(path, threads, eager, folders, streamed_by)
+    rt, genai_about, most = runtimes(ctx, path, threads)
     try:
-        points, rows = measure_points(ctx, path, sig, rt, report)
+        points, rows = measure_points(ctx, path, sig, rt, most, report)
     finally:
         shutil.rmtree(ctx.dir / "genai", ignore_errors=True)
     done = [p for p in points if "error" not in p]
@@ -439,6 +467,11 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
         "builds": (
             f"{len(POINTS)} imports and their builds, one a point: TVM's importers do not take this model "
             "with symbolic lengths, so each prompt length and cache length is built with its lengths fixed"
+            + (
+                "; the .pt2, written as ONNX by torch.onnx.export, is what TVM builds and ONNX Runtime runs"
+                if ctx.job.model.suffix == ".pt2"
+                else ""
+            )
         ),
         "runtimes": [k for k in RUNTIMES if any(r["runtime"] == k for r in rows)],
         "variants": list(done[-1]["variants"]),
@@ -446,6 +479,7 @@ def generation_stage(ctx: Context, report: Report) -> Given[None]:
         "generate": next(
             (
                 {"slots": p["past"], "libraries": p["libraries"], "vocabulary": sig.vocabulary}
+                | {"model": str(path.relative_to(ctx.dir))}  # what ONNX Runtime runs on the page
                 for p in done
                 if p.get("libraries")
             ),

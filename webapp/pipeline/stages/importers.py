@@ -22,10 +22,11 @@ from webapp.pipeline.errors import StageError, error_message
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages import unpack
 from webapp.pipeline.stages.input_values import Values, given_values, onnx_input_values, torch_input_values
-from webapp.pipeline.stages.lm_inputs import default_shapes
+from webapp.pipeline.stages.lm_inputs import DEFAULT_STEP, default_shapes
 from webapp.pipeline.stages.onnx_fold import FOLD_OPS, branch_inputs, fold_onnx
 from webapp.pipeline.stages.onnx_ops import check_onnx_ops_supported, more_operators
 from webapp.pipeline.stages.prequantized import dequantized, is_prequantized
+from webapp.pipeline.stages.pt2 import concat, load_pt2, pt2_signature, user_inputs
 from webapp.pipeline.steps import step
 from webapp.targets import target_json
 
@@ -423,7 +424,8 @@ class SourceLayers:
                     importer.block_builder, convert(node, *rest), layer(node)
                 )
 
-            return {key: wrap(convert) for key, convert in create(importer).items()}
+            converters = create(importer) | {"cat.default": concat(importer)}
+            return {key: wrap(convert) for key, convert in converters.items()}
 
         ExportedProgramImporter.create_convert_map = created
         try:
@@ -452,30 +454,6 @@ class SourceLayers:
 # ---------------------------------------------------------------- PyTorch .pt2
 
 
-def load_pt2(path: Path) -> ExportedProgram:
-    """torch.export.load with every unpickling restricted to tensors and plain containers: torch
-    2.13 loads a .pt2's weights and constants with weights_only=False, and retries its sample inputs
-    that way when the safe load fails, so a pickled payload in an upload would run. Here each such
-    load is weights_only=True, and plain pickle.loads refuses."""
-    import torch
-    from torch.export.pt2_archive import _package
-
-    def tensors_only(*args, **kwargs):
-        return safe_load(*args, **{**kwargs, "weights_only": True})
-
-    def no_pickle(*args, **kwargs):
-        raise pickle.UnpicklingError("a pickled Python object (not a tensor) in the .pt2 file")
-
-    safe_load, package_pickle = torch.load, _package.pickle
-    # a stand-in for the pickle module, with its loads
-    torch.load, _package.pickle = tensors_only, type("NoPickle", (), {"loads": staticmethod(no_pickle)})  # type: ignore[assignment]
-    saved_pickle_obj, torch._C._pickle_load_obj = torch._C._pickle_load_obj, no_pickle
-    try:
-        return torch.export.load(str(path))
-    finally:
-        torch.load, _package.pickle, torch._C._pickle_load_obj = safe_load, package_pickle, saved_pickle_obj
-
-
 def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
     import torch
 
@@ -499,7 +477,8 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
 
     inputs = pt2_inputs(ep)
     check_input_names(inputs, input_shapes)
-    fixed = fixed_shapes(inputs, input_shapes)
+    sig = pt2_signature(ep)  # a generating model: one decode step where no lengths are given
+    fixed = fixed_shapes(inputs, (sig.shapes(**DEFAULT_STEP) if sig else {}) | input_shapes)
 
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -526,17 +505,7 @@ def import_pt2(path: Path, input_shapes: dict) -> ImportedModel:
 
 
 def pt2_inputs(ep: ExportedProgram) -> list[TensorSpec]:
-    user_inputs = set(ep.graph_signature.user_inputs)
-    specs = []
-    for node in ep.graph.nodes:
-        if node.op != "placeholder" or node.name not in user_inputs:
-            continue
-        val = node.meta.get("val")
-        if val is None or not hasattr(val, "shape"):
-            raise StageError(f"Input {node.name!r} is not a tensor; only tensor inputs are supported.")
-        shape = [int(d) if str(d).lstrip("-").isdigit() else str(d) for d in val.shape]
-        specs.append(TensorSpec(node.name, shape, str(val.dtype).replace("torch.", "")))
-    return specs
+    return [TensorSpec(name, shape, dtype) for name, dtype, shape in user_inputs(ep)]
 
 
 def bind_symbolic_dims(mod: tvm.IRModule, shapes: dict[str, list[int]]) -> tvm.IRModule:
@@ -591,6 +560,8 @@ def import_stage(ctx: Context, report: Report) -> Given[ImportedModel]:
                 "title": ctx.target.title,
                 "description": ctx.target.description,
                 "tvm": target_json(ctx.target.tvm),
+                # its int8 kernels' precondition on the weights (a reproducer draws them within it)
+                "int8_pair_limit": ctx.target.int8_pair_limit(),
             },
         ),
     )

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import onnx
 
 DEFAULT_STEP = {"tokens": 1, "past": 128}  # the forward pass of a job's other stages: one decode step
-CACHE_PREFIXES = ("past_key_values", "past_key", "past_value", "past.")
+CACHE_PREFIXES = ("past_key_values", "past_key", "past_value", "past.", "cache")  # "cache": a .pt2's list
 ROLES = ("input_ids", "attention_mask", "position_ids")
 
 
@@ -114,6 +114,14 @@ def signature(model: onnx.ModelProto) -> Signature | None:
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
         dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
         inputs.append((v.name, dtype, shape))
+    dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
+    return signature_of(inputs, initializer_bytes(model.graph), (dims[-1].dim_value if dims else 0) or 2)
+
+
+def signature_of(inputs: list[tuple[str, str, list]], weight_bytes: int, vocabulary: int) -> Signature | None:
+    """The Signature of a model with these inputs ((name, dtype, shape), a dimension not fixed named by
+    a string), if they are a generating model's: token ids, perhaps mask and positions, and 4-D cache
+    tensors named as exporters name them; else None."""
     cache = {}
     for name, _, shape in inputs:
         if name.startswith(CACHE_PREFIXES) and len(shape) == 4:
@@ -122,8 +130,7 @@ def signature(model: onnx.ModelProto) -> Signature | None:
     others = {name for name, _, _ in inputs} - set(cache)
     if not cache or "input_ids" not in others or others - set(ROLES):
         return None
-    last = model.graph.output[0].type.tensor_type.shape.dim[-1]
-    return Signature(inputs, cache, initializer_bytes(model.graph), last.dim_value or 2)
+    return Signature(inputs, cache, weight_bytes, vocabulary)
 
 
 def initializer_bytes(graph: onnx.GraphProto, names: set[str] | None = None) -> int:

@@ -295,7 +295,7 @@ def time_generation(
     and timed on it: `generation`, the stage's section, with the board's rows (tokens per second) and
     each build's logits against ONNX Runtime's on this server (fp32) and the board's fp32 (quantized).
     None where the stage left no builds; a failure is said in the section, the job's timings stand."""
-    from webapp.pipeline.stages.bench import fidelity
+    from webapp.pipeline.stages.fidelity import fidelity
 
     if not generation or not (folder / "generate.json").is_file():
         return None
@@ -326,7 +326,7 @@ def time_generation(
 def board_fidelity(outs: dict, expected: dict, board_key: str, classifier: bool) -> list[dict]:
     """Each build's outputs on the board against the references computed on this server (a quantized
     build's own also against the same integer model built for this server, and the board's fp32)."""
-    from webapp.pipeline.stages.bench import fidelity
+    from webapp.pipeline.stages.fidelity import fidelity
 
     fid = []
     for (variant, tuned), out in outs.items():

@@ -313,8 +313,8 @@ def layer_errors(
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer (the target's arithmetic,
     run here)."""
-    from webapp.pipeline.stages.bench import fidelity
     from webapp.pipeline.stages.build import compile_relax
+    from webapp.pipeline.stages.fidelity import fidelity
 
     func, layers, float_of = observed.func, observed.layers, observed.float_of
     exposed = Realizer(
