@@ -692,3 +692,31 @@ def test_pages_fit_every_width_follow_dark_mode_pass_axe_and_work_by_keyboard(pa
     zoomed = viewport.get_attribute("transform")
     page.keyboard.press("ArrowLeft")
     expect(viewport).not_to_have_attribute("transform", zoomed)
+
+
+def test_a_finished_int8_job_bisected_from_its_page_shows_the_points_it_ran(page, live_server):
+    """The bisection section of a finished job offers the bisection; its button submits the job again
+    with it and opens the new job, whose section says, for fp32 and int8, that no pass left the
+    reference, with the points it ran."""
+    page.goto(run_example(page, live_server, {"quantize": "int8"}))
+    expect(page.locator("#bisect-offer button")).to_have_text("Find the first diverging pass")
+    first = page.url
+    page.click("#bisect-offer button")
+    expect(page).not_to_have_url(first)
+    expect(page.locator("#job-status")).to_have_text("done", timeout=300_000)
+    result = page.request.get(page.url.split("#")[0] + ".json").json()
+    assert result["options"]["bisect"] is True and result["options"]["quantize"] == "int8"
+    found = {b["variant"]: b for b in result["results"]["bisection"]}
+    assert set(found) == {"fp32", "int8"}
+    assert found["fp32"]["reference"] == "onnxruntime" and found["int8"]["reference"] == "imported"
+    page.reload()
+    for variant, b in found.items():
+        assert b["first"] is None, b["runs"]  # TVM's own passes keep to the reference
+        verdict = page.locator(f"#bisect-{variant}")
+        expect(verdict).to_contain_text(f"{len(b['runs'])} of its {b['points']} points built and run")
+    expect(page.locator("#bisect-int8")).to_contain_text("its integer model's outputs before the passes")
+    expect(page.locator("#bisect-offer")).to_have_count(0)
+    page.locator("#bisection details summary").first.click()
+    expect(page.locator("#bisection table.bisect-runs").first.locator("tr")).to_have_count(
+        len(found["fp32"]["runs"]) + 1
+    )

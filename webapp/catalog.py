@@ -158,7 +158,9 @@ EXAMPLES: dict[str, Example] = {
 # The pipeline's stages, in order (webapp/pipeline/runner.py runs them; "remote", for a target whose
 # board is not this server, runs after them in a sandbox of its own: webapp/pipeline/stages/remote.py).
 # "generate", for a causal language model, builds and times it as it generates (prefill and decode).
-STAGES = ("import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "generate", "remote")
+STAGES = (
+    "import", "optimize", "quantize", "tune", "build", "inspect", "benchmark", "bisect", "generate", "remote"
+)  # fmt: skip
 
 
 # The graphs a job draws (webapp/pipeline/reports/graphs.py, views/graph-<key>.json and
@@ -338,6 +340,7 @@ OPTION_LABELS = {
     "weight_granularity": "weight scales per",
     "skip_first": "keep the first layer in float",
     "skip_last": "keep the last layer in float",
+    "bisect": "find the first diverging pass",
 }
 
 

@@ -277,6 +277,8 @@ def run_pipeline(args: argparse.Namespace, out: Path, trials: int, tuning_record
     result = json.loads((out / "result.json").read_text())
     print(benchmark_table(result))
     print(headline_lines(result))
+    if result.get("bisection"):
+        print(bisection_lines(result))
     if getattr(args, "out", None):  # else a scratch folder, removed
         print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
     return 0
@@ -397,6 +399,28 @@ def headline_lines(result: dict) -> str:
     return "\n".join(f"* {line}" if not line.startswith("  ") else line for line in lines)
 
 
+def bisection_lines(result: dict) -> str:
+    """The bisection section's verdicts, a line each build, and the bindings the first off pass changed."""
+    lines = ["Passes bisected:"]
+    for b in result["bisection"]:
+        ran = f"{len(b['runs'])} of {b['points']} points run in {b['seconds']} s"
+        first, tolerance = b.get("first"), b["tolerance_db"]
+        if first is None:
+            lines.append(f"  {b['variant']}: no step left {b['reference']} by over {tolerance:g} dB ({ran})")
+            continue
+        sqnr = "-" if first.get("sqnr_db") is None else f"{first['sqnr_db']:.1f} dB"
+        lines.append(
+            f"  {b['variant']}: first off against {b['reference']}: {first['name']} "
+            f"(point {first['index']}), SQNR {sqnr} below {tolerance:g} dB ({ran})"
+        )
+        for c in b.get("changed", [])[:5]:
+            cosine = "-" if c.get("cosine") is None else f"{c['cosine']:.4f}"
+            layers = ", ".join(c["layers"])
+            kernel = c["kernel"] or "no kernel"
+            lines.append(f"    {c['binding']} ({kernel}): cosine {cosine}, layers {layers}")
+    return "\n".join(lines)
+
+
 def benchmark_table(result: dict) -> str:
     rows = result.get("benchmarks", [])
     if not rows:
@@ -489,6 +513,7 @@ def job_arguments(p: argparse.ArgumentParser, sandbox: bool = True) -> None:
     p.add_argument("--global-scale", type=float, default=d.global_scale, help="for --calibration global")
     p.add_argument("--skip-first", action="store_true", help="keep the first quantizable layer in float")
     p.add_argument("--skip-last", action="store_true", help="keep the last quantizable layer in float")
+    p.add_argument("--bisect", action="store_true", help="find the first pass whose outputs diverge")
     if sandbox:
         p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
 

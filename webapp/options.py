@@ -46,6 +46,7 @@ class JobOptions:
     # input name -> its value (a number, or nested lists): built with it as a constant (Silero's
     # sample rate, a fixed sequence length), and fed to every runtime
     input_values: dict | None = None
+    bisect: bool = False  # the first pass whose outputs leave the reference (stages/bisect.py)
 
     @property
     def bits(self) -> int:
@@ -109,6 +110,7 @@ class JobOptions:
             tune_trials=trials,
             input_shapes=parse_input_shapes(form.get("input_shapes") or ""),
             input_values=parse_input_values(form.get("input_values") or ""),
+            bisect=flag(form.get("bisect")),
         )
 
 

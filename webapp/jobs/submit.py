@@ -148,16 +148,29 @@ def resubmit_job(
 ) -> Submitted:
     """A failed upload (`job`, as job_view shows it) submitted again with the input_shapes its failure
     asked for: the same file and calibration data, its other options as its form gave them."""
+    if not job["options"].get("model_file"):
+        raise SubmitError("Only an uploaded model can be submitted again from its result.")
+    return submit_again(config, store, queue, job, {"input_shapes": input_shapes}, client)
+
+
+def submit_again(
+    config: Config, store: JobStore, queue: JobQueue, job: dict, changes: dict[str, str], client: str = ""
+) -> Submitted:
+    """`job` (as job_view shows it) submitted again with its options but `changes` (form values): the
+    same example, or the same uploaded file and calibration data (its tuning record uploads are not
+    kept with a job: they are not sent again)."""
     inputs = store.job_dir(job["id"]) / "input"
     model = job["options"].get("model_file")
-    if not model or not (inputs / model).is_file():
-        raise SubmitError("Only an uploaded model can be submitted again from its result.")
-    form = {k: form_value(v) for k, v in job["options"].items() if v is not None}
-    form["input_shapes"] = input_shapes
+    if job["options"].get("example"):
+        model = None
+    elif not model or not (inputs / model).is_file():
+        raise SubmitError("This result's model is no longer on the server; submit it again from the form.")
+    form = {k: form_value(v) for k, v in job["options"].items() if v is not None} | changes
     calibration = inputs / "calibration.npz"
-    with (inputs / model).open("rb") as upload, ExitStack() as files:
+    with ExitStack() as files:
+        upload = files.enter_context((inputs / model).open("rb")) if model else None
         data = files.enter_context(calibration.open("rb")) if calibration.is_file() else None
-        filename = job["options"].get("filename") or model
+        filename = job["options"].get("filename") or model or ""
         return submit_job(config, store, queue, form, upload, filename, None, data, client)
 
 

@@ -11,6 +11,7 @@ from webapp.catalog import STAGES
 from webapp.pipeline.job import Context
 from webapp.pipeline.memory import let_go, map_large_allocations
 from webapp.pipeline.stages.bench import benchmark_stage
+from webapp.pipeline.stages.bisect import NOT_ASKED, bisect_stage, why_not_bisected
 from webapp.pipeline.stages.board_generation import board_generation_stage
 from webapp.pipeline.stages.build import build_stage
 from webapp.pipeline.stages.generation import generation_stage, why_not_generated
@@ -51,12 +52,17 @@ def build_and_time(ctx: Context) -> None:
     inspected = ctx.stage("inspect", inspect_stage, model, optimized, built, quantized)
     if ctx.target.timed_on_board:  # timed on a board: the worker runs the remote stage after generate
         ctx.stage("benchmark", prepare_remote_stage, model, built, quantized)
+        ctx.skip("bisect", why_not_bisected(ctx) or "")
         return
     # a benchmark that cannot run is marked failed; the job is done with its build and views
     why = ctx.target.why_not_timed()
     if why:  # built for a device this server lacks: said in the benchmark section too
         ctx.results.save(benchmarks=[], fidelity=[], not_timed=why)
     ctx.stage("benchmark", benchmark_stage, model, built, inspected, skip=why, required=False)
+    why = why_not_bisected(ctx)
+    if why == NOT_ASKED:  # the page offers it: the same job again, with the bisection
+        ctx.results.save(bisect_offered=True)
+    ctx.stage("bisect", bisect_stage, model, optimized, quantized, built, skip=why, required=False)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
-from webapp.jobs.submit import SubmitError
+from webapp.jobs.submit import SubmitError, Submitted, submit_again
 from webapp.jobs.worker import ensure_example_files, example_archive
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import job_json
@@ -80,7 +80,21 @@ def devices() -> Response:
 
 @bp.post("/jobs")
 def create_job() -> tuple[Response, int]:
-    job = submit_from_request()
+    return submitted(submit_from_request())
+
+
+@bp.post("/jobs/<job_id>/bisect")
+def bisect_job(job_id: str) -> tuple[Response, int]:
+    """The job submitted again with its options and bisect=1 (the first pass whose outputs diverge):
+    a new job, answered as POST /api/jobs answers."""
+    config, store, queue = ctx()
+    return submitted(
+        submit_again(config, store, queue, view_or_404(job_id), {"bisect": "1"}, request.remote_addr or "")
+    )
+
+
+def submitted(job: Submitted) -> tuple[Response, int]:
+    """A submission's answer: 202 and the new job's links, or 200 where an identical job answers."""
     root = request.url_root.rstrip("/")
     answer: dict[str, str | bool | None] = {
         "id": job.id,

@@ -39,7 +39,7 @@ from webapp.catalog import (
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.exports.repro import archive_name, reproducer_zip
-from webapp.jobs.submit import SubmitError, Submitted, resubmit_job
+from webapp.jobs.submit import SubmitError, Submitted, resubmit_job, submit_again
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
@@ -64,6 +64,7 @@ SECTION_LABELS = {
     "generation": "Generation",
     "device": "Board",
     "fidelity": "Fidelity",
+    "bisection": "Passes bisected",
     "quantization": "Quantization",
     "sweep": "Bits sweep",
     "tuning": "Tuning",
@@ -400,6 +401,19 @@ def resubmit(job_id: str) -> BaseResponse:
     try:
         submitted = resubmit_job(
             config, store, queue, job, request.form.get("input_shapes", ""), request.remote_addr or ""
+        )
+    except SubmitError as e:
+        abort(e.status, str(e))
+    return to_result(submitted)
+
+
+@bp.post("/r/<job_id>/bisect")
+def bisect(job_id: str) -> BaseResponse:
+    """The job submitted again with the bisection of its passes (the bisection section's button)."""
+    config, store, queue = ctx()
+    try:
+        submitted = submit_again(
+            config, store, queue, view_or_404(job_id), {"bisect": "1"}, request.remote_addr or ""
         )
     except SubmitError as e:
         abort(e.status, str(e))
