@@ -329,9 +329,13 @@ async function setupGraphView(root) {
   const colour = root.querySelector(".graph-colour");
   const sqnrs = graph.nodes.map((n) => n.sqnr_db).filter((v) => v != null);
   const [sqnrLo, sqnrHi] = [Math.min(...sqnrs), Math.max(...sqnrs)];
+  // against ONNX Runtime: where they agree exactly (no SQNR) as the best
+  const refs = graph.nodes.map((n) => n.ref_sqnr_db).filter((v) => v != null);
+  const [refLo, refHi] = refs.length ? [Math.min(...refs), Math.max(...refs)] : [0, 0];
   const heatOf = { // mode -> node -> 0..1 (red is 1), or null (grey)
     share: (n) => (n.share != null ? n.share / Math.max(...graph.nodes.map((x) => x.share || 0), 1e-9) : null),
     sqnr: (n) => (n.sqnr_db != null ? (sqnrHi - n.sqnr_db) / (sqnrHi - sqnrLo || 1) : null),
+    ref: (n) => (n.ref_exact ? 0 : n.ref_sqnr_db != null ? (refHi - n.ref_sqnr_db) / (refHi - refLo || 1) : null),
   };
   const css = getComputedStyle(document.documentElement);
   const diffFill = (n) => css.getPropertyValue(`--diff-${diff[n.id]?.state || "none"}`).trim();
@@ -355,6 +359,9 @@ async function setupGraphView(root) {
       const top = Math.max(...graph.nodes.map((x) => x.share || 0));
       legend.append("Share of a run, per kernel call: 0% ", bar, ` ${pct(top)}`,
         " (grey: no kernel time, e.g. inputs or ops folded away)");
+    } else if (mode === "ref") {
+      legend.append(`SQNR against ONNX Runtime: ${refs.length ? refHi.toFixed(1) : "exact"} dB `, bar,
+        ` ${refs.length ? refLo.toFixed(1) : "exact"} dB`, " (red: the largest error; grey: a layer not compared)");
     } else {
       legend.append(`SQNR against fp32: ${sqnrHi.toFixed(1)} dB `, bar, ` ${sqnrLo.toFixed(1)} dB`,
         " (red: the largest error; grey: not a quantized layer)");
@@ -369,6 +376,12 @@ async function setupGraphView(root) {
     if (worst) select(worst.id, true);
   };
   root.querySelector(".graph-worst")?.addEventListener("click", root.showWorst);
+  root.querySelector(".graph-first-off")?.addEventListener("click", () => {
+    const first = graph.nodes.find((n) => n.ref_first) ||
+      graph.nodes.filter((n) => n.ref_sqnr_db != null).sort((a, b) => a.ref_sqnr_db - b.ref_sqnr_db)[0];
+    colour.value = "ref"; paint();
+    if (first) select(first.id, true);
+  });
 
   // a node's details
   const page = root.dataset.page, key = root.dataset.key;
@@ -391,6 +404,8 @@ async function setupGraphView(root) {
       [block ? "time, this block" : "time, this call", n.ms != null ? `${n.ms.toFixed(4)} ms (${pct(n.share)} of a run)` : null],
       ["dtypes", k && k.dtypes],
       ["SQNR against fp32", n.sqnr_db != null ? `${n.sqnr_db.toFixed(1)} dB${n.worst ? " (where it falls the most)" : ""}` : null],
+      ["SQNR against ONNX Runtime", n.ref_exact ? "exact (the same values)" : n.ref_sqnr_db != null
+        ? `${n.ref_sqnr_db.toFixed(1)} dB${n.ref_first ? " (the first layer below the tolerance)" : ""}` : null],
       ["B against A", diff?.[id] ? [diff[id].state, ...diff[id].why].join("; ") : null],
       ["matched with", diff?.[id] ? diff[id].match.join(", ") : null]];
     details.hidden = false;

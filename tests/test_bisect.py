@@ -165,7 +165,20 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
         "first_pass": {"index": 0, "changed_ir": True},
         "seconds": 6.6,
     }
-    job_id = write_job(app, with_facts(crafted_results() | {"bisection": [bisection]}))
+    layer_error = {
+        "reference": "onnxruntime",
+        "tolerance_db": 60.0,
+        "layers": [
+            {"layer": "/conv0/Conv", "off": False, "sqnr_db": None, "cosine": 1.0, "max_abs_err": 0.0},
+            {"layer": "/conv1/Conv", "off": True, "sqnr_db": 12.5, "cosine": 0.97, "max_abs_err": 1.5},
+        ],
+        "compared": 2,
+        "of": 3,
+        "first_off": {"layer": "/conv1/Conv", "sqnr_db": 12.5, "cosine": 0.97},
+        "lowest": {"layer": "/conv1/Conv", "sqnr_db": 12.5},
+    }
+    results = crafted_results() | {"bisection": [bisection], "layer_error": layer_error}
+    job_id = write_job(app, with_facts(results))
     html = section(app.test_client().get(f"/r/{job_id}").get_data(as_text=True), "bisection")
     said = unescape(text(html))
     assert "The first step whose outputs leave ONNX Runtime's outputs: BrokenSign (point 29 of 44)" in said
@@ -175,3 +188,36 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
     assert f'href="/r/{job_id}?graph=fused&amp;kernel=fused_conv2d1_add_relu#graph"' in html
     assert "/conv1/Conv" in said and "-1.0000" in said
     assert 'id="bisect-offer"' not in html
+    assert "2 of the model's 3 layers compared" in said
+    assert "The first below 60 dB: /conv1/Conv , SQNR 12.5 dB: the error first grows there" in said
+
+
+def test_each_layer_against_onnx_runtime_marks_the_first_that_leaves_it(example_files, tmp_path):
+    """TVM's layers of cnn-small against ONNX Runtime running a copy whose second convolution's bias is
+    changed: the layers before it agree, it is the first off, and each after it is off too."""
+    import onnx
+    from onnx import numpy_helper
+
+    from webapp.pipeline.stages import bench
+    from webapp.pipeline.stages.importers import import_model
+    from webapp.pipeline.stages.layer_error import layer_errors
+
+    path = example_files / "cnn-small.onnx"
+    model = import_model(path)
+    changed = onnx.load(str(path))
+    convolutions = [n for n in changed.graph.node if n.op_type == "Conv"]
+    bias = next(i for i in changed.graph.initializer if i.name == convolutions[1].input[2])
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, bias.name))
+    onnx.save(changed, tmp_path / "changed.onnx")
+
+    found = layer_errors(
+        model.mod, model.layers, tmp_path / "changed.onnx", bench.make_inputs(model.inputs), 1, 60
+    )
+    rows = {r["layer"]: r for r in found["layers"]}
+    order = [r["layer"] for r in found["layers"]]
+    assert found["compared"] == len(order) >= len(changed.graph.node) - 1, (order, found["of"])
+    assert found["first_off"]["layer"] == convolutions[1].name and found["first_off"]["sqnr_db"] < 60
+    at = order.index(convolutions[1].name)
+    assert not any(rows[layer]["off"] for layer in order[:at]), found["layers"]
+    assert all(rows[layer]["off"] for layer in order[at:]), found["layers"]
+    assert rows[order[0]]["sqnr_db"] is None or rows[order[0]]["sqnr_db"] > 100

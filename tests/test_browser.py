@@ -716,6 +716,14 @@ def test_a_finished_int8_job_bisected_from_its_page_shows_the_points_it_ran(page
         expect(verdict).to_contain_text(f"{len(b['runs'])} of its {b['points']} points built and run")
     expect(page.locator("#bisect-int8")).to_contain_text("its integer model's outputs before the passes")
     expect(page.locator("#bisect-offer")).to_have_count(0)
+    # each fp32 layer against ONNX Runtime: every layer of cnn-small compared, none off, drawn on the graph
+    layers = result["results"]["layer_error"]
+    assert layers["compared"] == layers["of"] >= 8 and layers["first_off"] is None, layers
+    expect(page.locator("#layer-error-verdict")).to_contain_text(f"{layers['compared']} of the model's")
+    graph = page.locator(".graph-view:visible")
+    graph.locator(".graph-first-off").click()
+    expect(graph.locator(".legend")).to_contain_text("SQNR against ONNX Runtime")
+    expect(graph.locator(".node-details")).to_contain_text("SQNR against ONNX Runtime")
     page.locator("#bisection details summary").first.click()
     expect(page.locator("#bisection table.bisect-runs").first.locator("tr")).to_have_count(
         len(found["fp32"]["runs"]) + 1

@@ -439,3 +439,29 @@ def error_graphs(
                 block["worst"] = True
 
     overlay_graphs(job_dir, annotate)
+
+
+def reference_error_graphs(job_dir: Path, rows: list[dict], first_off: str | None) -> None:
+    """Each node of a layer compared with ONNX Runtime (stages/layer_error.py) gains the layer's SQNR
+    against it (ref_sqnr_db; null where they agree exactly, ref_exact), a kernel call or a block the
+    lowest of its layers'; the nodes of the first layer below the tolerance are marked ref_first."""
+    by_layer = {r["layer"]: r for r in rows}
+
+    def mark(node: dict, sources: list[str]) -> None:
+        found = [by_layer[s] for s in sources if s in by_layer]
+        if not found:
+            return
+        values = [r["sqnr_db"] for r in found if r["sqnr_db"] is not None]
+        node["ref_sqnr_db"] = min(values) if values else None
+        node["ref_exact"] = not values
+        if first_off in sources:
+            node["ref_first"] = True
+
+    def annotate(imported, fused, layers=None):
+        for node in [*(imported or {}).get("nodes", []), *(fused or {}).get("nodes", [])]:
+            mark(node, [node["layer"]] if node.get("layer") else node.get("layers", []))
+        for block in (layers or {}).get("nodes", []):
+            inside = [n for n in (imported or {}).get("nodes", []) if n.get("block") == block["label"]]
+            mark(block, [n["layer"] for n in inside if n.get("layer")])
+
+    overlay_graphs(job_dir, annotate)

@@ -279,8 +279,9 @@ def bisect_stage(
         ("fp32", model.mod, (name.removesuffix(" on the CPU"), outputs), optimized.fusion, float_layers)
     ]
     for q in quantized.variants[:1] if quantized else []:
-        if (q.variant, False) in built.executables and built.fusion is not None:
+        if built.fusion is not None:
             builds.append((q.variant, q.mod, ("", None), built.fusion, origin_layers(q.origin, float_layers)))
+    builds = [b for b in builds if (b[0], False) in built.executables]
     out = []
     for i, (variant, mod, reference, fusion, layer_of) in enumerate(builds):
         executable = built.executables[(variant, False)]
@@ -299,7 +300,24 @@ def bisect_stage(
             quantized=variant != "fp32",
         )
         out.append({"variant": variant} | row | pass_links(row, optimized, variant))
-    return Given(None, {"bisection": out})
+    return Given(None, {"bisection": out, "layer_error": per_layer(ctx, model, inputs)})
+
+
+def per_layer(ctx: Context, model: ImportedModel, inputs: dict[str, np.ndarray]) -> dict:
+    """The float model's layers against ONNX Runtime's (layer_error.py), drawn on the graphs; or why not."""
+    from webapp.pipeline.reports.graphs import reference_error_graphs
+    from webapp.pipeline.stages.bench import bench_threads
+    from webapp.pipeline.stages.layer_error import layer_errors
+
+    path = ctx.job.references.get("onnxruntime")
+    if path is None or model.prequantized:
+        return {"why_not": "compared with ONNX Runtime layer by layer, which runs a float .onnx only"}
+    try:
+        found = layer_errors(model.mod, model.layers, path, inputs, bench_threads(), TOLERANCE_DB["fp32"])
+    except Exception as exc:  # a reference that cannot run is not a failure of the job
+        return {"why_not": f"it could not run: {type(exc).__name__}: {str(exc).strip()[:300]}"}
+    reference_error_graphs(ctx.dir, found["layers"], (found["first_off"] or {}).get("layer"))
+    return found
 
 
 def source_layers(fusion: Fusion, layer_of: dict[str, str]) -> Callable[[str, int, Point], list[str]]:
