@@ -724,6 +724,8 @@ def test_a_finished_int8_job_bisected_from_its_page_shows_the_points_it_ran(page
     graph.locator(".graph-first-off").click()
     expect(graph.locator(".legend")).to_contain_text("SQNR against ONNX Runtime")
     expect(graph.locator(".node-details")).to_contain_text("SQNR against ONNX Runtime")
+    if any(row["sqnr_db"] is not None for row in layers["layers"]):  # Model Explorer's overlay of them
+        expect(page.locator("#model-explorer")).to_contain_text("model-explorer-reference.json")
     page.locator("#bisection details summary").first.click()
     expect(page.locator("#bisection table.bisect-runs").first.locator("tr")).to_have_count(
         len(found["fp32"]["runs"]) + 1

@@ -12,6 +12,8 @@ GRAPHS_FILE = "model-explorer-graphs.json"
 OVERLAYS = {  # file -> (node key, what it is, gradient from the lowest value to the highest)
     "model-explorer-time.json": ("ms", "ms per kernel call", ["#fff7bc", "#cc181e"]),
     "model-explorer-sqnr.json": ("sqnr_db", "SQNR against fp32, dB", ["#cc181e", "#fff7bc"]),
+    # each fp32 layer against ONNX Runtime's (a bisecting job's: stages/layer_error.py; exact ones left out)
+    "model-explorer-reference.json": ("ref_sqnr_db", "SQNR against ONNX Runtime, dB", ["#cc181e", "#fff7bc"]),
 }
 
 

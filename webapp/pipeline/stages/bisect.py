@@ -306,6 +306,7 @@ def bisect_stage(
 def per_layer(ctx: Context, model: ImportedModel, inputs: dict[str, np.ndarray]) -> dict:
     """The float model's layers against ONNX Runtime's (layer_error.py), drawn on the graphs; or why not."""
     from webapp.pipeline.reports.graphs import reference_error_graphs
+    from webapp.pipeline.reports.model_explorer import write_model_explorer
     from webapp.pipeline.stages.bench import bench_threads
     from webapp.pipeline.stages.layer_error import layer_errors
 
@@ -317,6 +318,7 @@ def per_layer(ctx: Context, model: ImportedModel, inputs: dict[str, np.ndarray])
     except Exception as exc:  # a reference that cannot run is not a failure of the job
         return {"why_not": f"it could not run: {type(exc).__name__}: {str(exc).strip()[:300]}"}
     reference_error_graphs(ctx.dir, found["layers"], (found["first_off"] or {}).get("layer"))
+    write_model_explorer(ctx.dir)  # its overlay of these errors too
     return found
 
 
