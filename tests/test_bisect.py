@@ -159,7 +159,7 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
         "first": broken,
         "changed": [
             {"binding": "lv3", "kernel": "fused_conv2d1_add_relu", "layers": ["/conv1/Conv"], "cosine": -1.0}
-            | {"sqnr_db": -6.0, "max_abs_err": 2.5}
+            | {"sqnr_db": -6.0, "max_abs_err": 2.5, "reproducer": True}
         ],
         "changed_count": 4,
         "first_pass": {"index": 0, "changed_ir": True},
@@ -186,6 +186,7 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
     assert "4 of the bindings both modules compute differ beyond the tolerance; the first 1" in said
     assert f'href="/r/{job_id}?view=passes&amp;diff=1&amp;pass=0#code"' in html
     assert f'href="/r/{job_id}?graph=fused&amp;kernel=fused_conv2d1_add_relu#graph"' in html
+    assert f'href="/r/{job_id}/repro/fused_conv2d1_add_relu.zip"' in html
     assert "/conv1/Conv" in said and "-1.0000" in said
     assert 'id="bisect-offer"' not in html
     assert "2 of the model's 3 layers compared" in said

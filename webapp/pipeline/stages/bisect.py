@@ -299,6 +299,7 @@ def bisect_stage(
             report=done,
             quantized=variant != "fp32",
         )
+        mark_reproducers(row, built, variant)
         out.append({"variant": variant} | row | pass_links(row, optimized, variant))
     return Given(None, {"bisection": out, "layer_error": per_layer(ctx, model, inputs)})
 
@@ -320,6 +321,15 @@ def per_layer(ctx: Context, model: ImportedModel, inputs: dict[str, np.ndarray])
     reference_error_graphs(ctx.dir, found["layers"], (found["first_off"] or {}).get("layer"))
     write_model_explorer(ctx.dir)  # its overlay of these errors too
     return found
+
+
+def mark_reproducers(row: dict, built: Built, variant: str) -> None:
+    """Each changed binding's kernel that the job's shown build has (its page's kernels) says so: the
+    page links its reproducer (/r/<job>/repro/<kernel>.zip)."""
+    shown = variant == built.shown_variant
+    kernels = {gv.name_hint for gv in built.lowered.get_global_vars()} if shown else set()
+    for c in row.get("changed", []):
+        c["reproducer"] = c["kernel"] in kernels
 
 
 def source_layers(fusion: Fusion, layer_of: dict[str, str]) -> Callable[[str, int, Point], list[str]]:
