@@ -67,6 +67,7 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
         "build",
         "inspect",
         "benchmark",
+        "bisect",
         "generate",
         "remote",
     ]
@@ -77,6 +78,7 @@ def test_example_job_runs_every_stage_and_its_library_loads(client, tmp_path):
     assert stages.pop("quantize")["why"].startswith("no quantization asked")
     assert stages.pop("tune")["why"] == "no tuning trials asked, and no shared tuning records for x86-host"
     assert stages.pop("generate")["why"].startswith("not a causal language model with a KV cache")
+    assert stages.pop("bisect")["why"] == "not asked (bisect: off)" and job["results"]["bisect_offered"]
     assert all(s["status"] == "done" and s["seconds"] is not None for s in stages.values())
     # each stage's own peak resident memory, under the job's address-space peak and the server's limit
     limits = job["results"]["limits"]

@@ -1013,6 +1013,7 @@ def test_live_fragment_sends_the_sections_that_changed_then_stops_polling(app, w
             "generation",
             "device",
             "fidelity",
+            "bisection",
             "downloads",
         )
     }
