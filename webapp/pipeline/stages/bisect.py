@@ -24,6 +24,7 @@ from tvm import relax
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.stages.fidelity import fidelity
+from webapp.pipeline.stages.layer_error import exposed, layer_errors, run_module
 from webapp.pipeline.stages.optimize import FUSION_PASS, CaptureTopLevelPasses, Fusion, Optimized, canonical
 from webapp.targets import Target
 
@@ -62,16 +63,6 @@ def points(
         out.append(Point(len(out), name, snapshot, pass_index=i, fused=fused))
     capture.snapshots.clear()
     return out + [Point(len(out), "the job's library (its schedules and code generation)", None)]
-
-
-def run_module(mod: tvm.IRModule, inputs: dict[str, np.ndarray], host: Target) -> list[np.ndarray]:
-    """The module built by TVM's default pipeline for this machine's CPU and run once on `inputs`."""
-    from webapp.pipeline.stages.bench import flatten_outputs
-
-    executable = tvm.compile(mod, target=host.tvm)
-    dev = tvm.cpu()
-    vm = relax.VirtualMachine(executable, dev)
-    return flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()]))
 
 
 class Bisection:
@@ -137,34 +128,6 @@ class Bisection:
             if "off" not in row:
                 continue  # could not run: the next choice steps over it
             good, bad = (mid, bad) if not row["off"] else (good, mid)
-
-
-def exposed(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, tuple[int, str | None]]]:
-    """The module with its main returning (its outputs, *each tensor its bindings make), and those
-    bindings' keys -> (their places among main's bindings, the kernel each calls). A key is the
-    binding's name, with "#k" after it for the k-th repeat of a name (TVM's fused main has two "lv")."""
-    flat = relax.transform.ToNonDataflow()(tvm.IRModule({"main": mod["main"]}))["main"]
-    bb, keys, values, seen = relax.BlockBuilder(), {}, [], dict[str, int]()
-    with bb.function("main", list(flat.params), attrs=dict(flat.attrs or {})):
-        bindings = [binding for block in flat.body.blocks for binding in block.bindings]
-        for place, binding in enumerate(bindings):
-            bb.emit_normalized(binding)
-            name = binding.var.name
-            seen[name] = seen.get(name, -1) + 1
-            if isinstance(binding.var.ty, relax.TensorType):
-                keys[f"{name}#{seen[name]}" if seen[name] else name] = (place, kernel_called(binding.value))
-                values.append(binding.var)
-        bb.emit_func_output(relax.Tuple([flat.body.body, *values]))
-    out = mod.clone()
-    out.update_func(out.get_global_var("main"), bb.get()["main"])
-    return out, keys
-
-
-def kernel_called(value: relax.Expr) -> str | None:
-    """The kernel a binding's value calls (R.call_tir's function), if it calls one."""
-    if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
-        return str(value.args[0].name_hint)
-    return None
 
 
 def in_dataflow_form(mod: tvm.IRModule) -> bool:
@@ -309,7 +272,6 @@ def per_layer(ctx: Context, model: ImportedModel, inputs: dict[str, np.ndarray])
     from webapp.pipeline.reports.graphs import reference_error_graphs
     from webapp.pipeline.reports.model_explorer import write_model_explorer
     from webapp.pipeline.stages.bench import bench_threads
-    from webapp.pipeline.stages.layer_error import layer_errors
 
     path = ctx.job.references.get("onnxruntime")
     if path is None or model.prequantized:

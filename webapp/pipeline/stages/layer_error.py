@@ -1,6 +1,6 @@
 """Each layer's output against ONNX Runtime's: where, layer by layer, a float build's numbers leave the
 reference's. TVM's side is the imported module with every binding made an output of main
-(bisect.exposed), built by TVM's own pipeline for this machine's CPU and run on the job's input: each
+(`exposed`), built by TVM's own pipeline for this machine's CPU and run on the job's input: each
 source layer's output is the last binding the importer made for it (importers.SourceLayers). ONNX
 Runtime's side is the model with each node's first output made a graph output. The layers are matched
 by name (an ONNX node's) and shape, in the order the model computes them; the first whose SQNR falls
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from webapp.pipeline.stages.fidelity import fidelity
+from webapp.targets import Target
 
 
 def onnx_layer_outputs(path: Path, inputs: dict[str, np.ndarray], threads: int) -> dict[str, np.ndarray]:
@@ -43,7 +45,6 @@ def onnx_layer_outputs(path: Path, inputs: dict[str, np.ndarray], threads: int) 
 def tvm_layer_outputs(mod: tvm.IRModule, layer_of: dict[str, str], inputs: dict[str, np.ndarray]) -> dict:
     """Each source layer's output as TVM's operators compute it (the last binding of the layer in the
     imported main), in the order main computes them."""
-    from webapp.pipeline.stages.bisect import exposed, run_module
     from webapp.targets import host
 
     shown, keys = exposed(mod)
@@ -92,3 +93,41 @@ def layer_errors(
         "first_off": first and {k: first[k] for k in ("layer", "sqnr_db", "cosine")},
         "lowest": lowest and {"layer": lowest["layer"], "sqnr_db": lowest["sqnr_db"]},
     }
+
+
+def run_module(mod: tvm.IRModule, inputs: dict[str, np.ndarray], host: Target) -> list[np.ndarray]:
+    """The module built by TVM's default pipeline for this machine's CPU and run once on `inputs`."""
+    from webapp.pipeline.stages.bench import flatten_outputs
+
+    executable = tvm.compile(mod, target=host.tvm)
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    return flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()]))
+
+
+def exposed(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, tuple[int, str | None]]]:
+    """The module with its main returning (its outputs, *each tensor its bindings make), and those
+    bindings' keys -> (their places among main's bindings, the kernel each calls). A key is the
+    binding's name, with "#k" after it for the k-th repeat of a name (TVM's fused main has two "lv")."""
+    flat = relax.transform.ToNonDataflow()(tvm.IRModule({"main": mod["main"]}))["main"]
+    bb, keys, values, seen = relax.BlockBuilder(), {}, [], dict[str, int]()
+    with bb.function("main", list(flat.params), attrs=dict(flat.attrs or {})):
+        bindings = [binding for block in flat.body.blocks for binding in block.bindings]
+        for place, binding in enumerate(bindings):
+            bb.emit_normalized(binding)
+            name = binding.var.name
+            seen[name] = seen.get(name, -1) + 1
+            if isinstance(binding.var.ty, relax.TensorType):
+                keys[f"{name}#{seen[name]}" if seen[name] else name] = (place, kernel_called(binding.value))
+                values.append(binding.var)
+        bb.emit_func_output(relax.Tuple([flat.body.body, *values]))
+    out = mod.clone()
+    out.update_func(out.get_global_var("main"), bb.get()["main"])
+    return out, keys
+
+
+def kernel_called(value: relax.Expr) -> str | None:
+    """The kernel a binding's value calls (R.call_tir's function), if it calls one."""
+    if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+        return str(value.args[0].name_hint)
+    return None
