@@ -9,20 +9,20 @@ from tvm import relax
 
 
 @relax.expr_functor.mutator
-class FlipFirstConvolution(relax.PyExprMutator):
-    """The first call of a convolution kernel, negated: a sign flipped in one fused kernel's output (an
-    unsigned integer one, as a quantized kernel's, mirrored: its largest value less it)."""
+class FlipFirstKernel(relax.PyExprMutator):
+    """The first call of a kernel whose name has `contains`, negated: a sign flipped in one fused kernel's
+    output (an unsigned integer one, as a quantized kernel's, mirrored: its largest value less it)."""
 
-    def __init__(self, mod):
+    def __init__(self, mod, contains: str):
         super().__init__(mod)
-        self.flipped = None
+        self.contains, self.flipped = contains, None
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if (
             self.flipped is None
             and call.op.same_as(tvm.ir.Op.get("relax.call_tir"))
-            and "conv2d" in call.args[0].name_hint
+            and self.contains in call.args[0].name_hint
         ):
             self.flipped = call.args[0].name_hint
             unflipped = self.builder_.emit(call, "unflipped")
@@ -33,13 +33,22 @@ class FlipFirstConvolution(relax.PyExprMutator):
         return call
 
 
-@tvm.transform.module_pass(opt_level=0, name="BrokenSign")
-def broken_sign(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    flip = FlipFirstConvolution(mod)
-    out = mod.clone()
-    out.update_func(out.get_global_var("main"), flip.visit_expr(mod["main"]))
-    assert flip.flipped is not None
-    return out
+def broken_pass(contains: str) -> tvm.transform.Pass:
+    """A pass named BrokenSign that flips the first kernel call whose name has `contains` (benchmarks/
+    bisect.py times the bisection of a model with it)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="BrokenSign")
+    def broken_sign(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        flip = FlipFirstKernel(mod, contains)
+        out = mod.clone()
+        out.update_func(out.get_global_var("main"), flip.visit_expr(mod["main"]))
+        assert flip.flipped is not None
+        return out
+
+    return broken_sign
+
+
+broken_sign = broken_pass("conv2d")
 
 
 def test_a_pass_broken_on_purpose_is_named_with_the_kernel_and_layer_it_broke(example_files, tmp_path):
