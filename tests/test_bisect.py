@@ -88,6 +88,7 @@ def test_a_pass_broken_on_purpose_is_named_with_the_kernel_and_layer_it_broke(ex
     assert changed["kernel"].startswith("fused_conv2d") and changed["cosine"] < -0.999, changed
     assert changed["layers"][0] == convolutions[0], (changed, convolutions)
     assert found["changed_count"] >= 2  # and what it feeds
+    assert found["compared_with"] == first["index"] - 1
 
 
 def test_a_broken_pass_is_found_in_a_quantized_build_against_its_integer_model(example_files):
@@ -171,6 +172,7 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
             | {"sqnr_db": -6.0, "max_abs_err": 2.5, "reproducer": True}
         ],
         "changed_count": 4,
+        "compared_with": 28,
         "first_pass": {"index": 0, "changed_ir": True},
         "seconds": 6.6,
     }
@@ -192,7 +194,8 @@ def test_the_page_names_the_first_off_pass_its_diff_and_the_bindings_it_changed(
     said = unescape(text(html))
     assert "The first step whose outputs leave ONNX Runtime's outputs: BrokenSign (point 29 of 44)" in said
     assert "SQNR 3.2 dB" in said and "2 of the 44 points built and run, in 6.6 s" in said
-    assert "4 of the bindings both modules compute differ beyond the tolerance; the first 1" in said
+    assert "4 of the bindings both modules compute (this point's and point 28's, the last before" in said
+    assert "differ beyond the tolerance; the first 1" in said
     assert f'href="/r/{job_id}?view=passes&amp;diff=1&amp;pass=0#code"' in html
     assert f'href="/r/{job_id}?graph=fused&amp;kernel=fused_conv2d1_add_relu#graph"' in html
     assert f'href="/r/{job_id}/repro/fused_conv2d1_add_relu.zip"' in html

@@ -197,16 +197,40 @@ def bisect(
         "first": None if first is None else search.rows[first],
     }
     if first is not None and first > 0:
-        before, after = pts[first - 1].module, pts[first].module
-        if before is None or after is None or not (in_dataflow_form(before) and in_dataflow_form(after)):
-            out["changed_why_not"] = "the module is in the VM's lowered form there: its bindings are buffers"
-        else:
-            changed = changed_bindings(
-                before, after, inputs, host(), lambda n, p: layers_of(n, p, pts[first - 1]), tolerance_db
-            )
-            out["changed"], out["changed_count"] = changed[:CHANGED_SHOWN], len(changed)
+        out |= what_changed(pts, first, search.rows, inputs, layers_of, tolerance_db)
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
+
+
+def what_changed(
+    pts: list[Point],
+    first: int,
+    rows: dict[int, dict],
+    inputs: dict[str, np.ndarray],
+    layers_of: Callable[[str, int, Point], list[str]],
+    tolerance_db: float,
+) -> dict:
+    """The bindings the first off point changed against the last point before it that ran and kept to
+    the reference (the one before it, unless that one could not build): {"changed", "changed_count",
+    "compared_with"}, or {"changed_why_not"}."""
+    from webapp.targets import host
+
+    good = max((i for i, row in rows.items() if i < first and row.get("off") is False), default=None)
+    if good is None:
+        return {"changed_why_not": "no point before it could be built and run"}
+    before, after = pts[good], pts[first]
+    if after.module is None:
+        why = "the step is the job's schedules and code generation: a kernel's reproducer compares its "
+        return {"changed_why_not": why + "scheduled code with the same kernel unscheduled"}
+    if before.module is None or not (in_dataflow_form(before.module) and in_dataflow_form(after.module)):
+        return {"changed_why_not": "the module is in the VM's lowered form there: its bindings are buffers"}
+    try:
+        changed = changed_bindings(
+            before.module, after.module, inputs, host(), lambda n, p: layers_of(n, p, before), tolerance_db
+        )
+    except Exception as exc:  # the bisection stands without them
+        return {"changed_why_not": f"they could not be run: {type(exc).__name__}: {str(exc).strip()[:200]}"}
+    return {"changed": changed[:CHANGED_SHOWN], "changed_count": len(changed), "compared_with": good}
 
 
 NOT_ASKED = "not asked (bisect: off)"
