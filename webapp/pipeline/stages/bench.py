@@ -178,21 +178,32 @@ def pytorch_runner(
     return run
 
 
-def onnxruntime_session(onnx_path: Path, threads: int, cuda: bool = False) -> onnxruntime.InferenceSession:
-    """An ONNX Runtime session on `threads` threads (one operator at a time)."""
+def onnxruntime_session(
+    model: Path | bytes, threads: int, cuda: bool = False, optimized: bool = True
+) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime session of an .onnx (or a model's bytes) on `threads` threads (one operator at a
+    time); `optimized` False: its graph optimizations off, each operator run as the model has it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     provider = "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"
-    return ort.InferenceSession(str(onnx_path), options, providers=[provider])
+    return ort.InferenceSession(
+        model if isinstance(model, bytes) else str(model), options, providers=[provider]
+    )
 
 
 def onnxruntime_runner(
-    onnx_path: Path, inputs: dict[str, np.ndarray], threads: int, cuda: bool = False
+    model: Path | bytes,
+    inputs: dict[str, np.ndarray],
+    threads: int,
+    cuda: bool = False,
+    optimized: bool = True,
 ) -> Callable[[], list]:
-    session = onnxruntime_session(onnx_path, threads, cuda)
+    session = onnxruntime_session(model, threads, cuda, optimized)
     feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
     return lambda: session.run(None, feed)
 
@@ -410,19 +421,14 @@ def unfused_reference(onnx_path: Path, inputs: dict[str, np.ndarray], threads: i
     int8 kernels approximate it: on x86 without VNNI they sum pairs of products in int16 (vpmaddubsw),
     which saturates with 8-bit weights. {} where it cannot run (a model over 2 GB, say)."""
     import onnx
-    import onnxruntime as ort
 
     from webapp.pipeline.stages.prequantized import to_qdq
 
     try:
         model = onnx.load(str(onnx_path))
         to_qdq(model)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
-        return {UNFUSED: flatten_outputs(session.run(None, feed))}
+        run = onnxruntime_runner(model.SerializeToString(), inputs, threads, optimized=False)
+        return {UNFUSED: flatten_outputs(run())}
     except Exception as exc:  # a reference that cannot run is not a failure of the job
         print(f"the unfused reference left out: {type(exc).__name__}: {exc}")
         return {}

@@ -8,7 +8,7 @@ tolerance. The reference: ONNX Runtime's (or PyTorch's) outputs for fp32, the fi
 neither runs, and for a quantized build the integer model before the passes (quantization's own error
 is the quantize section's). Bisection assumes a point after an off one is off too: log2 of the points'
 count builds. At the first off point, each binding of the module before and after it that both have is
-compared, and the first whose value changed is named with its source layers."""
+compared, and those whose values changed are listed in computing order with their source layers."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tvm import relax
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.passes.legalize import legalize_passes
 from webapp.pipeline.stages.fidelity import fidelity
-from webapp.pipeline.stages.layer_error import exposed, layer_errors, run_module
+from webapp.pipeline.stages.layer_error import binding_values, layer_errors, run_module
 from webapp.pipeline.stages.optimize import FUSION_PASS, CaptureTopLevelPasses, Fusion, Optimized, canonical
 from webapp.targets import Target
 
@@ -146,13 +146,7 @@ def changed_bindings(
     """The bindings both modules have (by name and shape) whose values differ beyond the tolerance, in
     the order the module after computes them: each with its fidelity against its value before and its
     source layers (`layers_of(name, its place among the bindings of main before)`)."""
-    values, places = [], []
-    for mod in (before, after):
-        mod, keys = exposed(mod)
-        outs = run_module(mod, inputs, host)
-        values.append(dict(zip(keys, outs[len(outs) - len(keys) :], strict=True)))
-        places.append(keys)
-    was, now = values
+    (was, places_before), (now, places_after) = (binding_values(m, inputs, host) for m in (before, after))
     rows = []
     for name, value in now.items():
         old = was.get(name)
@@ -161,8 +155,8 @@ def changed_bindings(
         f = fidelity([value.astype(np.float64)], [old.astype(np.float64)], classifier=False)
         sqnr = f.get("sqnr_db")
         if "error" not in f and sqnr is not None and not sqnr >= tolerance_db:
-            layers = layers_of(name.split("#")[0], places[0][name][0])
-            kernel = places[1][name][1] or places[0][name][1]  # the one it calls, or called before
+            layers = layers_of(name.split("#")[0], places_before[name][0])
+            kernel = places_after[name][1] or places_before[name][1]  # the one it calls, or called before
             rows.append({"binding": name, "kernel": kernel, "layers": layers, **f})
     return rows
 

@@ -23,7 +23,8 @@ def onnx_layer_outputs(path: Path, inputs: dict[str, np.ndarray], threads: int) 
     """Each ONNX node's first output, by ONNX Runtime, by the node's name (a name two nodes share, or
     none, is left out: it names no one layer)."""
     import onnx
-    import onnxruntime as ort
+
+    from webapp.pipeline.stages.bench import onnxruntime_runner
 
     model = onnx.load(str(path))
     names = [n.name for n in model.graph.node]
@@ -34,12 +35,8 @@ def onnx_layer_outputs(path: Path, inputs: dict[str, np.ndarray], threads: int) 
             wanted[node.output[0]] = node.name
             if node.output[0] not in outputs:
                 model.graph.output.append(onnx.ValueInfoProto(name=node.output[0]))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = dict(zip((i.name for i in session.get_inputs()), inputs.values(), strict=False))
-    got = session.run(None, feed)
-    return {wanted[o.name]: a for o, a in zip(session.get_outputs(), got, strict=True) if o.name in wanted}
+    got = onnxruntime_runner(model.SerializeToString(), inputs, threads)()  # in the graph's output order
+    return {wanted[o.name]: a for o, a in zip(model.graph.output, got, strict=True) if o.name in wanted}
 
 
 def tvm_layer_outputs(mod: tvm.IRModule, layer_of: dict[str, str], inputs: dict[str, np.ndarray]) -> dict:
@@ -47,11 +44,8 @@ def tvm_layer_outputs(mod: tvm.IRModule, layer_of: dict[str, str], inputs: dict[
     imported main), in the order main computes them."""
     from webapp.targets import host
 
-    shown, keys = exposed(mod)
-    outs = run_module(shown, inputs, host())
-    values = outs[len(outs) - len(keys) :]
     by_layer: dict[str, np.ndarray] = {}
-    for (key, _), value in sorted(zip(keys.items(), values, strict=True), key=lambda kv: kv[0][1][0]):
+    for key, value in binding_values(mod, inputs, host())[0].items():
         layer = layer_of.get(key.split("#")[0])
         if layer is not None:
             by_layer.pop(layer, None)  # the last binding of the layer, at the place of its last
@@ -103,6 +97,16 @@ def run_module(mod: tvm.IRModule, inputs: dict[str, np.ndarray], host: Target) -
     dev = tvm.cpu()
     vm = relax.VirtualMachine(executable, dev)
     return flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs.values()]))
+
+
+def binding_values(
+    mod: tvm.IRModule, inputs: dict[str, np.ndarray], host: Target
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, str | None]]]:
+    """Each tensor binding's value in main, run on `inputs` (`exposed`, built by run_module), by key in the
+    order main computes them, and the keys' (places, kernels) as `exposed` gives them."""
+    shown, keys = exposed(mod)
+    outs = run_module(shown, inputs, host)
+    return dict(zip(keys, outs[len(outs) - len(keys) :], strict=True)), keys
 
 
 def exposed(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, tuple[int, str | None]]]:

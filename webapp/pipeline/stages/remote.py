@@ -129,7 +129,10 @@ def reference_outputs(
     )
 
     expected, unavailable = {}, []
-    runners = {"pytorch": pytorch_runner, "onnxruntime": onnxruntime_runner}
+    runners: dict[str, Callable[..., Callable[[], object]]] = {
+        "pytorch": pytorch_runner,
+        "onnxruntime": onnxruntime_runner,
+    }
     for name, path in job.references.items():
         try:
             out = runners[name](path, inputs, bench_threads())()
