@@ -549,10 +549,20 @@ def render_repeat(runs: list[dict]) -> str:
 
 
 def render_llm(runs: list[dict]) -> str:
+    """Each model from the newest group of runs that measured it (a block per group: machines differ)."""
+    blocks, shown = [], set()
+    for group in groups(runs, ("preset",)):
+        models = {ln["model"] for run in group for ln in run["rows"]} - shown
+        if models:
+            blocks.append(llm_block(group, models))
+            shown |= models
+    return "\n\n".join(blocks)
+
+
+def llm_block(latest: list[dict], models: set[str]) -> str:
     """Per model and point: each runtime's median ms (tokens/s), TVM's ratios and share of the bound; then
-    the weight-only builds' decode tokens/s and speed against TVM fp32. Medians across the latest runs."""
-    latest = groups(runs, ("preset",))[0]
-    lines = [ln for run in latest for ln in run["rows"]]
+    the weight-only builds' decode tokens/s and speed against TVM fp32. Medians across the group's runs."""
+    lines = [ln for run in latest for ln in run["rows"] if ln["model"] in models]
     points = list(dict.fromkeys((ln["model"], ln["phase"], ln["length"]) for ln in lines))
 
     def fig(point: tuple, key: str) -> float | None:
