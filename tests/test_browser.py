@@ -731,3 +731,36 @@ def test_a_finished_int8_job_bisected_from_its_page_shows_the_points_it_ran(page
     expect(page.locator("#bisection table.bisect-runs").first.locator("tr")).to_have_count(
         len(found["fp32"]["runs"]) + 1
     )
+
+
+def test_a_budget_typed_in_the_form_draws_its_points_and_builds_another_point(page, live_server, tmp_path):
+    """The form's accuracy budget on the digits CNN at batch 64 (activations clipped to +-3, so that int8
+    misses it): the page draws the points tried with the chosen one marked and the budget, and "Build
+    this point" submits the job again as the other point, which opens as a new job with its layers."""
+    from tests.test_precision import digits_batch_files
+
+    model, data = digits_batch_files(tmp_path)
+    page.goto(live_server + "/")
+    page.set_input_files("#model-file", str(model))
+    page.check("input[name=target][value=x86-host]")
+    page.select_option("#quantize", "int8")
+    page.select_option("select[name=calibration]", "global")
+    page.fill("input[name=global_scale]", "3")
+    page.set_input_files("input[name=calibration_data]", str(data))
+    page.fill("#accuracy-budget", "30 dB")
+    page.click("#submit")
+    expect(page.locator("#job-status")).to_have_text("done", timeout=300_000)
+    result = page.request.get(page.url.split("#")[0] + ".json").json()
+    search = result["results"]["quantization"]["precision_search"]
+    page.reload()
+    expect(page.locator("#pareto-chart circle")).to_have_count(len(search["points"]))
+    expect(page.locator("#pareto-chart circle.chosen")).to_have_count(1)
+    expect(page.locator("#precision-chosen")).to_contain_text("in float")
+    expect(page.locator("#precision-points tr.chosen")).to_contain_text("this build")
+    first = page.url
+    page.locator("#precision-points form.build-point button").first.click()
+    expect(page).not_to_have_url(first)
+    expect(page.locator("#job-status")).to_have_text("done", timeout=300_000)
+    again = page.request.get(page.url.split("#")[0] + ".json").json()
+    other = next(p for i, p in enumerate(search["points"]) if i != search["chosen"] and p["k"] is not None)
+    assert sorted(again["results"]["quantization"]["skipped"]) == other["float_layers"]

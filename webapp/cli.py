@@ -279,6 +279,8 @@ def run_pipeline(args: argparse.Namespace, out: Path, trials: int, tuning_record
     print(headline_lines(result))
     if result.get("bisection"):
         print(bisection_lines(result))
+    if search := (result.get("quantization") or {}).get("precision_search"):
+        print(precision_lines(search))
     if getattr(args, "out", None):  # else a scratch folder, removed
         print(f"Result JSON: {out / 'result.json'}   compiled library: {out / 'files' / 'model.so'}")
     return 0
@@ -421,6 +423,22 @@ def bisection_lines(result: dict) -> str:
     return "\n".join(lines)
 
 
+def precision_lines(search: dict) -> str:
+    """The precision search's points, a line each, the chosen one marked."""
+    if search.get("error"):
+        return f"Precision search ({search['budget']}): not run: {search['error']}"
+    lines = [f"Precision search, budget {search['budget']} (points timed on {search['device']}):"]
+    for i, p in enumerate(search["points"]):
+        what = "fp32" if p["k"] is None else f"{len(p['float_layers'])} layers in float"
+        sqnr = "exact" if p["k"] is None else "-" if p["sqnr_db"] is None else f"{p['sqnr_db']:.1f} dB"
+        top1 = "" if p["top1_agree"] is None else f", top-1 {100 * p['top1_agree']:.1f}%"
+        lines.append(
+            f"  {i}: {what}: {p['ms']:.4g} ms ({p['speedup_vs_fp32']:.2f}x fp32), {sqnr}{top1}, "
+            f"{'within' if p['keeps'] else 'outside'} the budget{'  <- chosen' * (i == search['chosen'])}"
+        )
+    return "\n".join(lines)
+
+
 def benchmark_table(result: dict) -> str:
     rows = result.get("benchmarks", [])
     if not rows:
@@ -514,6 +532,8 @@ def job_arguments(p: argparse.ArgumentParser, sandbox: bool = True) -> None:
     p.add_argument("--skip-first", action="store_true", help="keep the first quantizable layer in float")
     p.add_argument("--skip-last", action="store_true", help="keep the last quantizable layer in float")
     p.add_argument("--bisect", action="store_true", help="find the first pass whose outputs diverge")
+    p.add_argument("--accuracy-budget", help="with --quantize int8: '30 dB' (SQNR) or '99%%' (top-1) to keep")
+    p.add_argument("--layer-precision", help="with --quantize int8: JSON, layer name -> float, int8 or int4")
     if sandbox:
         p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap (development only)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
@@ -47,6 +48,12 @@ class JobOptions:
     # sample rate, a fixed sequence length), and fed to every runtime
     input_values: dict | None = None
     bisect: bool = False  # the first pass whose outputs leave the reference (stages/bisect.py)
+    # quantize int8: the accuracy a mix of float and int8 layers must keep, "30 dB" (SQNR against fp32)
+    # or "99%" (top-1 agreement with fp32): the layers kept in float chosen by it (stages/precision.py)
+    accuracy_budget: str = ""
+    # quantize int8: layer name -> "float", "int8" or "int4" (4-bit weights on the 8-bit kernels); the
+    # layers not named are int8. A point of the precision search, built again.
+    layer_precision: dict | None = None
 
     @property
     def bits(self) -> int:
@@ -111,6 +118,8 @@ class JobOptions:
             input_shapes=parse_input_shapes(form.get("input_shapes") or ""),
             input_values=parse_input_values(form.get("input_values") or ""),
             bisect=flag(form.get("bisect")),
+            accuracy_budget=parse_accuracy_budget(form.get("accuracy_budget") or "", quantize),
+            layer_precision=parse_layer_precision(form.get("layer_precision") or "", quantize),
         )
 
 
@@ -150,6 +159,53 @@ def parse_input_shapes(text: str) -> dict[str, list[int]] | None:
                 "elements an input."
             )
     return shapes
+
+
+PRECISIONS = ("float", "int8", "int4")
+
+
+def parse_accuracy_budget(text: str, quantize: str) -> str:
+    """ "30", "30 dB" -> "30 dB" (the outputs' SQNR against fp32); "99%" -> "99%" (top-1 agreement)."""
+    text = text.strip()
+    if not text:
+        return ""
+    if quantize != "int8":
+        raise SubmitError("accuracy_budget chooses layers between float and int8: it needs quantize int8.")
+    top1 = text.endswith("%")
+    try:
+        value = float(text.removesuffix("%") if top1 else re.sub(r"(?i)\s*db$", "", text))
+    except ValueError:
+        value = -1.0
+    if not (0 < value <= 100 if top1 else 0 < value < 200):
+        raise SubmitError(
+            'accuracy_budget is an SQNR against fp32 in dB ("30 dB", above 0) or a top-1 agreement with '
+            'fp32 in percent ("99%").'
+        )
+    return f"{value:g}%" if top1 else f"{value:g} dB"
+
+
+def budget_of(text: str) -> tuple[str, float]:
+    """A parsed accuracy_budget as (the fidelity key it bounds, its least value): ("sqnr_db", 30.0) or
+    ("top1_agree", 0.99)."""
+    if text.endswith("%"):
+        return "top1_agree", float(text[:-1]) / 100
+    return "sqnr_db", float(text.removesuffix(" dB"))
+
+
+def parse_layer_precision(text: str, quantize: str) -> dict | None:
+    """{layer name: "float" | "int8" | "int4"}; the names are checked against the model at quantization."""
+    if not text.strip():
+        return None
+    example = 'for example {"00 conv2d 16x1x3x3": "float"}'
+    try:
+        given = json.loads(text)
+    except (ValueError, RecursionError):
+        raise SubmitError(f"layer_precision must be JSON, {example}.") from None
+    if not isinstance(given, dict) or not all(v in PRECISIONS for v in given.values()):
+        raise SubmitError(f"layer_precision maps layer names to float, int8 or int4, {example}.")
+    if quantize != "int8":
+        raise SubmitError("layer_precision sets layers of an int8 model: it needs quantize int8.")
+    return given or None
 
 
 MAX_GIVEN_ELEMENTS = 4096  # a given value is part of the job's options, not a tensor upload

@@ -174,6 +174,25 @@ def submit_again(
         return submit_job(config, store, queue, form, upload, filename, None, data, client)
 
 
+def point_changes(job: dict, point: object) -> dict[str, str]:
+    """The changes that submit `job` again as one point (its index) of its precision search
+    (quantization.precision_search): that point's layers in float, and no budget."""
+    search = ((job.get("results") or {}).get("quantization") or {}).get("precision_search") or {}
+    points = search.get("points") or []
+    try:
+        index = int(str(point))
+    except ValueError:
+        index = -1
+    if not 0 <= index < len(points):
+        raise SubmitError(
+            f"This result has no precision search point {str(point)[:20]!r}"
+            + (f"; its points are 0 to {len(points) - 1}." if points else " (it ran no search).")
+        )
+    if points[index]["layer_precision"] is None:
+        raise SubmitError("That point is the float build: this result's model-fp32.so is its library.")
+    return {"layer_precision": json.dumps(points[index]["layer_precision"]), "accuracy_budget": ""}
+
+
 def form_value(value: object) -> str:
     """A stored option as a submission form gives it (JobOptions.parse reads strings)."""
     if isinstance(value, bool):

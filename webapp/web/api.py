@@ -8,7 +8,7 @@ from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from webapp.catalog import EXAMPLES, TARGETS
 from webapp.devices.status import pool_status
-from webapp.jobs.submit import SubmitError, Submitted, submit_again
+from webapp.jobs.submit import SubmitError, Submitted, point_changes, submit_again
 from webapp.jobs.worker import ensure_example_files, example_archive
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import job_json
@@ -91,6 +91,17 @@ def bisect_job(job_id: str) -> tuple[Response, int]:
     return submitted(
         submit_again(config, store, queue, view_or_404(job_id), {"bisect": "1"}, request.remote_addr or "")
     )
+
+
+@bp.post("/jobs/<job_id>/precision")
+def precision_point(job_id: str) -> tuple[Response, int]:
+    """The job submitted again as one point of its precision search ({"point": its index in
+    quantization.precision_search.points}): a new job, answered as POST /api/jobs answers."""
+    config, store, queue = ctx()
+    job = view_or_404(job_id)
+    point = (request.get_json(silent=True) or {}).get("point", request.form.get("point", ""))
+    changes = point_changes(job, point)
+    return submitted(submit_again(config, store, queue, job, changes, request.remote_addr or ""))
 
 
 def submitted(job: Submitted) -> tuple[Response, int]:

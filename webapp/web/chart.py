@@ -133,3 +133,44 @@ def generation_charts(generation: dict) -> list[dict]:
             }
         )
     return charts
+
+
+def pareto_chart(search: dict) -> dict | None:
+    """The precision search's points (quantization.precision_search) as geometry: x the model's ms
+    (linear from 0), y the budget's measure against fp32 (SQNR dB, or top-1 agreement %), the float
+    build at the top (its SQNR against itself is infinite), the Pareto front as a line and the budget
+    as a dashed one."""
+    points = search.get("points") or []
+    if len(points) < 2:
+        return None
+    top1 = search["metric"] == "top1_agree"
+
+    def measure(p: dict) -> float | None:
+        value = p.get(search["metric"])
+        return 100 * value if top1 and value is not None else value
+
+    finite = [v for v in map(measure, points) if v is not None]
+    budget = 100 * search["least"] if top1 else search["least"]
+    ys = linear_ticks(max([*finite, budget]) * 1.05)
+    top, right = ys[-1], linear_ticks(max(p["ms"] for p in points))
+
+    def at(ms: float, y: float) -> tuple[float, float]:
+        return round(60 + 340 * ms / right[-1], 1), round(190 - 170 * max(y, 0) / top, 1)
+
+    dots: list[dict] = []
+    for i, p in enumerate(points):
+        y = measure(p)
+        x, py = at(p["ms"], top if y is None else y)
+        label = "fp32" if p["k"] is None else f"{len(p['float_layers'])} float"
+        dots.append({"x": x, "y": py, "label": label, "index": i} | {k: p[k] for k in ("pareto", "keeps")})
+    front = sorted((d for d in dots if d["pareto"]), key=lambda d: d["x"])
+    return {
+        "dots": dots,
+        "chosen": search["chosen"],
+        "front": " ".join(f"{d['x']},{d['y']}" for d in front),
+        "budget_y": at(0, budget)[1],
+        "budget": search["budget"],
+        "y_unit": "top-1 agreement with fp32, %" if top1 else "SQNR against fp32, dB (fp32: exact, on top)",
+        "x_ticks": [{"x": at(t, 0)[0], "label": format_tick(t)} for t in right],
+        "y_ticks": [{"y": at(0, t)[1], "label": format_tick(t)} for t in ys],
+    }

@@ -39,12 +39,12 @@ from webapp.catalog import (
 from webapp.codeviews import code_view, highlighted, pygments_css, safe_job_file
 from webapp.devices.status import recent_pool_status
 from webapp.exports.repro import archive_name, reproducer_zip
-from webapp.jobs.submit import SubmitError, Submitted, resubmit_job, submit_again
+from webapp.jobs.submit import SubmitError, Submitted, point_changes, resubmit_job, submit_again
 from webapp.naming import natural_key
 from webapp.options import MAX_TUNE_TRIALS, JobOptions
 from webapp.web import ctx, delete_url, delete_with_token, retry_headers, submit_from_request, view_or_404
 from webapp.web.cache import FINISHED, cache_forever, cached_page, job_json
-from webapp.web.chart import bench_chart, generation_charts
+from webapp.web.chart import bench_chart, generation_charts, pareto_chart
 from webapp.web.compare import code_diff, compare, job_title
 
 bp = Blueprint("pages", __name__)
@@ -321,6 +321,7 @@ def render_parts(job: dict) -> list[tuple[str, str, str]]:
         "code": requested_code_view(job),
         "chart": bench_chart(job["results"]),
         "generation_charts": generation_charts(job["results"].get("generation") or {}),
+        "precision_chart": pareto_chart(job["results"].get("quantization", {}).get("precision_search", {})),
         "files": downloadable(job),
         "graph_tabs": [(k, t) for k, t in GRAPHS.items() if k in (job["results"].get("graphs") or {})],
         "graph_shown": shown_graph(job["results"].get("graphs") or {}),
@@ -415,6 +416,19 @@ def bisect(job_id: str) -> BaseResponse:
         submitted = submit_again(
             config, store, queue, view_or_404(job_id), {"bisect": "1"}, request.remote_addr or ""
         )
+    except SubmitError as e:
+        abort(e.status, str(e))
+    return to_result(submitted)
+
+
+@bp.post("/r/<job_id>/precision")
+def precision(job_id: str) -> BaseResponse:
+    """The job submitted again as one point of its precision search (the points table's button)."""
+    config, store, queue = ctx()
+    job = view_or_404(job_id)
+    try:
+        changes = point_changes(job, request.form.get("point", ""))
+        submitted = submit_again(config, store, queue, job, changes, request.remote_addr or "")
     except SubmitError as e:
         abort(e.status, str(e))
     return to_result(submitted)

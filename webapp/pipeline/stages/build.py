@@ -30,6 +30,7 @@ from webapp.pipeline.steps import step
 from webapp.targets import Target
 
 if TYPE_CHECKING:
+    from webapp.pipeline.stages import fallback
     from webapp.pipeline.stages.importers import ImportedModel
     from webapp.pipeline.stages.optimize import Fusion, Optimized
     from webapp.pipeline.stages.quantize import Quantized
@@ -295,23 +296,16 @@ def build_job(
         report((1 + i) / (1 + len(quantized.variants)))
         try:
             qfused, variant, fusion = build_quantized(q, target, tuning_dir, layer_of)
-            if shown is None and fallback.measures(target, float_fusion):
-                assert float_fusion is not None  # measures() is False without it
-                checked = fallback.check(
+            if shown is None:
+                first = check_first(
                     fallback.Build(q, qfused, variant, fusion),
-                    fallback.Build(None, fused, built, float_fusion),
+                    fallback.Build(None, fused, built, float_fusion),  # type: ignore[arg-type]  # None: not traced
                     quantized,
                     target,
                     lambda q: fallback.Build(q, *build_quantized(q, target, tuning_dir, layer_of)),
                 )
-                assert checked.quantized is not None  # check() gives back a quantized variant
-                q, qfused, variant, fusion = checked.quantized, checked.fused, checked.built, checked.fusion
-            elif shown is None and target.timed_on_board and float_fusion is not None:
-                built.board_plan = fallback.board_plan(
-                    fallback.Build(q, qfused, variant, fusion),
-                    fallback.Build(None, fused, built, float_fusion),
-                    quantized.sweep,
-                )
+                assert first.quantized is not None  # check_first gives back a quantized variant
+                q, qfused, variant, fusion = first.quantized, first.fused, first.built, first.fusion
         except Exception as exc:  # in a sweep the other variants go on
             quantized.fail(q.variant, "build", exc)
             continue
@@ -326,6 +320,33 @@ def build_job(
     quantized.complete_errors()  # of the variant as kept
     built.lowered, built.labels, built.executable = shown.lowered, shown.labels, shown.executable
     return built
+
+
+def check_first(
+    variant: fallback.Build,
+    float_build: fallback.Build,
+    job: QuantizedJob,
+    target: Target,
+    rebuild: Callable[[Quantized], fallback.Build],
+) -> fallback.Build:
+    """The first variant's layers timed against the float build's, its slower ones kept in float where
+    that is faster (stages.fallback), then with an accuracy budget the layers the budget keeps in float
+    (stages.precision); for a board, the plan of the layers' timing there (Built.board_plan)."""
+    from webapp.pipeline.stages import fallback, precision
+
+    q = variant.quantized
+    assert q is not None  # the variant checked is a quantized one
+    if fallback.measures(target, float_build.fusion):
+        checked = fallback.check(variant, float_build, job, target, rebuild)
+        if q.options.accuracy_budget:
+            checked = precision.search(checked, float_build, job, target, rebuild)
+        return checked
+    if q.options.accuracy_budget:
+        why = precision.not_searched(target) or "the float build's layers could not be followed to kernels"
+        q.precision = {"budget": q.options.accuracy_budget, "error": why}
+    if target.timed_on_board and float_build.fusion is not None:
+        float_build.built.board_plan = fallback.board_plan(variant, float_build, job.sweep)
+    return variant
 
 
 def build_quantized(

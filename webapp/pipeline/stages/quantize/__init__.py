@@ -20,7 +20,14 @@ from tvm import relax
 from webapp.options import JobOptions
 from webapp.pipeline.passes.rewrites import convert_layout, fold_with_numpy
 from webapp.pipeline.passes.running import RunningPass
-from webapp.pipeline.stages.quantize.annotate import Layer, bindings, find_layers, op_name, skip_layers
+from webapp.pipeline.stages.quantize.annotate import (
+    Layer,
+    bindings,
+    find_layers,
+    op_name,
+    set_precision,
+    skip_layers,
+)
 from webapp.pipeline.stages.quantize.calibrate import TensorStats, gather, threshold
 from webapp.pipeline.stages.quantize.realize import LayerQuant, Realizer
 from webapp.pipeline.stages.quantize.scales import ActQuant, is_power_of_two
@@ -44,6 +51,7 @@ class Quantized:
     origin: dict = field(default_factory=dict)  # a var of mod -> the vars of the float model it computes
     # its layers timed against the float build's, and those kept in float (stages.fallback)
     layer_speed: dict | None = None
+    precision: dict | None = None  # the layers kept in float by the accuracy budget (stages.precision)
 
     @property
     def mode(self) -> str:
@@ -68,6 +76,7 @@ class Quantized:
                 "weight_scales": len(set(r.weight_scale.tolist())),
                 "output_scale": r.output.scale if r.output else None,
                 "requantize": r.requantize,
+                "weight_bits": r.layer.weight_bits or self.options.bits,
                 "power2": bool(
                     scales_power2(r.input.scale, r.weight_scale, r.output.scale if r.output else 1.0)
                 ),
@@ -76,16 +85,21 @@ class Quantized:
         ]
 
     def to_json(self) -> dict:
-        return {
-            "options": {k: getattr(self.options, k) for k in QUANTIZE_OPTIONS} | {"bits": self.options.bits},
-            "variant": self.variant,
-            "mode": self.mode,
-            "calibration": self.calibration,
-            "weights": {"packed_bytes": self.packed_bytes, "float32_bytes": self.float_bytes},
-            "layers": self.layer_table(),
-            "layer_errors": self.errors or [],
-            "skipped": [layer.name for layer in self.skipped],
-        } | ({"layer_speed": self.layer_speed} if self.layer_speed else {})
+        return (
+            {
+                "options": {k: getattr(self.options, k) for k in QUANTIZE_OPTIONS}
+                | {"bits": self.options.bits},
+                "variant": self.variant,
+                "mode": self.mode,
+                "calibration": self.calibration,
+                "weights": {"packed_bytes": self.packed_bytes, "float32_bytes": self.float_bytes},
+                "layers": self.layer_table(),
+                "layer_errors": self.errors or [],
+                "skipped": [layer.name for layer in self.skipped],
+            }
+            | ({"layer_speed": self.layer_speed} if self.layer_speed else {})
+            | ({"precision_search": self.precision} if self.precision else {})
+        )
 
 
 # The job options that decide a quantized build (what the page and the JSON repeat of them).
@@ -97,6 +111,8 @@ QUANTIZE_OPTIONS = (
     "global_scale",
     "skip_first",
     "skip_last",
+    "accuracy_budget",
+    "layer_precision",
 )
 
 
@@ -191,6 +207,7 @@ def observe(
     if not layers:
         raise ValueError("The model has no conv2d or matmul with constant weights: nothing to quantize.")
     skip_layers(layers, options.skip_first, options.skip_last)
+    set_precision(layers, options.layer_precision)
     given = {}
     if prequantized is not None:
         acts = {v.name: v for layer in layers for v in (layer.data, layer.out)}
@@ -238,7 +255,11 @@ def quantize(
     `errors` false leaves the per-layer errors out (None: variants.QuantizedJob.complete_errors)."""
     if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
         observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
-    func, layers, tensors, float_of = observed.func, observed.layers, observed.tensors, observed.float_of
+    func, layers, float_of = observed.func, observed.layers, observed.float_of
+    # the tensors of the layers quantized now: a layer kept in float since observe() (stages.fallback,
+    # stages.precision) leaves its input and result in float32, unless another quantized layer reads them
+    live = {t for layer in layers if layer.quantized for t in (layer.data, layer.out)}
+    tensors = [t for t in observed.tensors if t in live]
     stats: dict = {}
     if options.calibration != "global":
         stats = {t: gather(float_of[t]) for t in tensors}
@@ -312,7 +333,7 @@ def layer_errors(
 ) -> list[dict]:
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer (the target's arithmetic,
-    run here)."""
+    run here); and its input's (input_sqnr_db)."""
     from webapp.pipeline.stages.build import compile_relax
     from webapp.pipeline.stages.fidelity import fidelity
 
@@ -322,14 +343,17 @@ def layer_errors(
     )
     executable, _ = compile_relax(with_main(observed.module, exposed.run()), host())
     outs = run_all(executable, [sample])[0]
-    ours = outs[len(outs) - len(exposed.report) :]
+    n = len(exposed.report)
+    ours, inputs = outs[len(outs) - 2 * n : len(outs) - n], outs[len(outs) - n :]
     return [
         {
             "layer": r.layer.name,
             "vars": [v.name for v in (r.layer.head, *r.layer.absorbed)],  # its bindings in the float model
             **fidelity([q], [float_of[r.layer.out][0]], classifier=False),
+            # its input's, as the integer model computes it: what the layer adds is the difference
+            "input_sqnr_db": fidelity([x], [float_of[r.layer.data][0]], classifier=False)["sqnr_db"],
         }
-        for r, q in zip(exposed.report, ours, strict=True)
+        for r, q, x in zip(exposed.report, ours, inputs, strict=True)
     ]
 
 

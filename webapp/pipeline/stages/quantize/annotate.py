@@ -31,6 +31,7 @@ class Layer:
     absorbed: list[relax.Var] = field(default_factory=list)
     quantized: bool = True
     given_scale: np.ndarray | None = None  # a pre-quantized model's weight scales (per output channel)
+    weight_bits: int | None = None  # its weights' bits where not the job's (layer_precision "int4")
 
     @property
     def name(self) -> str:
@@ -135,3 +136,23 @@ def skip_layers(layers: list[Layer], skip_first: bool, skip_last: bool) -> None:
         layers[0].quantized = False
     if layers and skip_last:
         layers[-1].quantized = False
+
+
+def set_precision(layers: list[Layer], precision: dict | None) -> None:
+    """JobOptions.layer_precision on the layers: "float" keeps a layer in float, "int4" gives it 4-bit
+    weights (its activations stay 8-bit), "int8" leaves it as quantized."""
+    if not precision:
+        return
+    names = [layer.name for layer in layers]
+    unknown = [name for name in precision if name not in names]
+    if unknown:
+        first = ", ".join(unknown[:3])
+        raise ValueError(
+            f"layer_precision names {len(unknown)} layer(s) this model does not have ({first}); its layers "
+            f"are named as the quantization table lists them: {', '.join(names[:3])}, ..."
+        )
+    for layer in layers:
+        if precision.get(layer.name) == "float":
+            layer.quantized = False
+        elif precision.get(layer.name) == "int4":
+            layer.weight_bits = 4

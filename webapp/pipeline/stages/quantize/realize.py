@@ -137,7 +137,8 @@ class Realizer:
         # one: a layer's float result, a dequantized 8-bit tensor, their sums (a residual add)
         self.affine: dict = {}
         self.weight_mode, self.per_channel = options.weight_scale, options.per_channel
-        self.expose = expose  # also return every quantized layer's result, in float32
+        # also return every quantized layer's result, then its input, in float32 as the integer model has them
+        self.expose = expose
         self.layers = {layer.head: layer for layer in layers if layer.quantized}
         self.absorbed = {v for layer in self.layers.values() for v in layer.absorbed}
         self.acts = acts  # float tensor Var -> ActQuant, for every input of a quantized layer
@@ -229,7 +230,8 @@ class Realizer:
                     self.current = None
                 body = func.body.body
                 if self.expose:
-                    body = relax.Tuple([body, *[r.layer.out for r in self.report]])
+                    exposed = [r.layer.out for r in self.report] + [r.layer.data for r in self.report]
+                    body = relax.Tuple([body, *exposed])
                 out = bb.emit_output(substitute(body, {v: self.float_value(v) for v in free_vars(body)}))
             bb.emit_func_output(out)
         # the float values that a fixed-point requantization made unread
@@ -288,7 +290,7 @@ class Realizer:
         w = layer.weight
         axis = layer.channel_axis
         w_scale = self.weight_scale(layer)
-        wq = quantize_weights(w, w_scale, self.bits)
+        wq = quantize_weights(w, w_scale, layer.weight_bits or self.bits)
         if self.pair_limit is not None:
             wq = fit_pairs(wq, w / w_scale, self.pair_limit, pair_axis(layer))
         channels = w.shape[axis]
@@ -439,7 +441,7 @@ class Realizer:
             shape[axis] = -1
             scale = np.broadcast_to(layer.given_scale, (w.shape[axis],)).reshape(shape)
         else:
-            scale = weight_scales(w, self.bits, self.weight_mode, self.per_channel, axis)
+            scale = weight_scales(w, layer.weight_bits or self.bits, self.weight_mode, self.per_channel, axis)
         if self.pair_limit is None:
             return scale
         # A target that sums pairs of products in int16 (x86 vpmaddubsw): a channel whose largest pair

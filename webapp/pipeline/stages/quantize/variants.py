@@ -192,7 +192,8 @@ def quantize_variant(
 
 def save_weights(job_dir: Path, quantized: Quantized) -> None:
     """files/weights-<variant>.npz: each quantized layer's weights bit-packed."""
-    packed = {r.layer.name: pack_bits(r.weight_q, quantized.options.bits) for r in quantized.layers}
+    bits = quantized.options.bits
+    packed = {r.layer.name: pack_bits(r.weight_q, r.layer.weight_bits or bits) for r in quantized.layers}
     (job_dir / "files").mkdir(exist_ok=True)
     np.savez(job_dir / "files" / f"weights-{quantized.variant.replace(' ', '-')}.npz", **packed)  # type: ignore[arg-type]  # numpy's stub: a ** key might be allow_pickle
     quantized.packed_bytes = int(sum(p.nbytes for p in packed.values()))

@@ -1,0 +1,242 @@
+"""Mixed precision chosen by accuracy and measured time (JobOptions.accuracy_budget): which layers of an
+int8 job stay in float.
+
+Where the target's code runs here, the build stage has the int8 build's layers timed against the float
+build's (stages.fallback: each layer's kernel in both profiles), and quantization knows the SQNR
+against fp32 of each layer's input and output in the integer model. Each layer is ranked by the error
+it adds (its output's noise less its input's, ranking()) against the time its int8 kernel saves; a
+layer int8 makes slower comes first (float costs nothing there). The points tried keep the first k
+layers of that ranking in float: k = 0 (the int8 build), then 1, 2, 4, ... until a point keeps the
+budget, then halving between the last that did not and the first that did (at most MAX_POINTS builds).
+Each point is built as the job builds a variant, its outputs compared with the float build's on the
+calibration inputs (SQNR, top-1 agreement), and all of them timed in turn with the float build
+(bench.time_models). The fastest point within the budget is kept (the float build where none is); the
+points, their Pareto front (time against SQNR) and the chosen one go to quantization.precision_search.
+
+Only float and int8 are searched: "int4" (layer_precision) gives a layer 4-bit weights on the same
+8-bit kernels, which saves bytes but no time on these CPUs, so it could never be a faster point.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tvm
+
+from webapp.options import budget_of
+from webapp.pipeline.errors import error_message
+from webapp.pipeline.stages.bench import model_inputs, time_models
+from webapp.pipeline.stages.fidelity import fidelity
+from webapp.targets import host
+
+if TYPE_CHECKING:
+    from webapp.pipeline.stages.fallback import Build
+    from webapp.pipeline.stages.quantize import Quantized
+    from webapp.pipeline.stages.quantize.variants import QuantizedJob
+    from webapp.targets import Target
+
+MAX_POINTS = 8  # builds a search tries besides the int8 build and the float one
+SAMPLES = 32  # calibration inputs each point's outputs are compared on
+
+
+def not_searched(target: Target) -> str | None:
+    """Why a job with an accuracy budget gets no search on this target, or None."""
+    if target.runs_cpu_code_here:
+        return None
+    return (
+        f"the layers are timed where the code runs; {target.name}'s code does not run on this server "
+        "(a board's times come after the build), so every layer stays as quantized"
+    )
+
+
+def search(
+    variant: Build,
+    float_build: Build,
+    job: QuantizedJob,
+    target: Target,
+    rebuild: Callable[[Quantized], Build],
+) -> Build:
+    """The variant with the layers the budget keeps in float (or as it was, with why in
+    precision_search's "error"): never the build's failure."""
+    q = variant.quantized
+    assert q is not None  # a quantized variant is searched
+    try:
+        return choose(variant, float_build, job, target, rebuild)
+    except Exception as exc:  # noqa: BLE001 - the variant as built is kept
+        traceback.print_exc()
+        q.precision = {"budget": q.options.accuracy_budget, "error": error_message(exc)}
+        return variant
+
+
+def ranking(q: Quantized, errors: list[dict]) -> list[dict]:
+    """The quantized layers in the order they go to float: those int8 makes slower first, then by the
+    error each adds per ms its int8 kernel saves, most first. The error a layer adds: the noise of its
+    output (relative to the signal, from its SQNR against fp32 in the integer model: quantize.
+    layer_errors) less the lower of its input's and the layer before's output's: an input stored in 8
+    bits has the noise of its own quantization, which the layer reading it brings (a float layer reads
+    the float value); the layer before is the one most layers read."""
+    times = {row["layer"]: row for row in (q.layer_speed or {}).get("layers", [])}
+
+    def noise(sqnr_db: float | None) -> float:
+        return 10 ** (-sqnr_db / 10) if sqnr_db is not None else 0.0
+
+    rows, before = [], 0.0
+    for e in errors:
+        timed = times.get(e["layer"])
+        added = max(noise(e.get("sqnr_db")) - min(noise(e.get("input_sqnr_db")), before), 0.0)
+        saved = timed["fp32_ms"] - timed["quant_ms"] if timed else None
+        rows.append({"layer": e["layer"], "added_noise": added, "saved_ms": saved})
+        before = noise(e.get("sqnr_db"))
+
+    def first(row: dict) -> tuple:
+        if row["saved_ms"] is not None and row["saved_ms"] <= 0:
+            return (0, -row["added_noise"])
+        return (1, -row["added_noise"] / max(row["saved_ms"] or 0.0, 1e-6))
+
+    return sorted(rows, key=first)
+
+
+def outputs_on(executable: object, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Each output over the samples, concatenated along the first axis (a classifier's scores, one
+    row an input)."""
+    from tvm import relax
+
+    from webapp.pipeline.stages.bench import flatten_outputs
+
+    dev = host().device()
+    vm = relax.VirtualMachine(executable, dev)  # type: ignore[arg-type]  # an Executable
+    runs = [flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in s.values()])) for s in samples]
+    return [np.concatenate([np.atleast_1d(run[i]) for run in runs]) for i in range(len(runs[0]))]
+
+
+class Points:
+    """The points a search builds: k layers of the ranking in float -> (its Build, its fidelity)."""
+
+    def __init__(self, variant: Build, job: QuantizedJob, order: list[str], reference: list, rebuild):
+        self.variant, self.job, self.order, self.rebuild = variant, job, order, rebuild
+        self.samples = job.inputs[2][:SAMPLES]
+        self.reference = reference
+        self.built: dict[int, tuple[Build, dict]] = {}
+
+    def at(self, k: int) -> dict:
+        if k not in self.built:
+            q = self.variant.quantized
+            assert q is not None  # the variant searched is a quantized one
+            floated = {layer.name for layer in q.skipped} | set(self.order[:k])
+            point = self.variant if k == 0 else self.rebuild(self.job.without(q, floated, errors=False))
+            ours = outputs_on(point.built.executable, self.samples)
+            self.built[k] = (point, fidelity(ours, self.reference, classifier=True))
+        return self.built[k][1]
+
+
+def keeps(measured: dict, metric: str, least: float) -> bool:
+    value = measured.get(metric)
+    if metric == "sqnr_db" and value is None and measured.get("max_abs_err") == 0:
+        return True  # no noise at all
+    return value is not None and value >= least
+
+
+def walk(points: Points, n: int, metric: str, least: float) -> None:
+    """Points k = 0, 1, 2, 4, ... until one keeps the budget, then halving between the last that
+    did not and the first that did, within MAX_POINTS builds."""
+    if keeps(points.at(0), metric, least):
+        return
+    low, high, k = 0, None, 1
+    while k < n and len(points.built) <= MAX_POINTS:
+        if keeps(points.at(k), metric, least):
+            high = k
+            break
+        low, k = k, 2 * k
+    while high is not None and high - low > 1 and len(points.built) <= MAX_POINTS:
+        mid = (low + high) // 2
+        low, high = (low, mid) if keeps(points.at(mid), metric, least) else (mid, high)
+
+
+def choose(
+    variant: Build,
+    float_build: Build,
+    job: QuantizedJob,
+    target: Target,
+    rebuild: Callable[[Quantized], Build],
+) -> Build:
+    q = variant.quantized
+    assert q is not None  # a quantized variant is searched
+    metric, least = budget_of(q.options.accuracy_budget)
+    inputs = model_inputs(variant.fused)
+    if inputs is None:
+        raise ValueError("an input has no fixed shape, so the points cannot be timed")
+    samples = job.inputs[2][:SAMPLES]
+    reference = outputs_on(float_build.built.executable, samples)
+    if metric == "top1_agree" and not (reference[0].ndim == 2 and reference[0].shape[1] > 1):
+        raise ValueError("a top-1 budget needs a classifier's scores ([inputs, classes]); give it in dB")
+    if q.errors is None:  # each layer's error as it accumulates (kept: complete_errors then has them)
+        q.errors = job.without(q, {layer.name for layer in q.skipped}).errors
+    order = ranking(q, q.errors or [])
+    points = Points(variant, job, [row["layer"] for row in order], reference, rebuild)
+    walk(points, len(order), metric, least)
+    executables: dict[object, object] = {"fp32": float_build.built.executable}
+    executables |= {k: point.built.executable for k, (point, _) in points.built.items()}
+    times = time_models(executables, inputs, target.device())
+    rows = point_rows(points, times, metric, least)
+    chosen = min((row for row in rows if row["keeps"]), key=lambda row: row["ms"])
+    kept = variant if chosen["k"] is None else points.built[chosen["k"]][0]
+    record = kept.quantized
+    assert record is not None  # every point is a quantized build
+    record.layer_speed = record.layer_speed or q.layer_speed
+    record.precision = {
+        "budget": q.options.accuracy_budget,
+        "metric": metric,
+        "least": least,
+        "device": target.device_name(),
+        "samples": len(samples),
+        "ranking": order,
+        "points": rows,
+        "chosen": rows.index(chosen),
+        "max_points": MAX_POINTS,
+    }
+    if kept is not variant:
+        job.replace(q, record)
+    return kept
+
+
+def point_rows(points: Points, times: dict, metric: str, least: float) -> list[dict]:
+    """The points tried, with the float build (k None) last: each one's layers in float, ms, speedup
+    over fp32, SQNR and top-1 against fp32, whether it keeps the budget and lies on the Pareto front."""
+    rows = []
+    for k, (point, measured) in sorted(points.built.items()):
+        pq = point.quantized
+        assert pq is not None  # every point is a quantized build
+        floated = sorted(layer.name for layer in pq.skipped)
+        rows.append(
+            {
+                "k": k,
+                "float_layers": floated,
+                "int8_layers": len(pq.layers),
+                "ms": times[k],
+                "speedup_vs_fp32": times["fp32"] / times[k],
+                "sqnr_db": measured.get("sqnr_db"),
+                "top1_agree": measured.get("top1_agree"),
+                "keeps": keeps(measured, metric, least),
+                "layer_precision": dict.fromkeys(floated, "float"),
+            }
+        )
+    q = points.variant.quantized
+    assert q is not None
+    everything = len(q.layers) + len(q.skipped)
+    rows.append(
+        {"k": None, "float_layers": None, "int8_layers": 0, "ms": times["fp32"], "speedup_vs_fp32": 1.0}
+        | {"sqnr_db": None, "top1_agree": 1.0, "keeps": True, "layer_precision": None, "layers": everything}
+    )
+    for row in rows:
+        row["pareto"] = not any(dominates(other, row) for other in rows)
+    return rows
+
+
+def dominates(a: dict, b: dict) -> bool:
+    """a is at least as fast and as accurate as b, and better in one (the float build's SQNR: infinite)."""
+    sa, sb = (math.inf if r["k"] is None else r["sqnr_db"] or -math.inf for r in (a, b))
+    return a["ms"] <= b["ms"] and sa >= sb and (a["ms"] < b["ms"] or sa > sb)
