@@ -52,7 +52,8 @@ class JobOptions:
     # or "99%" (top-1 agreement with fp32): the layers kept in float chosen by it (stages/precision.py)
     accuracy_budget: str = ""
     # quantize int8: layer name -> "float", "int8" or "int4" (4-bit weights on the 8-bit kernels); the
-    # layers not named are int8. A point of the precision search, built again.
+    # layers not named are int8, and none is put in float by their timing (stages.fallback). A point of
+    # the precision search, built again.
     layer_precision: dict | None = None
 
     @property
@@ -205,7 +206,7 @@ def parse_layer_precision(text: str, quantize: str) -> dict | None:
         raise SubmitError(f"layer_precision maps layer names to float, int8 or int4, {example}.")
     if quantize != "int8":
         raise SubmitError("layer_precision sets layers of an int8 model: it needs quantize int8.")
-    return given or None
+    return given  # {}: every layer int8, the timing's choice of float layers left out too
 
 
 MAX_GIVEN_ELEMENTS = 4096  # a given value is part of the job's options, not a tensor upload

@@ -221,6 +221,7 @@ NOT_TRIED: dict[str | None, str] = {
     ),
     "sweep": "a sweep compares each bit-width whole, so none of its variants keeps a layer in float",
     "prequantized": "the model came quantized by another tool, and its layers run as it quantized them",
+    "layer_precision": "the job sets each layer's precision (layer_precision), and the build keeps it",
     "board": (
         "the build is made before the board is reached (its sandbox has no way to the device pool), so "
         "it cannot try them in float and time that on the board"

@@ -227,6 +227,17 @@ def check(
         return variant
 
 
+def why_not_tried(job: QuantizedJob, q: Quantized) -> str | None:
+    """Why the slower layers are not tried in float (layer_speed's "not_tried"), or None."""
+    if job.sweep:  # a sweep compares bit-widths, each variant whole
+        return "sweep"
+    if any(r.layer.given_scale is not None for r in q.layers):  # quantized by another tool: kept as it is
+        return "prequantized"
+    if q.options.layer_precision is not None:  # each layer's precision given (a search's point)
+        return "layer_precision"
+    return None
+
+
 def fall_back(
     variant: Build,
     float_build: Build,
@@ -259,11 +270,9 @@ def fall_back(
     if len(slower) == len(q.layers):  # no layer gains: the float build (model-fp32.so) is that model
         speed["not_tried"] = "all_slower"
         return variant
-    if job.sweep:  # a sweep compares bit-widths, each variant whole
-        speed["not_tried"] = "sweep"
-        return variant
-    if any(r.layer.given_scale is not None for r in q.layers):  # quantized by another tool: kept as it is
-        speed["not_tried"] = "prequantized"
+    reason = why_not_tried(job, q)
+    if reason is not None:
+        speed["not_tried"] = reason
         return variant
     names = [row["layer"] for row in slower]
     mixed = rebuild(job.without(q, set(names), errors=False))  # errors: job.complete_errors, once kept

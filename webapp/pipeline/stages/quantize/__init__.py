@@ -255,14 +255,11 @@ def quantize(
     `errors` false leaves the per-layer errors out (None: variants.QuantizedJob.complete_errors)."""
     if observed is None:  # a global threshold calibrates nothing: one input, for the per-layer error
         observed = observe(mod, options, samples if options.calibration != "global" else samples[:1], report)
-    func, layers, float_of = observed.func, observed.layers, observed.float_of
-    # the tensors of the layers quantized now: a layer kept in float since observe() (stages.fallback,
-    # stages.precision) leaves its input and result in float32, unless another quantized layer reads them
+    func, layers = observed.func, observed.layers
+    # a layer put in float after observe() (fallback, precision search) leaves its tensors in float32
     live = {t for layer in layers if layer.quantized for t in (layer.data, layer.out)}
     tensors = [t for t in observed.tensors if t in live]
-    stats: dict = {}
-    if options.calibration != "global":
-        stats = {t: gather(float_of[t]) for t in tensors}
+    stats = {t: gather(observed.float_of[t]) for t in tensors} if options.calibration != "global" else {}
     report(0.5)
     dtype = target.activation_dtype  # the 8-bit activations its int8 kernels multiply
     acts = {}
