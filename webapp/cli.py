@@ -430,7 +430,7 @@ def precision_lines(search: dict) -> str:
     lines = [f"Precision search, budget {search['budget']} (points timed on {search['device']}):"]
     for i, p in enumerate(search["points"]):
         what = "fp32" if p["k"] is None else f"{len(p['float_layers'])} layers in float"
-        sqnr = "exact" if p["k"] is None else "-" if p["sqnr_db"] is None else f"{p['sqnr_db']:.1f} dB"
+        sqnr = "exact" if p["exact"] else "not compared" if p["sqnr_db"] is None else f"{p['sqnr_db']:.1f} dB"
         top1 = "" if p["top1_agree"] is None else f", top-1 {100 * p['top1_agree']:.1f}%"
         lines.append(
             f"  {i}: {what}: {p['ms']:.4g} ms ({p['speedup_vs_fp32']:.2f}x fp32), {sqnr}{top1}, "

@@ -106,6 +106,8 @@ class JobOptions:
         quantize = choice("quantize", QUANTIZE_MODES)
         if quantize != "none" and TARGETS[target].no_quantization:
             raise SubmitError(TARGETS[target].no_quantization)
+        if (form.get("accuracy_budget") or "").strip() and (form.get("layer_precision") or "").strip():
+            raise SubmitError("Give accuracy_budget (a search) or layer_precision (one point), not both.")
         return cls(
             target=target,
             quantize=quantize,

@@ -99,7 +99,8 @@ def precision_point(job_id: str) -> tuple[Response, int]:
     quantization.precision_search.points}): a new job, answered as POST /api/jobs answers."""
     config, store, queue = ctx()
     job = view_or_404(job_id)
-    point = (request.get_json(silent=True) or {}).get("point", request.form.get("point", ""))
+    body = request.get_json(silent=True)
+    point = body.get("point", "") if isinstance(body, dict) else request.form.get("point", "")
     changes = point_changes(job, point)
     return submitted(submit_again(config, store, queue, job, changes, request.remote_addr or ""))
 

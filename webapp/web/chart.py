@@ -146,6 +146,7 @@ def pareto_chart(search: dict) -> dict | None:
     top1 = search["metric"] == "top1_agree"
 
     def measure(p: dict) -> float | None:
+        """None: on top (exact outputs, the float build) or, not comparable, at the bottom (below)."""
         value = p.get(search["metric"])
         return 100 * value if top1 and value is not None else value
 
@@ -160,7 +161,7 @@ def pareto_chart(search: dict) -> dict | None:
     dots: list[dict] = []
     for i, p in enumerate(points):
         y = measure(p)
-        x, py = at(p["ms"], top if y is None else y)
+        x, py = at(p["ms"], y if y is not None else top if p.get("exact") else 0.0)
         label = "fp32" if p["k"] is None else f"{len(p['float_layers'])} float"
         dots.append({"x": x, "y": py, "label": label, "index": i} | {k: p[k] for k in ("pareto", "keeps")})
     front = sorted((d for d in dots if d["pareto"]), key=lambda d: d["x"])

@@ -338,7 +338,9 @@ def check_first(
     assert q is not None  # the variant checked is a quantized one
     if fallback.measures(target, float_build.fusion):
         checked = fallback.check(variant, float_build, job, target, rebuild)
-        if q.options.accuracy_budget:
+        if q.options.accuracy_budget and fallback.why_not_tried(job, q) == "prequantized":
+            q.precision = {"budget": q.options.accuracy_budget, "error": precision.PREQUANTIZED}
+        elif q.options.accuracy_budget:
             checked = precision.search(checked, float_build, job, target, rebuild)
         return checked
     if q.options.accuracy_budget:

@@ -10,8 +10,9 @@ layers of that ranking in float: k = 0 (the int8 build), then 1, 2, 4, ... until
 budget, then halving between the last that did not and the first that did (at most MAX_POINTS builds).
 Each point is built as the job builds a variant, its outputs compared with the float build's on the
 calibration inputs (SQNR, top-1 agreement), and all of them timed in turn with the float build
-(bench.time_models). The fastest point within the budget is kept (the float build where none is); the
-points, their Pareto front (time against SQNR) and the chosen one go to quantization.precision_search.
+(bench.time_models). The fastest point within the budget becomes the job's int8 build; where that is
+the float build, the int8 build stays as quantized and the choice is model-fp32.so. The points, their
+Pareto front (time against the budget's measure) and the chosen one go to quantization.precision_search.
 
 Only float and int8 are searched: "int4" (layer_precision) gives a layer 4-bit weights on the same
 8-bit kernels, which saves bytes but no time on these CPUs, so it could never be a faster point.
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from webapp.pipeline.stages.quantize.variants import QuantizedJob
     from webapp.targets import Target
 
+PREQUANTIZED = "the model came quantized by another tool: its layers run as it quantized them"
 MAX_POINTS = 8  # builds a search tries besides the int8 build and the float one
 SAMPLES = 32  # calibration inputs each point's outputs are compared on
 
@@ -47,9 +49,10 @@ def not_searched(target: Target) -> str | None:
     """Why a job with an accuracy budget gets no search on this target, or None."""
     if target.runs_cpu_code_here:
         return None
+    where = "a board's times come after the build" if target.timed_on_board else "nothing times it here"
     return (
-        f"the layers are timed where the code runs; {target.name}'s code does not run on this server "
-        "(a board's times come after the build), so every layer stays as quantized"
+        f"the points are timed where the code runs; {target.name}'s code does not run on this server "
+        f"({where}), so every layer stays as quantized"
     )
 
 
@@ -133,16 +136,22 @@ class Points:
         return self.built[k][1]
 
 
+def exact(measured: dict) -> bool:
+    """Outputs equal to fp32's (no SQNR: no noise), not outputs that could not be compared."""
+    return measured.get("max_abs_err") == 0
+
+
 def keeps(measured: dict, metric: str, least: float) -> bool:
     value = measured.get(metric)
-    if metric == "sqnr_db" and value is None and measured.get("max_abs_err") == 0:
-        return True  # no noise at all
+    if metric == "sqnr_db" and exact(measured):
+        return True
     return value is not None and value >= least
 
 
 def walk(points: Points, n: int, metric: str, least: float) -> None:
-    """Points k = 0, 1, 2, 4, ... until one keeps the budget, then halving between the last that
-    did not and the first that did, within MAX_POINTS builds."""
+    """Points k = 0, 1, 2, 4, ... (and n - 1, the last before every layer is float: the float build)
+    until one keeps the budget, then halving between the last that did not and the first that did,
+    within MAX_POINTS builds."""
     if keeps(points.at(0), metric, least):
         return
     low, high, k = 0, None, 1
@@ -150,7 +159,9 @@ def walk(points: Points, n: int, metric: str, least: float) -> None:
         if keeps(points.at(k), metric, least):
             high = k
             break
-        low, k = k, 2 * k
+        if k == n - 1:
+            break
+        low, k = k, min(2 * k, n - 1)
     while high is not None and high - low > 1 and len(points.built) <= MAX_POINTS:
         mid = (low + high) // 2
         low, high = (low, mid) if keeps(points.at(mid), metric, least) else (mid, high)
@@ -196,6 +207,9 @@ def choose(
         "ranking": order,
         "points": rows,
         "chosen": rows.index(chosen),
+        # the float build chosen: model.so stays the int8 build as quantized, model-fp32.so is the choice
+        "library": "model-fp32.so" if chosen["k"] is None else "model.so",
+        "quantized_within": sum(1 for row in rows if row["k"] is not None and row["keeps"]),
         "max_points": MAX_POINTS,
     }
     if kept is not variant:
@@ -219,6 +233,7 @@ def point_rows(points: Points, times: dict, metric: str, least: float) -> list[d
                 "ms": times[k],
                 "speedup_vs_fp32": times["fp32"] / times[k],
                 "sqnr_db": measured.get("sqnr_db"),
+                "exact": exact(measured),
                 "top1_agree": measured.get("top1_agree"),
                 "keeps": keeps(measured, metric, least),
                 "layer_precision": dict.fromkeys(floated, "float"),
@@ -229,14 +244,22 @@ def point_rows(points: Points, times: dict, metric: str, least: float) -> list[d
     everything = len(q.layers) + len(q.skipped)
     rows.append(
         {"k": None, "float_layers": None, "int8_layers": 0, "ms": times["fp32"], "speedup_vs_fp32": 1.0}
-        | {"sqnr_db": None, "top1_agree": 1.0, "keeps": True, "layer_precision": None, "layers": everything}
+        | {"sqnr_db": None, "exact": True, "top1_agree": 1.0, "keeps": True, "layer_precision": None}
+        | {"layers": everything}
     )
     for row in rows:
-        row["pareto"] = not any(dominates(other, row) for other in rows)
+        row["pareto"] = not any(dominates(other, row, metric) for other in rows)
     return rows
 
 
-def dominates(a: dict, b: dict) -> bool:
-    """a is at least as fast and as accurate as b, and better in one (the float build's SQNR: infinite)."""
-    sa, sb = (math.inf if r["k"] is None else r["sqnr_db"] or -math.inf for r in (a, b))
+def accuracy(row: dict, metric: str) -> float:
+    """A point's measure of the budget's kind: exact outputs above any, none (not comparable) below."""
+    if metric == "sqnr_db" and row["exact"]:
+        return math.inf
+    return -math.inf if row[metric] is None else row[metric]
+
+
+def dominates(a: dict, b: dict, metric: str) -> bool:
+    """a is at least as fast and as accurate as b, and better in one."""
+    sa, sb = accuracy(a, metric), accuracy(b, metric)
     return a["ms"] <= b["ms"] and sa >= sb and (a["ms"] < b["ms"] or sa > sb)
