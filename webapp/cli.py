@@ -417,8 +417,7 @@ def bisection_lines(result: dict) -> str:
         )
         for c in b.get("changed", [])[:5]:
             cosine = "-" if c.get("cosine") is None else f"{c['cosine']:.4f}"
-            layers = ", ".join(c["layers"])
-            kernel = c["kernel"] or "no kernel"
+            layers, kernel = ", ".join(c["layers"]), c["kernel"] or "no kernel"
             lines.append(f"    {c['binding']} ({kernel}): cosine {cosine}, layers {layers}")
     return "\n".join(lines)
 

@@ -121,6 +121,24 @@ def flatten_outputs(out: Any) -> list[np.ndarray]:
     return [np.asarray(out)]
 
 
+def run_all(
+    executable: tvm.runtime.Executable, samples: list[dict[str, np.ndarray]]
+) -> list[list[np.ndarray]]:
+    """A build's outputs on each sample, run on this machine whatever the target (calibration, the
+    precision search's points)."""
+    import tvm
+    from tvm import relax
+
+    from webapp.targets import host
+
+    dev = host().device()
+    vm = relax.VirtualMachine(executable, dev)
+    return [
+        flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in sample.values()]))
+        for sample in samples
+    ]
+
+
 # ---------------------------------------------------------------- runtimes
 
 

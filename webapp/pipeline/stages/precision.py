@@ -26,13 +26,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-import tvm
 
 from webapp.options import budget_of
 from webapp.pipeline.errors import error_message
-from webapp.pipeline.stages.bench import model_inputs, time_models
+from webapp.pipeline.stages.bench import model_inputs, run_all, time_models
 from webapp.pipeline.stages.fidelity import fidelity
-from webapp.targets import host
 
 if TYPE_CHECKING:
     from webapp.pipeline.stages.fallback import Build
@@ -106,23 +104,16 @@ def ranking(q: Quantized, errors: list[dict]) -> list[dict]:
 def outputs_on(executable: object, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Each output over the samples, concatenated along the first axis (a classifier's scores, one
     row an input)."""
-    from tvm import relax
-
-    from webapp.pipeline.stages.bench import flatten_outputs
-
-    dev = host().device()
-    vm = relax.VirtualMachine(executable, dev)  # type: ignore[arg-type]  # an Executable
-    runs = [flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in s.values()])) for s in samples]
+    runs = run_all(executable, samples)  # type: ignore[arg-type]  # an Executable
     return [np.concatenate([np.atleast_1d(run[i]) for run in runs]) for i in range(len(runs[0]))]
 
 
 class Points:
     """The points a search builds: k layers of the ranking in float -> (its Build, its fidelity)."""
 
-    def __init__(self, variant: Build, job: QuantizedJob, order: list[str], reference: list, rebuild):
+    def __init__(self, variant: Build, job: QuantizedJob, order: list[str], compared: tuple, rebuild):
         self.variant, self.job, self.order, self.rebuild = variant, job, order, rebuild
-        self.samples = job.inputs[2][:SAMPLES]
-        self.reference = reference
+        self.samples, self.reference = compared  # the inputs, and the float build's outputs on them
         self.built: dict[int, tuple[Build, dict]] = {}
 
     def at(self, k: int) -> dict:
@@ -187,7 +178,7 @@ def choose(
     if q.errors is None:  # each layer's error as it accumulates (kept: complete_errors then has them)
         q.errors = job.without(q, {layer.name for layer in q.skipped}).errors
     order = ranking(q, q.errors or [])
-    points = Points(variant, job, [row["layer"] for row in order], reference, rebuild)
+    points = Points(variant, job, [row["layer"] for row in order], (samples, reference), rebuild)
     walk(points, len(order), metric, least)
     executables: dict[object, object] = {"fp32": float_build.built.executable}
     executables |= {k: point.built.executable for k, (point, _) in points.built.items()}

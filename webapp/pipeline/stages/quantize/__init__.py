@@ -161,19 +161,6 @@ def with_outputs(mod: tvm.IRModule, func: relax.Function, extra: list) -> tvm.IR
     return relax.transform.ConvertToDataflow()(with_main(mod, bb.get()["main"]))
 
 
-def run_all(
-    executable: tvm.runtime.Executable, samples: list[dict[str, np.ndarray]]
-) -> list[list[np.ndarray]]:
-    from webapp.pipeline.stages.bench import flatten_outputs
-
-    dev = host().device()  # calibration runs on this machine, whatever the target
-    vm = relax.VirtualMachine(executable, dev)
-    return [
-        flatten_outputs(vm["main"](*[tvm.runtime.tensor(a, dev) for a in sample.values()]))
-        for sample in samples
-    ]
-
-
 @dataclass
 class Observed:
     """The float model as quantization sees it: its layers and every tensor quantization touches,
@@ -197,6 +184,7 @@ def observe(
 ) -> Observed:
     """With `prequantized` (ImportedModel.prequantized), the layers the model quantized keep its
     scales (for activations of `dtype`), and the others stay in float."""
+    from webapp.pipeline.stages.bench import run_all
     from webapp.pipeline.stages.build import compile_relax
     from webapp.pipeline.stages.optimize import canonical
 
@@ -331,6 +319,7 @@ def layer_errors(
     """Each quantized layer's result in the integer model (scaled back to float) against the float
     model's, on one input: the error as it accumulates layer after layer (the target's arithmetic,
     run here); and its input's (input_sqnr_db)."""
+    from webapp.pipeline.stages.bench import run_all
     from webapp.pipeline.stages.build import compile_relax
     from webapp.pipeline.stages.fidelity import fidelity
 
