@@ -172,6 +172,36 @@ def test_int8_job_on_a_board_runs_its_int8_rule_bit_exact_with_the_host(
         assert speed["not_tried"] == "board"
 
 
+def test_a_budget_on_a_board_chooses_by_llvm_mcas_estimate_and_the_board_times_the_choice(pool, tmp_path):
+    """The digits CNN at batch 64 on rpi5 with a budget its int8 build misses (activations clipped to
+    +-3): each point built for the board, its kernels estimated by llvm-mca on the Cortex-A76, its
+    integer model compared with fp32 here; the chosen point keeps the budget, is estimated faster than
+    fp32, becomes the job's int8 build, and the board runs and times it bit-exact with this server."""
+    from tests.test_precision import digits_batch_files
+
+    model, _ = digits_batch_files(tmp_path)
+    clipped = {"quantize": "int8", "calibration": "global", "global_scale": "3"}
+    error, result, _ = run_job(
+        pool, tmp_path / "job", str(model), target="rpi5", accuracy_budget="30 dB", **clipped
+    )
+    assert error is None, error
+    q = result["quantization"]
+    search = q["precision_search"]
+    assert "error" not in search, search["error"]
+    assert search["timed_by"] == "llvm-mca" and "cortex-a76" in search["timed"]
+    points, chosen = search["points"], search["points"][search["chosen"]]
+    assert points[0]["k"] == 0 and not points[0]["keeps"] and points[0]["sqnr_db"] < 30, points
+    assert chosen["keeps"] and chosen["k"] is not None and chosen["sqnr_db"] >= 30, points
+    assert chosen["speedup_vs_fp32"] > 1.0 and chosen["pareto"], points
+    assert all(0.9 < p["analysed_flop_share"] <= 1.0 for p in points), points  # conv and matmul loops
+    assert sorted(q["skipped"]) == chosen["float_layers"]
+    rows = {(b["variant"], b["tuned"]): b for b in result["benchmarks"]}
+    assert set(rows) == {("fp32", False), ("int8", False)}
+    assert {b["device"] for b in rows.values()} == {"rpi5 (emulated: QEMU cortex-a76)"}
+    exact = next(f for f in result["fidelity"] if f["reference"] == "int8 on this server")
+    assert exact["max_abs_err"] == 0.0  # the board ran the point chosen, as this server runs it
+
+
 def test_a_language_model_on_rpi5_decodes_on_the_board_in_float_int8_and_int4_beside_llvm_mcas_estimate(
     pool, tmp_path, tiny_lm, app
 ):

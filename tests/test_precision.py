@@ -165,6 +165,21 @@ def test_the_chosen_point_and_the_front_are_drawn_with_a_button_for_each_other_p
         )  # fmt: skip
     assert 'id="pareto-chart"' in html and html.count('class="dot chosen"') == 1
     assert html.count('class="build-point"') == 1 and "1 layer in float" in html and "1.67" in html
+    assert "timed in turn on here" in html and "estimated ms" not in html
+
+    # a board's points: llvm-mca's estimates, each with the share of the operations it analysed
+    board = search | {"timed_by": "llvm-mca", "device": "rpi5: llvm-mca's estimate for cortex-a76"}
+    shares = (0.97, 1.0, 0.5)
+    board["points"] = [p | {"analysed_flop_share": f} for p, f in zip(search["points"], shares, strict=True)]
+    with app.test_request_context():
+        html = render_template(
+            "_precision.html", q={"precision_search": board, "variant": "int8"}, job={"id": "x"},
+            precision_chart=pareto_chart(board),
+        )  # fmt: skip
+    assert "estimated ms" in html and "timed in turn" not in html
+    assert "estimate for cortex-a76" in html
+    assert [c in html for c in (">97%<", ">100%<", ">50%<")] == [True] * 3
+    assert pareto_chart(board)["x_unit"] == "ms a run, llvm-mca's estimate (lower is faster)"
 
 
 @pytest.mark.parametrize(

@@ -172,6 +172,8 @@ def pareto_chart(search: dict) -> dict | None:
         "budget_y": at(0, budget)[1],
         "budget": search["budget"],
         "y_unit": "top-1 agreement with fp32, %" if top1 else "SQNR against fp32, dB (fp32: exact, on top)",
+        "x_unit": ("ms a run, llvm-mca's estimate" if search.get("timed_by") == "llvm-mca" else "ms a run")
+        + " (lower is faster)",
         "x_ticks": [{"x": at(t, 0)[0], "label": format_tick(t)} for t in right],
         "y_ticks": [{"y": at(0, t)[1], "label": format_tick(t)} for t in ys],
     }

@@ -15,80 +15,16 @@ left to a job on a server: each point would be four more builds for the board an
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from webapp.pipeline.job import Context, Given, Report
 from webapp.pipeline.stages.generation import Point, build_point, generator_file
+from webapp.pipeline.stages.inspect import kernel_estimates
 from webapp.pipeline.stages.lm_inputs import onnx_signature
 
-if TYPE_CHECKING:
-    import tvm
-
-    from webapp.targets import Target
-
 BOARD_POINT = Point("decode", 1, 128)
-TOP_KERNELS = 5  # the kernels with the longest estimated time a token, named in the result
-MCA_BUDGET_S = 60  # llvm-mca's time for one build's kernels: the rest are left unanalysed, counted
-
-
-def kernel_estimates(
-    executable: tvm.runtime.Executable, fused: tvm.IRModule, lowered: tvm.IRModule, target: Target
-) -> dict:
-    """llvm-mca's estimate of one build's decode step on the board's core: each kernel's hot loop
-    analysed as the inspect stage analyses the job's kernels, its predicted ms (reports/mca.py:
-    predicted_ms, operands in the L1 cache, the board's nominal clock, its cores) times its calls.
-    Their sum is the step's compute bound: decode also waits for its weights from memory, which the
-    estimate leaves out. What is not analysed (no loop of vector arithmetic) is counted, not guessed."""
-    import tvm
-
-    from webapp.asm import filter_asm
-    from webapp.pipeline.reports import mca
-    from webapp.pipeline.reports.graphs import op_counts, relax_graph
-    from webapp.pipeline.stages.bench import bench_threads
-    from webapp.pipeline.stages.inspect import CodeIndex, executed_flop, host_code_module
-
-    cpu, clock, _ = target.mca_cpu()
-    threads = target.analysis_threads(bench_threads())
-    host = host_code_module(executable)
-    code = CodeIndex("", host.inspect_source("s") if host is not None else "")
-    calls = op_counts(relax_graph(fused))
-    names = {gv.name_hint for gv in fused.get_global_vars()}
-    kernels, flop = [], {"all": 0.0, "analysed": 0.0}
-    deadline = time.monotonic() + MCA_BUDGET_S
-    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
-        if not isinstance(func, tvm.tirx.PrimFunc) or target.dialect is None:
-            continue
-        name, n = gv.name_hint, calls.get(gv.name_hint, 0)
-        ops = executed_flop(fused[name] if name in names else func)
-        flop["all"] += ops * n
-        if time.monotonic() > deadline:
-            continue
-        figures, _ = mca.analyse(
-            filter_asm(code.kernel_code(name)[1]), target.dialect, target.mca_triple, cpu
-        )
-        ms = mca.predicted_ms(figures, ops, n, clock, threads) if figures else None
-        if ms is None or figures is None:
-            continue
-        flop["analysed"] += ops * n
-        kernels.append(
-            {"name": name, "calls": n, "predicted_ms": round(ms, 6)}
-            | {k: figures[k] for k in ("cycles_per_iteration", "limit", "bottleneck")}
-        )
-    total = sum(k["predicted_ms"] for k in kernels)
-    return {
-        "cpu": cpu,
-        "clock_ghz": clock,
-        "threads": threads,
-        "kernels": sum(1 for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)),
-        "analysed": len(kernels),
-        "analysed_flop_share": round(flop["analysed"] / flop["all"], 3) if flop["all"] else None,
-        "predicted_ms": round(total, 6),
-        "predicted_tokens_per_s": round(1e3 / total, 2) if total else None,
-        "top": sorted(kernels, key=lambda k: -k["predicted_ms"])[:TOP_KERNELS],
-    }
 
 
 def board_generation_stage(ctx: Context, report: Report) -> Given[None]:

@@ -330,25 +330,21 @@ def check_first(
     rebuild: Callable[[Quantized], fallback.Build],
 ) -> fallback.Build:
     """The first variant's layers timed against the float build's, its slower ones kept in float where
-    that is faster (stages.fallback), then with an accuracy budget the layers the budget keeps in float
-    (stages.precision); for a board, the plan of the layers' timing there (Built.board_plan)."""
+    that is faster (stages.fallback), where the target runs here; then with an accuracy budget the layers
+    the budget keeps in float (stages.precision: timed here, estimated by llvm-mca for a board); for a
+    board, the plan of the layers' timing there (Built.board_plan)."""
     from webapp.pipeline.stages import fallback, precision
 
     q = variant.quantized
     assert q is not None  # the variant checked is a quantized one
+    checked = variant
     if fallback.measures(target, float_build.fusion):
         checked = fallback.check(variant, float_build, job, target, rebuild)
-        if q.options.accuracy_budget and fallback.why_not_tried(job, q) == "prequantized":
-            q.precision = {"budget": q.options.accuracy_budget, "error": precision.PREQUANTIZED}
-        elif q.options.accuracy_budget:
-            checked = precision.search(checked, float_build, job, target, rebuild)
-        return checked
     if q.options.accuracy_budget:
-        why = precision.not_searched(target) or "the float build's layers could not be followed to kernels"
-        q.precision = {"budget": q.options.accuracy_budget, "error": why}
+        checked = precision.search(checked, float_build, job, target, rebuild)
     if target.timed_on_board and float_build.fusion is not None:
-        float_build.built.board_plan = fallback.board_plan(variant, float_build, job.sweep)
-    return variant
+        float_build.built.board_plan = fallback.board_plan(checked, float_build, job.sweep)
+    return checked
 
 
 def build_quantized(

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+import time
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from webapp.pipeline.passes.winograd import direct_flop
 from webapp.pipeline.reports import lint, mca
 from webapp.pipeline.reports.device_code import write_device_code
 from webapp.pipeline.reports.facts import worst_layer
-from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks
+from webapp.pipeline.reports.graphs import draw_graphs, error_graphs, kernel_blocks, op_counts, relax_graph
 from webapp.pipeline.reports.model_explorer import write_model_explorer
 from webapp.pipeline.rules.schedules import PREPACK, PREPACKS_ATTR
 from webapp.pipeline.stages.bench import bench_threads
@@ -244,6 +245,75 @@ def hot_loops(kernels: list[dict], texts: dict, executed: dict, job_dir: Path, t
             span = hot_loop(texts[k["name"]][1], target.dialect)
         k["hot_loop"] = {"lines": list(span), "by": "mca" if "mca" in k else "vectors"} if span else None
     return static
+
+
+TOP_KERNELS = 5  # the kernels with the longest estimated time, named in kernel_estimates' summary
+MCA_BUDGET_S = 60  # llvm-mca's time for one build's kernels: the rest are left unanalysed, counted
+
+
+def estimate_kernels(
+    executable: tvm.runtime.Executable,
+    fused: tvm.IRModule,
+    lowered: tvm.IRModule,
+    target: Target,
+    seen: dict | None = None,
+) -> tuple[list[dict], dict]:
+    """llvm-mca's estimate of one build's kernels on the target's core (a board's, for code that does
+    not run here): each kernel's hot loop analysed as the inspect stage analyses the job's kernels, its
+    predicted ms over a model run (reports/mca.py: predicted_ms, operands in the L1 cache, the core's
+    nominal clock, its cores) for its calls. Returns (a row per kernel analysed, the flop of all kernels
+    and of those analysed): what is not analysed (no loop of vector arithmetic) is counted, not guessed.
+    `seen`: llvm-mca's figures by assembly text, shared among builds whose kernels repeat."""
+    cpu, clock, _ = target.mca_cpu()
+    threads = target.analysis_threads(bench_threads())
+    host = host_code_module(executable)
+    code = CodeIndex("", host.inspect_source("s") if host is not None else "")
+    calls = op_counts(relax_graph(fused))
+    names = {gv.name_hint for gv in fused.get_global_vars()}
+    seen = {} if seen is None else seen
+    kernels, flop = [], {"all": 0.0, "analysed": 0.0}
+    deadline = time.monotonic() + MCA_BUDGET_S
+    for gv, func in sorted(lowered.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tvm.tirx.PrimFunc) or target.dialect is None:
+            continue
+        name, n = gv.name_hint, calls.get(gv.name_hint, 0)
+        ops = executed_flop(fused[name] if name in names else func)
+        flop["all"] += ops * n
+        asm = filter_asm(code.kernel_code(name)[1])
+        if asm not in seen and time.monotonic() < deadline:
+            seen[asm] = mca.analyse(asm, target.dialect, target.mca_triple, cpu)[0]
+        figures = seen.get(asm)
+        ms = mca.predicted_ms(figures, ops, n, clock, threads) if figures else None
+        if ms is None or figures is None:
+            continue
+        flop["analysed"] += ops * n
+        kernels.append(
+            {"name": name, "calls": n, "predicted_ms": round(ms, 6)}
+            | {k: figures[k] for k in ("cycles_per_iteration", "limit", "bottleneck")}
+        )
+    return kernels, flop
+
+
+def kernel_estimates(
+    executable: tvm.runtime.Executable, fused: tvm.IRModule, lowered: tvm.IRModule, target: Target
+) -> dict:
+    """estimate_kernels' sum for one build (a board's decode step: board_generation.py), with the
+    kernels that take longest. The sum is the compute bound: a model also waits for its weights from
+    memory, which the estimate leaves out."""
+    kernels, flop = estimate_kernels(executable, fused, lowered, target)
+    total = sum(k["predicted_ms"] for k in kernels)
+    cpu, clock, _ = target.mca_cpu()
+    return {
+        "cpu": cpu,
+        "clock_ghz": clock,
+        "threads": target.analysis_threads(bench_threads()),
+        "kernels": sum(1 for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)),
+        "analysed": len(kernels),
+        "analysed_flop_share": round(flop["analysed"] / flop["all"], 3) if flop["all"] else None,
+        "predicted_ms": round(total, 6),
+        "predicted_tokens_per_s": round(1e3 / total, 2) if total else None,
+        "top": sorted(kernels, key=lambda k: -k["predicted_ms"])[:TOP_KERNELS],
+    }
 
 
 # Instructions worth counting in the assembly: integer dot products (x86 VNNI, AVX-512BW / AVX2

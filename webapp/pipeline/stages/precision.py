@@ -44,13 +44,14 @@ SAMPLES = 32  # calibration inputs each point's outputs are compared on
 
 
 def not_searched(target: Target) -> str | None:
-    """Why a job with an accuracy budget gets no search on this target, or None."""
-    if target.runs_cpu_code_here:
+    """Why a job with an accuracy budget gets no search on this target, or None: the points are timed
+    where the code runs here, else estimated by llvm-mca for the core the code is for (Estimate)."""
+    if target.runs_cpu_code_here or (target.dialect is not None and target.mca_cpu()[1]):
         return None
-    where = "a board's times come after the build" if target.timed_on_board else "nothing times it here"
     return (
-        f"the points are timed where the code runs; {target.name}'s code does not run on this server "
-        f"({where}), so every layer stays as quantized"
+        f"the points are timed where the code runs, or estimated by llvm-mca for the core it is for; "
+        f"{target.name}'s code does not run on this server and llvm-mca models no core and clock for it, "
+        "so every layer stays as quantized"
     )
 
 
@@ -63,8 +64,16 @@ def search(
 ) -> Build:
     """The variant with the layers the budget keeps in float (or as it was, with why in
     precision_search's "error"): never the build's failure."""
+    from webapp.pipeline.stages.fallback import why_not_tried
+
     q = variant.quantized
     assert q is not None  # a quantized variant is searched
+    why = not_searched(target) or (float_build.fusion is None and "the float build's layers were not traced")
+    if why_not_tried(job, q) == "prequantized":
+        why = PREQUANTIZED
+    if why:
+        q.precision = {"budget": q.options.accuracy_budget, "error": why}
+        return variant
     try:
         return choose(variant, float_build, job, target, rebuild)
     except Exception as exc:  # noqa: BLE001 - the variant as built is kept
@@ -73,24 +82,21 @@ def search(
         return variant
 
 
-def ranking(q: Quantized, errors: list[dict]) -> list[dict]:
+def ranking(errors: list[dict], saved: dict[str, float]) -> list[dict]:
     """The quantized layers in the order they go to float: those int8 makes slower first, then by the
-    error each adds per ms its int8 kernel saves, most first. The error a layer adds: the noise of its
-    output (relative to the signal, from its SQNR against fp32 in the integer model: quantize.
-    layer_errors) less the lower of its input's and the layer before's output's: an input stored in 8
-    bits has the noise of its own quantization, which the layer reading it brings (a float layer reads
-    the float value); the layer before is the one most layers read."""
-    times = {row["layer"]: row for row in (q.layer_speed or {}).get("layers", [])}
+    error each adds per ms its int8 kernel saves (`saved`: layer -> ms, Clock.saved), most first. The
+    error a layer adds: the noise of its output (relative to the signal, from its SQNR against fp32 in
+    the integer model: quantize.layer_errors) less the lower of its input's and the layer before's
+    output's: an input stored in 8 bits has the noise of its own quantization, which the layer reading
+    it brings (a float layer reads the float value); the layer before is the one most layers read."""
 
     def noise(sqnr_db: float | None) -> float:
         return 10 ** (-sqnr_db / 10) if sqnr_db is not None else 0.0
 
     rows, before = [], 0.0
     for e in errors:
-        timed = times.get(e["layer"])
         added = max(noise(e.get("sqnr_db")) - min(noise(e.get("input_sqnr_db")), before), 0.0)
-        saved = timed["fp32_ms"] - timed["quant_ms"] if timed else None
-        rows.append({"layer": e["layer"], "added_noise": added, "saved_ms": saved})
+        rows.append({"layer": e["layer"], "added_noise": added, "saved_ms": saved.get(e["layer"])})
         before = noise(e.get("sqnr_db"))
 
     def first(row: dict) -> tuple:
@@ -101,11 +107,107 @@ def ranking(q: Quantized, errors: list[dict]) -> list[dict]:
     return sorted(rows, key=first)
 
 
-def outputs_on(executable: object, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Each output over the samples, concatenated along the first axis (a classifier's scores, one
-    row an input)."""
-    runs = run_all(executable, samples)  # type: ignore[arg-type]  # an Executable
+def outputs_on(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Each output over the runs of the samples, concatenated along the first axis (a classifier's
+    scores, one row an input)."""
     return [np.concatenate([np.atleast_1d(run[i]) for run in runs]) for i in range(len(runs[0]))]
+
+
+class Clock:
+    """How a search's points are run and timed where the target's code runs on this server: each
+    point's build run on the samples, its layers' times the layer timing's (stages.fallback), the
+    points timed in turn with the float build (bench.time_models)."""
+
+    by = "measured"
+
+    def __init__(self, target: Target, job: QuantizedJob, samples: list[dict[str, np.ndarray]]):
+        self.target, self.job, self.samples = target, job, samples
+        self.device = target.device_name()
+        self.timed = f"timed in turn on {self.device}"
+
+    def outputs(self, build: Build) -> list[np.ndarray]:
+        return outputs_on(run_all(build.built.executable, self.samples))  # type: ignore[arg-type]  # an Executable
+
+    def saved(self, variant: Build, float_build: Build) -> dict[str, float]:
+        """Layer -> the ms its int8 kernel saves against its float kernel."""
+        assert variant.quantized is not None  # the variant searched is a quantized one
+        rows = (variant.quantized.layer_speed or {}).get("layers", [])
+        return {row["layer"]: row["fp32_ms"] - row["quant_ms"] for row in rows}
+
+    def times(self, builds: dict) -> dict:
+        inputs = model_inputs(builds["fp32"].fused)
+        if inputs is None:
+            raise ValueError("an input has no fixed shape, so the points cannot be timed")
+        executables = {k: b.built.executable for k, b in builds.items()}
+        return time_models(executables, inputs, self.target.device())
+
+    def notes(self, k: object) -> dict:
+        return {}
+
+
+class Estimate(Clock):
+    """A board's points (its code does not run here): each point's integer model run on this server's
+    CPU (the target's integer arithmetic, as quantize.layer_errors runs it), the float model's as the
+    reference; each point's build for the board estimated by llvm-mca on the board's core
+    (inspect.estimate_kernels), its layers' times those of their kernels in the estimates of the int8 and
+    float builds. The board times the build chosen after the build stage (the remote stage)."""
+
+    by = "llvm-mca"
+
+    def __init__(self, target: Target, job: QuantizedJob, samples: list[dict[str, np.ndarray]]):
+        super().__init__(target, job, samples)
+        cpu, clock, _ = target.mca_cpu()
+        threads = target.analysis_threads(0)
+        self.device = f"{target.name}: llvm-mca's estimate for {cpu} at {clock:g} GHz, {threads} cores"
+        self.timed = f"estimated by llvm-mca for {target.name}'s {cpu} at {clock:g} GHz, {threads} cores"
+        self.seen: dict = {}  # llvm-mca's figures by a kernel's assembly: points repeat most kernels
+        self.estimates: dict[int, tuple[list[dict], dict]] = {}
+        self.shares: dict[object, float | None] = {}
+
+    def outputs(self, build: Build) -> list[np.ndarray]:
+        return outputs_on(self.job.run_here(build.quantized, self.samples))
+
+    def estimate(self, build: Build) -> tuple[list[dict], dict]:
+        from webapp.pipeline.stages.inspect import estimate_kernels
+
+        if id(build) not in self.estimates:
+            b = build.built
+            self.estimates[id(build)] = estimate_kernels(
+                b.executable, b.fused, b.lowered, self.target, self.seen
+            )
+        return self.estimates[id(build)]
+
+    def saved(self, variant: Build, float_build: Build) -> dict[str, float]:
+        from webapp.pipeline.stages.fallback import per_layer_ms
+
+        assert variant.quantized is not None  # the variant searched is a quantized one
+        layers = variant.quantized.layers
+        ms = [
+            per_layer_ms(
+                layers,
+                b.fusion,
+                {
+                    "kernels": {
+                        k["name"]: {"ms": k["predicted_ms"], "calls": k["calls"]} for k in self.estimate(b)[0]
+                    }
+                },
+            )
+            for b in (float_build, variant)
+        ]
+        return {name: ms[0][name][1] - ms[1][name][1] for name in ms[0].keys() & ms[1].keys()}
+
+    def times(self, builds: dict) -> dict:
+        out = {}
+        for k, build in builds.items():
+            kernels, flop = self.estimate(build)
+            out[k] = sum(row["predicted_ms"] for row in kernels)
+            self.shares[k] = round(flop["analysed"] / flop["all"], 3) if flop["all"] else None
+            if not out[k]:
+                raise ValueError(f"llvm-mca analysed none of the {k} build's kernels: no time to compare")
+        return out
+
+    def notes(self, k: object) -> dict:
+        return {"analysed_flop_share": self.shares.get(k)}
 
 
 class Points:
@@ -113,7 +215,7 @@ class Points:
 
     def __init__(self, variant: Build, job: QuantizedJob, order: list[str], compared: tuple, rebuild):
         self.variant, self.job, self.order, self.rebuild = variant, job, order, rebuild
-        self.samples, self.reference = compared  # the inputs, and the float build's outputs on them
+        self.clock, self.reference = compared  # how outputs are had, and the float build's
         self.built: dict[int, tuple[Build, dict]] = {}
 
     def at(self, k: int) -> dict:
@@ -122,7 +224,7 @@ class Points:
             assert q is not None  # the variant searched is a quantized one
             floated = {layer.name for layer in q.skipped} | set(self.order[:k])
             point = self.variant if k == 0 else self.rebuild(self.job.without(q, floated, errors=False))
-            ours = outputs_on(point.built.executable, self.samples)
+            ours = self.clock.outputs(point)
             self.built[k] = (point, fidelity(ours, self.reference, classifier=True))
         return self.built[k][1]
 
@@ -168,22 +270,18 @@ def choose(
     q = variant.quantized
     assert q is not None  # a quantized variant is searched
     metric, least = budget_of(q.options.accuracy_budget)
-    inputs = model_inputs(variant.fused)
-    if inputs is None:
-        raise ValueError("an input has no fixed shape, so the points cannot be timed")
     samples = job.inputs[2][:SAMPLES]
-    reference = outputs_on(float_build.built.executable, samples)
+    clock = Clock(target, job, samples) if target.runs_cpu_code_here else Estimate(target, job, samples)
+    reference = clock.outputs(float_build)
     if metric == "top1_agree" and not (reference[0].ndim == 2 and reference[0].shape[1] > 1):
         raise ValueError("a top-1 budget needs a classifier's scores ([inputs, classes]); give it in dB")
     if q.errors is None:  # each layer's error as it accumulates (kept: complete_errors then has them)
         q.errors = job.without(q, {layer.name for layer in q.skipped}).errors
-    order = ranking(q, q.errors or [])
-    points = Points(variant, job, [row["layer"] for row in order], (samples, reference), rebuild)
+    order = ranking(q.errors or [], clock.saved(variant, float_build))
+    points = Points(variant, job, [row["layer"] for row in order], (clock, reference), rebuild)
     walk(points, len(order), metric, least)
-    executables: dict[object, object] = {"fp32": float_build.built.executable}
-    executables |= {k: point.built.executable for k, (point, _) in points.built.items()}
-    times = time_models(executables, inputs, target.device())
-    rows = point_rows(points, times, metric, least)
+    times = clock.times({"fp32": float_build} | {k: point for k, (point, _) in points.built.items()})
+    rows = point_rows(points, times, metric, least, clock.notes)
     chosen = min((row for row in rows if row["keeps"]), key=lambda row: row["ms"])
     kept = variant if chosen["k"] is None else points.built[chosen["k"]][0]
     record = kept.quantized
@@ -193,7 +291,9 @@ def choose(
         "budget": q.options.accuracy_budget,
         "metric": metric,
         "least": least,
-        "device": target.device_name(),
+        "device": clock.device,
+        "timed_by": clock.by,
+        "timed": clock.timed,
         "samples": len(samples),
         "ranking": order,
         "points": rows,
@@ -208,9 +308,12 @@ def choose(
     return kept
 
 
-def point_rows(points: Points, times: dict, metric: str, least: float) -> list[dict]:
+def point_rows(
+    points: Points, times: dict, metric: str, least: float, notes: Callable[[object], dict] = lambda k: {}
+) -> list[dict]:
     """The points tried, with the float build (k None) last: each one's layers in float, ms, speedup
-    over fp32, SQNR and top-1 against fp32, whether it keeps the budget and lies on the Pareto front."""
+    over fp32, SQNR and top-1 against fp32, whether it keeps the budget and lies on the Pareto front
+    (and the clock's notes on its time: Estimate's analysed share)."""
     rows = []
     for k, (point, measured) in sorted(points.built.items()):
         pq = point.quantized
@@ -229,6 +332,7 @@ def point_rows(points: Points, times: dict, metric: str, least: float) -> list[d
                 "keeps": keeps(measured, metric, least),
                 "layer_precision": dict.fromkeys(floated, "float"),
             }
+            | notes(k)
         )
     q = points.variant.quantized
     assert q is not None
@@ -237,6 +341,7 @@ def point_rows(points: Points, times: dict, metric: str, least: float) -> list[d
         {"k": None, "float_layers": None, "int8_layers": 0, "ms": times["fp32"], "speedup_vs_fp32": 1.0}
         | {"sqnr_db": None, "exact": True, "top1_agree": 1.0, "keeps": True, "layer_precision": None}
         | {"layers": everything}
+        | notes("fp32")
     )
     for row in rows:
         row["pareto"] = not any(dominates(other, row, metric) for other in rows)

@@ -67,6 +67,17 @@ class QuantizedJob:
             for layer, quantized in zip(observed.layers, was, strict=True):
                 layer.quantized = quantized
 
+    def run_here(self, q: Quantized | None, samples: list[dict[str, np.ndarray]]) -> list[list]:
+        """q's integer model (the float model for None) compiled for this server's CPU and run on each
+        sample: the target's integer arithmetic as layer_errors runs it (a board's points are compared
+        so: stages.precision)."""
+        from webapp.pipeline.stages.bench import run_all
+        from webapp.pipeline.stages.build import compile_relax
+        from webapp.targets import host
+
+        mod = q.mod if q is not None else self.inputs[4].module
+        return run_all(compile_relax(mod, host())[0], samples)
+
     def replace(self, old: Quantized, new: Quantized) -> None:
         """`new` in the place of `old` (the variant with layers kept in float), saved as old was."""
         self.variants[self.variants.index(old)] = new
