@@ -180,6 +180,10 @@ def test_the_chosen_point_and_the_front_are_drawn_with_a_button_for_each_other_p
     assert "estimate for cortex-a76" in html
     assert [c in html for c in (">97%<", ">100%<", ">50%<")] == [True] * 3
     assert pareto_chart(board)["x_unit"] == "ms a run, llvm-mca's estimate (lower is faster)"
+    assert all(d["labelled"] for d in chart["dots"])
+    # two points on one spot: the chosen one's label is written, the other's left to its tooltip
+    close = search | {"points": [search["points"][0] | {"sqnr_db": 44.5}, *search["points"][1:]]}
+    assert [d["labelled"] for d in (pareto_chart(close) or {})["dots"]] == [False, True, True]
 
 
 @pytest.mark.parametrize(

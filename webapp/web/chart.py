@@ -164,6 +164,12 @@ def pareto_chart(search: dict) -> dict | None:
         x, py = at(p["ms"], y if y is not None else top if p.get("exact") else 0.0)
         label = "fp32" if p["k"] is None else f"{len(p['float_layers'])} float"
         dots.append({"x": x, "y": py, "label": label, "index": i} | {k: p[k] for k in ("pareto", "keeps")})
+    # a label written over another would be unreadable: the chosen point's first, then in order; a dot
+    # left without one keeps its tooltip
+    labelled: list[dict] = []
+    for d in sorted(dots, key=lambda d: d["index"] != search["chosen"]):
+        d["labelled"] = not any(abs(o["x"] - d["x"]) < 40 and abs(o["y"] - d["y"]) < 12 for o in labelled)
+        labelled += [d] if d["labelled"] else []
     front = sorted((d for d in dots if d["pareto"]), key=lambda d: d["x"])
     return {
         "dots": dots,
