@@ -173,3 +173,20 @@ def test_an_older_quantize_dynamic_file_reads_every_convolution_with_its_float_b
     assert all(len(n.input) == 3 for n in model.graph.node if n.op_type == "Conv")  # with their biases
     assert pre.in_float == []
     assert {"LSTM_202_quant_W", "LSTM_202_quant_R"} <= set(pre.weights)
+
+
+def test_a_yolo_detector_with_one_layer_kept_in_float_is_observed_as_with_none():
+    """NudeNet (YOLOv8n) with its 1x1 convolution "02" kept in float (layer_precision, as "Build this
+    point" asks): the float model returning the quantized layers' tensors but that layer's failed in TVM's
+    FuseTIR ("func_info_.global_name != fused"); every layer's are observed, whichever are quantized."""
+    from webapp.options import JobOptions
+    from webapp.pipeline.stages.bench import make_inputs
+    from webapp.pipeline.stages.importers import import_onnx
+    from webapp.pipeline.stages.quantize import observe
+
+    model = import_onnx(fetch(CORPUS["nudenet-320n"]), {"images": [1, 3, 320, 320]}, {})
+    options = JobOptions(quantize="int8", layer_precision={"02 conv2d 32x32x1x1": "float"})
+    observed = observe(model.mod, options, [make_inputs(model.inputs, seed=1)])
+    floated = [layer.name for layer in observed.layers if not layer.quantized]
+    assert floated == ["02 conv2d 32x32x1x1"] and len(observed.layers) == 64
+    assert all(len(observed.float_of[t]) == 1 for layer in observed.layers for t in (layer.data, layer.out))

@@ -211,8 +211,10 @@ def observe(
     quantized = [layer for layer in layers if layer.quantized]
     if not quantized:
         raise ValueError("Every quantizable layer was skipped (skip first / skip last): nothing to quantize.")
-    tensors = list(dict.fromkeys(t for layer in quantized for t in (layer.data, layer.out)))
-    # The float model returning those tensors as well, run on this machine whatever the target.
+    # Every layer's input and result, whichever are quantized: the float model returning them as well,
+    # run on this machine whatever the target. TVM's FuseTIR failed on NudeNet returning those of all
+    # layers but one kept in float by layer_precision ("Check failed: func_info_.global_name != fused").
+    tensors = list(dict.fromkeys(t for layer in layers for t in (layer.data, layer.out)))
     executable, _ = compile_relax(with_outputs(module, func, tensors), host())
     report(0.2)
     with step(f"calibration: the float model run on {len(samples)} inputs"):
