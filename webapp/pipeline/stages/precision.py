@@ -29,7 +29,7 @@ import numpy as np
 
 from webapp.options import budget_of
 from webapp.pipeline.errors import error_message
-from webapp.pipeline.stages.bench import model_inputs, run_all, time_models
+from webapp.pipeline.stages.bench import bench_threads, model_inputs, run_all, time_models
 from webapp.pipeline.stages.fidelity import fidelity
 
 if TYPE_CHECKING:
@@ -46,12 +46,12 @@ SAMPLES = 32  # calibration inputs each point's outputs are compared on
 def not_searched(target: Target) -> str | None:
     """Why a job with an accuracy budget gets no search on this target, or None: the points are timed
     where the code runs here, else estimated by llvm-mca for the core the code is for (Estimate)."""
-    if target.runs_cpu_code_here or (target.dialect is not None and target.mca_cpu()[1]):
+    if target.runs_cpu_code_here or (target.timed_on_board and target.dialect and target.mca_cpu()[1]):
         return None
     return (
-        f"the points are timed where the code runs, or estimated by llvm-mca for the core it is for; "
-        f"{target.name}'s code does not run on this server and llvm-mca models no core and clock for it, "
-        "so every layer stays as quantized"
+        f"the points are timed where the code runs, or for a board estimated by llvm-mca for its core; "
+        f"{target.name}'s code runs neither on this server nor on a board of the pool, so every layer stays "
+        "as quantized"
     )
 
 
@@ -120,10 +120,15 @@ class Clock:
 
     by = "measured"
 
-    def __init__(self, target: Target, job: QuantizedJob, samples: list[dict[str, np.ndarray]]):
+    def __init__(
+        self, target: Target, job: QuantizedJob, samples: list[dict[str, np.ndarray]], fused: object
+    ):
         self.target, self.job, self.samples = target, job, samples
         self.device = target.device_name()
         self.timed = f"timed in turn on {self.device}"
+        self.inputs = model_inputs(fused)  # type: ignore[arg-type]  # a fused IRModule
+        if self.inputs is None:  # said before any point is built
+            raise ValueError("an input has no fixed shape, so the points cannot be timed")
 
     def outputs(self, build: Build) -> list[np.ndarray]:
         return outputs_on(run_all(build.built.executable, self.samples))  # type: ignore[arg-type]  # an Executable
@@ -135,11 +140,8 @@ class Clock:
         return {row["layer"]: row["fp32_ms"] - row["quant_ms"] for row in rows}
 
     def times(self, builds: dict) -> dict:
-        inputs = model_inputs(builds["fp32"].fused)
-        if inputs is None:
-            raise ValueError("an input has no fixed shape, so the points cannot be timed")
         executables = {k: b.built.executable for k, b in builds.items()}
-        return time_models(executables, inputs, self.target.device())
+        return time_models(executables, self.inputs, self.target.device())  # type: ignore[arg-type]  # checked
 
     def notes(self, k: object) -> dict:
         return {}
@@ -155,9 +157,9 @@ class Estimate(Clock):
     by = "llvm-mca"
 
     def __init__(self, target: Target, job: QuantizedJob, samples: list[dict[str, np.ndarray]]):
-        super().__init__(target, job, samples)
+        self.target, self.job, self.samples = target, job, samples
         cpu, clock, _ = target.mca_cpu()
-        threads = target.analysis_threads(0)
+        threads = target.analysis_threads(bench_threads())  # as estimate_kernels assumes
         self.device = f"{target.name}: llvm-mca's estimate for {cpu} at {clock:g} GHz, {threads} cores"
         self.timed = f"estimated by llvm-mca for {target.name}'s {cpu} at {clock:g} GHz, {threads} cores"
         self.seen: dict = {}  # llvm-mca's figures by a kernel's assembly: points repeat most kernels
@@ -271,7 +273,11 @@ def choose(
     assert q is not None  # a quantized variant is searched
     metric, least = budget_of(q.options.accuracy_budget)
     samples = job.inputs[2][:SAMPLES]
-    clock = Clock(target, job, samples) if target.runs_cpu_code_here else Estimate(target, job, samples)
+    clock = (
+        Clock(target, job, samples, variant.fused)
+        if target.runs_cpu_code_here
+        else Estimate(target, job, samples)
+    )
     reference = clock.outputs(float_build)
     if metric == "top1_agree" and not (reference[0].ndim == 2 and reference[0].shape[1] > 1):
         raise ValueError("a top-1 budget needs a classifier's scores ([inputs, classes]); give it in dB")
