@@ -20,10 +20,10 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from tests.conftest import int8_instruction, wait_for_job
-from webapp.cli import headline_lines
 from webapp.jobs.store import JobStore
 from webapp.jobs.worker import run_job
 from webapp.pipeline.reports.facts import build_name
+from webapp.result_text import headline_lines
 
 
 def submit(client, data: dict, file: tuple[bytes, str] | None = None, calibration: dict | None = None):

@@ -127,7 +127,7 @@ def test_a_finished_job_bisected_through_the_api_is_a_new_job_with_its_bisection
     """POST /api/jobs/<id>/bisect: the job again, same model and options, with the bisection; its result
     says where each build's outputs would leave the reference (here nowhere), as the CLI prints it."""
     from tests.conftest import wait_for_job
-    from webapp.cli import bisection_lines
+    from webapp.result_text import bisection_lines
 
     first = client.post("/api/jobs", data={"example": "mlp", "target": "x86-host"}).get_json()
     done = wait_for_job(client, first["id"])

@@ -507,7 +507,7 @@ def test_headline_puts_tvm_against_the_fastest_other_runtime_on_its_device_and_s
 
 
 def test_cli_table_of_a_board_job_says_emulated_and_bit_exact():
-    from webapp.cli import benchmark_table
+    from webapp.result_text import benchmark_table
 
     table = benchmark_table(with_facts(board_results()))
     assert table.splitlines()[0] == f"Benchmark (2 threads, {EMULATED_RPI5}):"
