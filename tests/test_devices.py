@@ -188,7 +188,7 @@ def test_a_budget_on_a_board_chooses_by_llvm_mcas_estimate_and_the_board_times_t
     q = result["quantization"]
     search = q["precision_search"]
     assert "error" not in search, search["error"]
-    assert search["timed_by"] == "llvm-mca" and "cortex-a76" in search["timed"]
+    assert search["timed_by"] == "llvm-mca" and "cortex-a76" in search["device"]
     points, chosen = search["points"], search["points"][search["chosen"]]
     assert points[0]["k"] == 0 and not points[0]["keeps"] and points[0]["sqnr_db"] < 30, points
     assert chosen["keeps"] and chosen["k"] is not None and chosen["sqnr_db"] >= 30, points

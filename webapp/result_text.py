@@ -56,7 +56,8 @@ def precision_lines(search: dict) -> str:
     """The precision search's points, a line each, the chosen one marked."""
     if search.get("error"):
         return f"Precision search ({search['budget']}): not run: {search['error']}"
-    lines = [f"Precision search, budget {search['budget']} (points {search.get('timed', 'timed')}):"]
+    how = "" if search.get("timed_by") == "llvm-mca" else "timed in turn on "
+    lines = [f"Precision search, budget {search['budget']} (points {how}{search['device']}):"]
     for i, p in enumerate(search["points"]):
         what = "fp32" if p["k"] is None else f"{len(p['float_layers'])} layers in float"
         sqnr = "exact" if p["exact"] else "not compared" if p["sqnr_db"] is None else f"{p['sqnr_db']:.1f} dB"

@@ -125,7 +125,6 @@ class Clock:
     ):
         self.target, self.job, self.samples = target, job, samples
         self.device = target.device_name()
-        self.timed = f"timed in turn on {self.device}"
         self.inputs = model_inputs(fused)  # type: ignore[arg-type]  # a fused IRModule
         if self.inputs is None:  # said before any point is built
             raise ValueError("an input has no fixed shape, so the points cannot be timed")
@@ -135,9 +134,13 @@ class Clock:
 
     def saved(self, variant: Build, float_build: Build) -> dict[str, float]:
         """Layer -> the ms its int8 kernel saves against its float kernel."""
-        assert variant.quantized is not None  # the variant searched is a quantized one
-        rows = (variant.quantized.layer_speed or {}).get("layers", [])
+        rows = self.layer_rows(variant, float_build)
         return {row["layer"]: row["fp32_ms"] - row["quant_ms"] for row in rows}
+
+    def layer_rows(self, variant: Build, float_build: Build) -> list[dict]:
+        """The layer timing's rows (stages.fallback.layer_times of the two profiles)."""
+        assert variant.quantized is not None  # the variant searched is a quantized one
+        return (variant.quantized.layer_speed or {}).get("layers", [])
 
     def times(self, builds: dict) -> dict:
         executables = {k: b.built.executable for k, b in builds.items()}
@@ -161,7 +164,6 @@ class Estimate(Clock):
         cpu, clock, _ = target.mca_cpu()
         threads = target.analysis_threads(bench_threads())  # as estimate_kernels assumes
         self.device = f"{target.name}: llvm-mca's estimate for {cpu} at {clock:g} GHz, {threads} cores"
-        self.timed = f"estimated by llvm-mca for {target.name}'s {cpu} at {clock:g} GHz, {threads} cores"
         self.seen: dict = {}  # llvm-mca's figures by a kernel's assembly: points repeat most kernels
         self.estimates: dict[int, tuple[list[dict], dict]] = {}
         self.shares: dict[object, float | None] = {}
@@ -179,24 +181,20 @@ class Estimate(Clock):
             )
         return self.estimates[id(build)]
 
-    def saved(self, variant: Build, float_build: Build) -> dict[str, float]:
-        from webapp.pipeline.stages.fallback import per_layer_ms
+    def layer_rows(self, variant: Build, float_build: Build) -> list[dict]:
+        """fallback.layer_times of the two builds' estimates, each as a profile of its kernels."""
+        from webapp.pipeline.stages.fallback import layer_times
 
         assert variant.quantized is not None  # the variant searched is a quantized one
-        layers = variant.quantized.layers
-        ms = [
-            per_layer_ms(
-                layers,
-                b.fusion,
-                {
-                    "kernels": {
-                        k["name"]: {"ms": k["predicted_ms"], "calls": k["calls"]} for k in self.estimate(b)[0]
-                    }
-                },
-            )
+        profiles = [
+            {
+                "kernels": {
+                    k["name"]: {"ms": k["predicted_ms"], "calls": k["calls"]} for k in self.estimate(b)[0]
+                }
+            }
             for b in (float_build, variant)
         ]
-        return {name: ms[0][name][1] - ms[1][name][1] for name in ms[0].keys() & ms[1].keys()}
+        return layer_times(variant.quantized.layers, float_build, variant, (profiles[0], profiles[1]))
 
     def times(self, builds: dict) -> dict:
         out = {}
@@ -299,7 +297,6 @@ def choose(
         "least": least,
         "device": clock.device,
         "timed_by": clock.by,
-        "timed": clock.timed,
         "samples": len(samples),
         "ranking": order,
         "points": rows,
