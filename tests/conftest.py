@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,19 @@ def server_environment(config) -> None:
     os.environ["PLAYGROUND_BENCH_BUDGET_S"] = str(config.bench_budget_s)
     os.environ["PLAYGROUND_QUIET_WAIT_S"] = str(config.quiet_wait_s)
     os.environ["PLAYGROUND_TIMING_LOCK"] = str(config.timing_lock)
+
+
+@pytest.fixture()
+def one_thread(config) -> Iterator[None]:
+    """Jobs submitted in the test time on one thread: for tests that assert on a choice made by timing
+    (a precision search, the layers kept in float). make test's other process shares the two cores, and a
+    two-thread kernel then waits at each barrier for the thread it holds, so a model of more kernels (int8
+    with its quantize steps) measures slower than it runs: the digits CNN's int8 build at batch 256 timed
+    1.0x fp32 beside another test's job, 1.9x alone."""
+    threads = config.bench_threads
+    object.__setattr__(config, "bench_threads", 1)  # the session's Config is frozen: set for this test only
+    yield
+    object.__setattr__(config, "bench_threads", threads)
 
 
 @pytest.fixture(scope="session")

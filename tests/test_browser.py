@@ -733,7 +733,9 @@ def test_a_finished_int8_job_bisected_from_its_page_shows_the_points_it_ran(page
     )
 
 
-def test_a_budget_typed_in_the_form_draws_its_points_and_builds_another_point(page, live_server, tmp_path):
+def test_a_budget_typed_in_the_form_draws_its_points_and_builds_another_point(
+    page, live_server, tmp_path, one_thread
+):
     """The form's accuracy budget on the digits CNN at batch 64 (activations clipped to +-3, so that int8
     misses it): the page draws the points tried with the chosen one marked and the budget, and "Build
     this point" submits the job again as the other point, which opens as a new job with its layers."""
