@@ -51,7 +51,9 @@ def submit(client, model: bytes, data: bytes, **options) -> dict:
     return job
 
 
-def test_the_budget_keeps_the_fastest_mix_that_holds_it_and_each_point_builds_again(client, digits_batch, one_thread):
+def test_the_budget_keeps_the_fastest_mix_that_holds_it_and_each_point_builds_again(
+    client, digits_batch, one_thread
+):
     """With a budget the int8 build misses, the search keeps layers in float until a point holds it;
     the chosen point holds it, is the fastest point that does and is faster than fp32, and the job's
     int8 build is that point (its layers in float are its skipped layers). POST .../precision builds
