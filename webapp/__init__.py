@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def create_app(config: Config | None = None) -> Flask:
     from webapp.jobs.queue import JobQueue
     from webapp.machine.sandbox import check_bubblewrap
-    from webapp.web import api, inputs, pages
+    from webapp.web import api, inputs, lab, pages
 
     config = config or Config.from_env()
     if not config.unsandboxed:
@@ -30,6 +30,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(inputs.bp)
+    app.register_blueprint(lab.bp)
     cache_and_compress(app)
     if config.submit_rate:
         limit_submissions(app, config)

@@ -127,6 +127,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from webapp.machine.sandbox import check_bubblewrap
 
         check_bubblewrap()
+    from webapp.jobs.lab import waiting_labs
     from webapp.jobs.own_input import waiting_runs
     from webapp.jobs.queue import JobQueue
     from webapp.jobs.worker import look_after, requeue_waiting
@@ -135,6 +136,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     requeue_waiting(config, queue.enqueue)
     for job_id, run_id in waiting_runs(config):  # own-input runs, likewise
         queue.enqueue_input(job_id, run_id)
+    for lab_id in waiting_labs(config):  # and kernel lab runs
+        queue.enqueue_lab(lab_id)
     look_after(config, queue.enqueue)  # dead workers here, lost machines, the retention policy
     queue.consumer(workers=args.jobs).run()
     return 0

@@ -33,7 +33,13 @@ class JobQueue:
 
             run_input(config, job_id, run_id)
 
-        self.run_job_task, self.run_input_task = run_job_task, run_input_task
+        @self.huey.task(name="run_lab")
+        def run_lab_task(lab_id: str) -> None:
+            from webapp.jobs.lab import run_lab
+
+            run_lab(config, lab_id)
+
+        self.run_job_task, self.run_input_task, self.run_lab_task = run_job_task, run_input_task, run_lab_task
 
     def enqueue(self, job_id: str) -> None:
         self.run_job_task(job_id)
@@ -41,6 +47,10 @@ class JobQueue:
     def enqueue_input(self, job_id: str, run_id: str) -> None:
         """A result's model on a user's input (webapp/jobs/own_input.py)."""
         self.run_input_task(job_id, run_id)
+
+    def enqueue_lab(self, lab_id: str) -> None:
+        """A kernel lab run (webapp/jobs/lab.py)."""
+        self.run_lab_task(lab_id)
 
     def consumer(self, workers: int = 1) -> Consumer:
         """A huey consumer; `.start()` runs it in threads, `.run()` in the foreground."""

@@ -24,6 +24,9 @@ from webapp.machine import timing_slot
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_UID = 65534  # nobody, when the worker runs as root
+# The kernel lab's user code (webapp/jobs/lab.py), as another user: RLIMIT_NPROC counts a user's processes
+# across sandboxes, and a fork bomb typed in the lab would otherwise leave running jobs no threads
+LAB_UID = 65533
 
 
 @dataclass
@@ -118,6 +121,7 @@ def bwrap_command(
     command: list[str],
     network: bool = False,
     timing_lock: Path | None = None,
+    uid: int = SANDBOX_UID,
 ) -> list[str]:
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for node in gpu_device_nodes():  # a job for a CUDA target runs and times its code on the GPU
@@ -163,8 +167,8 @@ def bwrap_command(
         # setuid to nobody clears the capabilities; the bounding set and no_new_privs keep them gone
         args += [
             "setpriv",
-            f"--reuid={SANDBOX_UID}",
-            f"--regid={SANDBOX_UID}",
+            f"--reuid={uid}",
+            f"--regid={uid}",
             "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",
@@ -233,6 +237,7 @@ def run_sandboxed(
     network: bool = False,
     stop: Callable[[], str | None] | None = None,
     pausable: bool = True,
+    uid: int = SANDBOX_UID,
 ) -> Outcome:
     """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
@@ -248,7 +253,7 @@ def run_sandboxed(
         # The sandbox user owns the job folder, the only place it can write, but not its inputs.
         for path in [job_dir, *job_dir.rglob("*")]:
             if not path.is_relative_to(job_dir / "input"):
-                os.lchown(path, SANDBOX_UID, SANDBOX_UID)
+                os.lchown(path, uid, uid)
         nproc = config.process_limit
     else:
         nproc = user_process_count() + config.process_limit
@@ -258,7 +263,7 @@ def run_sandboxed(
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:
-        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network, lock)
+        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network, lock, uid)
     why = stop() if stop is not None else None
     if why:  # the job was lost before its sandbox started: it does not start
         return Outcome(-1, why, 0.0)

@@ -1,0 +1,193 @@
+"""The kernel lab's runs: a user's kernel and schedule (TVMScript and Python) built for a CPU preset and
+shown at every level, each run a permanent short link (/lab/<id>). The code runs only in the sandbox
+(webapp/pipeline/lab.py), with limits of its own (LIMITS); a run lives in data/lab/<id>/, the sandbox's
+to write, and its status beside it (<id>.status.json, the worker's). Runs are queued like jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from webapp.config import Config
+from webapp.jobs.store import read_untrusted_json
+from webapp.jsonfile import write_json_atomic
+from webapp.machine.sandbox import LAB_UID, run_sandboxed
+from webapp.options import SubmitError
+from webapp.targets import TARGETS
+from webapp.targets.base import LLVMCPU
+
+MAX_CODE_CHARS = 64_000
+# What one run may take: a kernel's build is well under a second; a naive reference of a large kernel
+# and its timing take seconds; anything near these limits is the code's own doing.
+LIMITS = {
+    "wall_limit_s": 60,
+    "cpu_limit_s": 120,
+    "memory_limit_mb": 6144,
+    "process_limit": 256,  # per user: counts the threads of jobs running beside it too
+    "output_limit_mb": 64,
+}
+TEXTS = {"tir": "tir.py", "llvm": "kernel.ll", "asm": "kernel.s", "mca": "mca.txt"}  # what a run writes
+MAX_TEXT_BYTES = 4 << 20
+
+
+def lab_root(config: Config) -> Path:
+    return config.data_dir / "lab"
+
+
+def lab_dir(config: Config, lab_id: str) -> Path:
+    return lab_root(config) / lab_id
+
+
+def status_file(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".status.json")
+
+
+def claim_file(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".claimed")
+
+
+def lab_targets() -> list[str]:
+    """The presets the lab builds for: every CPU compiled by TVM's LLVM back end, boards included."""
+    return [name for name, t in TARGETS.items() if isinstance(t, LLVMCPU)]
+
+
+def create_lab(config: Config, code: object, target: object, parent: object = None) -> str:
+    """Saves a kernel's code and target as a new queued run; its id (raises SubmitError)."""
+    if not isinstance(code, str) or not code.strip():
+        raise SubmitError("Send the kernel's code: TVMScript defining main, and a schedule(sch) function.")
+    if len(code) > MAX_CODE_CHARS:
+        raise SubmitError(f"The code is {len(code):,} characters; the lab takes {MAX_CODE_CHARS:,} at most.")
+    if target not in lab_targets():
+        raise SubmitError(f"Choose a CPU target: {', '.join(lab_targets())}.")
+    lab_id = secrets.token_urlsafe(6)
+    folder = lab_dir(config, lab_id)
+    (folder / "input").mkdir(parents=True)
+    write_json_atomic(folder / "input" / "lab.json", {"code": code, "target": target})
+    known = isinstance(parent, str) and status_file(lab_dir(config, parent)).exists() and "/" not in parent
+    status = {"status": "queued", "created": time.time(), "target": target}
+    write_json_atomic(status_file(folder), status | ({"parent": parent} if known else {}))
+    return lab_id
+
+
+def waiting_labs(config: Config) -> list[str]:
+    """Runs no worker claimed: queued again at a worker's start."""
+    return [
+        s.name.removesuffix(".status.json")
+        for s in sorted(lab_root(config).glob("*.status.json"))
+        if not claim_file(s.with_name(s.name.removesuffix(".status.json"))).exists()
+    ]
+
+
+def queued_before(config: Config, created: float) -> int:
+    """Lab runs queued before `created` that no worker has taken yet."""
+    return sum(
+        1
+        for status in lab_root(config).glob("*.status.json")
+        if (read_untrusted_json(status, 1 << 16) or {}).get("status") == "queued"
+        and (read_untrusted_json(status, 1 << 16) or {}).get("created", 0) < created
+    )
+
+
+def run_lab(config: Config, lab_id: str) -> None:
+    """The worker's part: claim the run once, run the code in the sandbox under LIMITS, record its end."""
+    folder = lab_dir(config, lab_id)
+    try:
+        os.close(os.open(claim_file(folder), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:  # run by another worker already, or gone
+        return
+    status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
+    write_json_atomic(status_file(folder), status)
+    lower = {k: min(v, getattr(config, k)) for k, v in LIMITS.items()}  # a server's own, where lower
+    limited = dataclasses.replace(config, **lower)  # type: ignore[arg-type]  # the int fields named
+    error = None
+    try:
+        command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
+        outcome = run_sandboxed(folder, limited, command, uid=LAB_UID)
+        result = read_untrusted_json(folder / "result.json", 1 << 20)
+        if outcome.limit or not isinstance(result, dict) or result.get("status") not in ("done", "failed"):
+            error = outcome.limit or "The run ended without a result."
+    except Exception as exc:  # our bug: said on the run's page
+        error = f"Could not run the code: {exc}"
+    status |= {"status": "failed" if error else "done", "ended": time.time()}
+    write_json_atomic(status_file(folder), status | ({"error": str(error)[:4000]} if error else {}))
+
+
+def text_of(folder: Path, name: str) -> str | None:
+    """One of the texts a run wrote, where it is a plain file within MAX_TEXT_BYTES."""
+    path = folder / name
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_TEXT_BYTES:
+            return None
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def lab_view(config: Config, lab_id: str) -> dict | None:
+    """A run as its page and JSON show it: the worker's status, the code and target asked, and what the
+    sandbox found, checked field by field (it wrote them)."""
+    if not lab_id.replace("-", "").replace("_", "").isalnum():
+        return None
+    folder = lab_dir(config, lab_id)
+    status = read_untrusted_json(status_file(folder), 1 << 16)
+    asked = read_untrusted_json(folder / "input" / "lab.json", 1 << 20)
+    if not isinstance(status, dict) or not isinstance(asked, dict):
+        return None
+    found = read_untrusted_json(folder / "result.json", 1 << 20)
+    found = clean_result(found) if isinstance(found, dict) else {}
+    view = {"id": lab_id, "status": status["status"], "code": asked["code"], "target": asked["target"]}
+    view |= {k: status[k] for k in ("created", "started", "ended", "error", "parent") if k in status}
+    if found.get("status") == "failed" and view["status"] == "done":  # the code's error: the run is failed
+        view |= {"status": "failed", "error": found.get("error"), "stage": found.get("stage")}
+        view["line"] = found.get("line")
+    view["result"] = found
+    view["texts"] = {k: text_of(folder, name) for k, name in TEXTS.items()}
+    return view
+
+
+def number(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def part(r: dict, key: str) -> dict:
+    """r[key] where it is an object, else {}."""
+    value = r.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def clean_result(r: dict) -> dict:
+    """The sandbox's result.json, only the fields the page uses, each of its type."""
+    out: dict = {k: str(r[k])[:4000] for k in ("status", "stage", "error", "device", "phase") if k in r}
+    out["line"] = int(r["line"]) if isinstance(r.get("line"), int) else None
+    span = r.get("hot_loop")
+    out["hot_loop"] = [int(x) for x in span] if isinstance(span, list) and len(span) == 2 else None
+    mca = part(r, "mca")
+    figures = ("cycles_per_iteration", "ipc", "ops_per_iteration")
+    out["mca"] = {k: number(v) for k, v in mca.items() if k in figures}
+    out["mca"] |= {k: str(v)[:300] for k, v in mca.items() if k in ("bottleneck", "why", "limit")}
+    time_ = part(r, "time")
+    out["time"] = (
+        {
+            "ms": number(time_.get("ms")),
+            "by": "measured" if time_.get("by") == "measured" else "llvm-mca",
+            "runs": number(time_.get("runs")),
+            "threads": number(time_.get("threads")),
+        }
+        if time_
+        else None
+    )
+    check = part(r, "check")
+    wrong = check["wrong"] if isinstance(check.get("wrong"), list) else []
+    out["check"] = {
+        "matches": check.get("matches") if isinstance(check.get("matches"), bool) else None,
+        "largest_difference": number(check.get("largest_difference")),
+        "wrong": [str(x)[:100] for x in wrong][:50],
+        "why": str(check["why"])[:300] if "why" in check else None,
+    }
+    out |= {k: number(r.get(k)) for k in ("code_s", "build_s", "total_s")}
+    return out
