@@ -1,4 +1,4 @@
-"""The kernel lab (webapp/jobs/lab.py): POST /api/lab, a run's JSON at /api/lab/<id>, its page /lab/<id>."""
+"""The kernel lab (webapp/jobs/lab.py): POST /api/lab, a run's JSON at /api/lab/<id>."""
 
 from __future__ import annotations
 
@@ -41,16 +41,9 @@ def submitted() -> str:
 @bp.post("/api/lab")
 def api_create() -> tuple[Response, int]:
     lab_id = submitted()
-    urls = {"url": url_for("lab.page", lab_id=lab_id, _external=True)}
-    urls["api_url"] = url_for("lab.api_get", lab_id=lab_id, _external=True)
-    return jsonify({"id": lab_id} | urls), 202
+    return jsonify({"id": lab_id, "api_url": url_for("lab.api_get", lab_id=lab_id, _external=True)}), 202
 
 
 @bp.get("/api/lab/<lab_id>")
 def api_get(lab_id: str) -> Response:
     return jsonify(view_or_404(lab_id))
-
-
-@bp.get("/lab/<lab_id>")
-def page(lab_id: str) -> Response:
-    return jsonify(view_or_404(lab_id))  # the page's own template comes with the editor
