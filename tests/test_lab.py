@@ -161,3 +161,36 @@ def test_hostile_code_ends_with_a_clear_message_and_changes_nothing_outside_its_
     assert view is not None and view["status"] == "failed" and words in (view.get("error") or ""), view
     assert not marker.exists() and not reached and secret.read_text() == "not the sandbox's to read"
     assert sorted(p.name for p in tight.data_dir.iterdir() if p.name not in made) == before
+
+
+@pytest.mark.parametrize("name", ["matmul", "conv2d_nhwc", "depthwise_conv2d", "softmax", "layer_norm"])
+def test_each_starter_builds_matches_its_unscheduled_kernel_and_is_timed(client, name):
+    from webapp.jobs.lab import starters
+
+    view = lab(client, starters()[name])
+    assert view["status"] == "done", view
+    assert view["result"]["check"]["matches"] is True and view["result"]["time"]["ms"] > 0, view["result"]
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize(("target", "instruction"), [("x86-host", None), ("rpi5", "sdot")])
+def test_the_int8_starter_runs_on_the_targets_dot_product_instruction(client, target, instruction):
+    """On this server's CPU its instruction where it has one (vpdpbusd with VNNI), else vectorized loops
+    (AVX2); on the Pi 5 sdot, in the hot loop llvm-mca analyses."""
+    from webapp.jobs.lab import starters
+
+    view = lab(client, starters()["int8_matmul_dot"], target)
+    assert view["status"] == "done", view
+    r, asm = view["result"], view["texts"]["asm"]
+    hot = "\n".join(asm.splitlines()[r["hot_loop"][0] - 1 : r["hot_loop"][1]])
+    if target != "x86-host":
+        assert instruction in hot, hot
+        return
+    from webapp.targets import get
+
+    assert r["check"]["matches"] is True
+    kind = get("x86-host").dot_instruction() or ""  # this CPU's (in make test's isa pass, AVX2's: none)
+    if "VNNI" in kind:
+        assert "vpdpbusd" in hot, hot
+    else:  # its int8 form is a pair of instructions, which the starter leaves to LLVM's vectorizer
+        assert "vpdpbusd" not in asm

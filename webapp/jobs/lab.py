@@ -16,7 +16,7 @@ from pathlib import Path
 from webapp.config import Config
 from webapp.jobs.store import read_untrusted_json
 from webapp.jsonfile import write_json_atomic
-from webapp.machine.sandbox import LAB_UID, run_sandboxed
+from webapp.machine.sandbox import LAB_UID, PROJECT_ROOT, run_sandboxed
 from webapp.options import SubmitError
 from webapp.targets import TARGETS
 from webapp.targets.base import LLVMCPU
@@ -49,6 +49,14 @@ def status_file(folder: Path) -> Path:
 
 def claim_file(folder: Path) -> Path:
     return folder.with_name(folder.name + ".claimed")
+
+
+STARTERS = PROJECT_ROOT / "lab_starters"  # kernels to start from: one .py each, a comment first
+
+
+def starters() -> dict[str, str]:
+    """name -> code of each starter kernel, by name."""
+    return {p.stem: p.read_text() for p in sorted(STARTERS.glob("*.py"))}
 
 
 def lab_targets() -> list[str]:

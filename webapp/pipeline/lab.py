@@ -61,7 +61,10 @@ def message_of(exc: BaseException) -> str:
     """The error's own words, without TVM's C++ backtrace."""
     text = str(exc).strip() or type(exc).__name__
     text = re.split(r"\n(?:Stack trace|Traceback|  File )", text)[0]
-    return f"{type(exc).__name__}: {text}"[:4000]
+    said = text.find("Error message:")  # a ScheduleError: its reason first, then the IR it quotes
+    if said >= 0:
+        text = f"{text[: text.find(chr(10))]}\n{text[said:].strip()}\n\n{text[:said].strip()}"
+    return f"{type(exc).__name__}: {text.removeprefix(type(exc).__name__ + ': ')}"[:4000]
 
 
 def stage(name: str) -> Callable[[Callable], Callable]:
@@ -221,6 +224,23 @@ def estimated(func: tvm.tirx.PrimFunc, figures: dict, target: Target) -> dict | 
     return {"ms": ms, "by": "llvm-mca", "threads": threads, "clock_ghz": clock} if ms is not None else None
 
 
+def dot_product(target: Target) -> dict | None:
+    """The target's widest int8 dot-product instruction that is one instruction over 4 bytes a lane (as
+    the project's int8 kernels use it, webapp/pipeline/rules/int8_dot.py), its tensor intrinsic
+    registered: {"name", "intrinsic", "lanes", "activations"}; None where it has none (AVX2, plain NEON).
+    The code reads it as `dot`."""
+    from webapp.pipeline.rules import int8, int8_dot
+
+    skip: tuple = ()
+    while (kind := target.dot_instruction(skip=skip)) is not None:  # type: ignore[attr-defined]  # a CPU's
+        if int8.form(kind) is int8_dot:
+            lanes, activations = int8.DOT_INSTRUCTIONS[kind][:2]
+            intrinsic = int8.register_dot(kind)
+            return {"name": kind, "intrinsic": intrinsic, "lanes": lanes, "activations": activations}
+        skip += (kind,)
+    return None
+
+
 def run(spec: dict, folder: Path) -> dict:
     """The lab's steps: load, schedule, build, the code texts, check and time (or estimate)."""
     import tvm
@@ -233,6 +253,7 @@ def run(spec: dict, folder: Path) -> dict:
     if "tensorize" in str(spec["code"]):  # TVM's tensor intrinsics by name: 2.3 s, for the code that asks
         target.register_tensor_intrinsics()
     names = {"T": tvm.script.tirx, "tvm": tvm, "np": np, "target": target.tvm, "__name__": "lab"}
+    names["dot"] = dot_product(target) if re.search(r"\bdot\b", str(spec["code"])) else None
     func, schedule = load(str(spec["code"]), names)
     mod = scheduled(func, schedule)
     (folder / "tir.py").write_text(mod.script())
