@@ -21,6 +21,7 @@ COPY webapp webapp
 RUN if [ -n "$CA_FILE" ]; then export PIP_CERT="$CA_FILE"; fi \
     && pip install --no-cache-dir $PIP_ARGS $TORCH_PIP && pip install --no-cache-dir $PIP_ARGS -e .
 COPY templates templates
+COPY lab_starters lab_starters
 COPY static static
 COPY scripts scripts
 ENV PLAYGROUND_DATA=/data HOST=0.0.0.0 PORT=8000

@@ -194,3 +194,84 @@ def test_the_int8_starter_runs_on_the_targets_dot_product_instruction(client, ta
         assert "vpdpbusd" in hot, hot
     else:  # its int8 form is a pair of instructions, which the starter leaves to LLVM's vectorizer
         assert "vpdpbusd" not in asm
+
+
+def lab_settled(page) -> str:
+    """The lab page's status once its newest build has ended ("built ..." or "failed ...")."""
+    page.wait_for_function(
+        "/^(built|failed)/.test(document.getElementById('lab-status').textContent)", timeout=120_000
+    )
+    return page.inner_text("#lab-status")
+
+
+def replace_code(page, code: str) -> str:
+    """Selects the editor's text and pastes `code` over it, as a user would; returns the page's address
+    before, so that the next build's can be told from it."""
+    before = page.url
+    page.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(code)
+    return before
+
+
+def test_a_resnet18_kernel_opened_in_the_lab_edited_broken_and_reopened_by_its_link(
+    page, live_server, client
+):
+    """From a ResNet-18 job's code view to the lab; a schedule typed in, then its split factor changed:
+    new assembly and a new time, each build a new short link; an error marked on its line; a build's
+    short link opened in another browser context shows its code and its assembly."""
+
+    from tests.conftest import wait_for_job
+
+    answer = client.post("/api/jobs", data={"example": "resnet18", "target": "x86-host"})
+    job = wait_for_job(client, answer.get_json()["id"], timeout=600)
+    assert job["status"] == "done", job["error"]
+    job_id, kernels = job["id"], job["results"]["kernels"]
+    # the stem's 7x7 convolution: a direct one (its block conv2d_nhwc), never Winograd's
+    kernel = next(
+        k["name"] for k in kernels if "/stem/stem.0/stem.0.0/Conv" in k["layers"] and k["reproducer"]
+    )
+    page.goto(f"{live_server}/r/{job_id}?view=asm&kernel={kernel}#code")
+    page.locator("#open-in-lab").click()
+    assert lab_settled(page).startswith("built")
+    assert "matches the unscheduled kernel" in page.inner_text("#lab-check")
+    first = page.request.get(live_server + "/api/lab/" + page.url.rsplit("/", 1)[1]).json()
+    assert first["target"] == "x86-host" and kernel in first["code"]
+
+    schedule = """def schedule(sch):
+    block = sch.get_sblock("conv2d_nhwc")
+    loops = sch.get_loops(block)
+    outer, inner = sch.split(loops[3], [None, 16])
+    sch.reorder(*loops[:3], outer, *loops[4:], inner)
+    sch.vectorize(inner)
+"""
+    code = first["code"][: first["code"].index("def schedule(sch):")] + schedule
+    asm, times = [], []
+    for factor in ("16", "8"):
+        before = replace_code(page, code.replace("[None, 16]", f"[None, {factor}]"))
+        page.wait_for_url(lambda url, before=before: url != before, timeout=30_000)
+        assert lab_settled(page).startswith("built"), page.inner_text("#lab-error")
+        assert "matches the unscheduled kernel" in page.inner_text("#lab-check")
+        asm.append(page.inner_text("#lab-text"))
+        times.append(page.inner_text("#lab-time"))
+        assert "measured" in times[-1] and page.locator("#lab-text .hot").count() > 0
+    assert asm[0] != asm[1] and "zmm" in asm[0] + asm[1]  # 16 lanes, then 8: other registers, other code
+    assert times[0] != times[1]
+    link = page.url
+
+    broken = code.replace("[None, 16]", "[None, 8]").replace("sch.split(loops[3]", "sch.split(loopz[3]")
+    line = broken.splitlines().index("    outer, inner = sch.split(loopz[3], [None, 8])") + 1
+    replace_code(page, broken)
+    assert lab_settled(page).startswith("failed at schedule")
+    assert page.inner_text("#lab-error").startswith(f"line {line}: NameError")
+    marked = page.locator(".cm-lintRange-error")
+    assert marked.count() == 1 and "loopz" in marked.inner_text()
+
+    other = page.context.browser.new_context().new_page()  # a fresh context: no state of this one
+    other.goto(link)
+    assert lab_settled(other).startswith("built")
+    other.locator(".cm-content").click()
+    other.keyboard.press("Control+End")  # the editor draws the lines in view: its end, the schedule
+    assert "[None, 8]" in other.locator(".cm-content").inner_text()
+    assert other.inner_text("#lab-text") == asm[1]
+    other.context.close()

@@ -8,11 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import sys
 import time
 from pathlib import Path
 
+from webapp.catalog import UNSCHEDULED_TIR, file_stem
+from webapp.codeviews import safe_job_file
 from webapp.config import Config
 from webapp.jobs.store import read_untrusted_json
 from webapp.jsonfile import write_json_atomic
@@ -57,6 +60,32 @@ STARTERS = PROJECT_ROOT / "lab_starters"  # kernels to start from: one .py each,
 def starters() -> dict[str, str]:
     """name -> code of each starter kernel, by name."""
     return {p.stem: p.read_text() for p in sorted(STARTERS.glob("*.py"))}
+
+
+def kernel_code(job_dir: Path, results: dict, kernel: str) -> tuple[str, str] | None:
+    """A kernel of a finished CPU build as lab code (its TIR before scheduling, with an empty schedule that
+    names its blocks) and the job's target; None where the job has no such kernel's texts or its target is
+    none of the lab's."""
+    row: dict = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
+    target = str((results.get("target") or {}).get("preset") or "")
+    path = safe_job_file(job_dir, UNSCHEDULED_TIR.format(kernel=file_stem(kernel)))
+    if not row.get("reproducer") or target not in lab_targets() or path is None:
+        return None
+    if path.stat().st_size > MAX_CODE_CHARS:
+        return None
+    tir = path.read_text(errors="replace")
+    tir = tir.replace("# from tvm.script import tirx as T", "from tvm.script import tirx as T")
+    blocks = ", ".join(f'"{b}"' for b in dict.fromkeys(re.findall(r'T\.sblock\("([^"]+)"\)', tir)))
+    head = f"# Kernel {kernel} of job {job_dir.name} ({target}), before scheduling; the result's\n"
+    head += "# Scheduled TIR view shows how the playground's rules scheduled it. Write your own below.\n"
+    schedule = (
+        "\n\ndef schedule(sch):\n"
+        f"    # its blocks: {blocks}\n"
+        "    # e.g. loops = sch.get_loops(sch.get_sblock(...)), then sch.split, sch.reorder, sch.vectorize,\n"
+        "    # sch.parallel on them\n"
+        "    pass\n"
+    )
+    return head + tir.rstrip() + schedule, target
 
 
 def lab_targets() -> list[str]:
