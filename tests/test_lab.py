@@ -275,3 +275,18 @@ def test_a_resnet18_kernel_opened_in_the_lab_edited_broken_and_reopened_by_its_l
     assert "[None, 8]" in other.locator(".cm-content").inner_text()
     assert other.inner_text("#lab-text") == asm[1]
     other.context.close()
+
+
+def test_the_lab_from_the_shell_prints_the_hot_loop_the_check_and_the_time_or_the_line_at_fault(tmp_path):
+    from tests.test_cli import cli
+
+    starter = cli("lab", "--starter", "matmul", cwd=tmp_path, data=tmp_path / "data")
+    assert starter.returncode == 0 and "def schedule(sch):" in starter.stdout
+    (tmp_path / "k.py").write_text(MATMUL)
+    built = cli("lab", tmp_path / "k.py", cwd=tmp_path, data=tmp_path / "data")
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "check: matches" in built.stdout and "(measured, median of" in built.stdout
+    assert any(line.startswith("> ") and "vfmadd" in line for line in built.stdout.splitlines())
+    (tmp_path / "bad.py").write_text(MATMUL.replace("sch.vectorize(ji)", "sch.vectorize(k)"))
+    failed = cli("lab", tmp_path / "bad.py", "--target", "rpi5", cwd=tmp_path, data=tmp_path / "data")
+    assert failed.returncode == 1 and failed.stdout.startswith("failed at the schedule stage, line 21:")

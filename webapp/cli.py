@@ -27,7 +27,7 @@ from webapp.catalog import (
 )
 from webapp.config import Config
 from webapp.options import JobOptions, SubmitError
-from webapp.result_text import benchmark_table, bisection_lines, headline_lines, precision_lines
+from webapp.result_text import benchmark_table, bisection_lines, headline_lines, lab_lines, precision_lines
 from webapp.targets import TARGETS
 
 
@@ -323,6 +323,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    """The kernel lab from the shell: a kernel's TVMScript and schedule built in the sandbox for a target,
+    printed as the lab's page shows it (webapp/jobs/lab.py); --starter prints a starter to begin from."""
+    from webapp.jobs.lab import folder_view, lab_targets, run_code, starters
+    from webapp.machine.sandbox import SandboxUnavailable, check_bubblewrap
+
+    if args.starter or not args.code:
+        print(starters().get(args.starter or "") or "starters: " + ", ".join(starters()), end="")
+        return 0 if args.starter in starters() else 2
+    if args.target not in lab_targets():
+        print(f"error: the lab builds for {', '.join(lab_targets())}", file=sys.stderr)
+        return 2
+    config = Config.from_env(unsandboxed=True) if args.no_sandbox else Config.from_env()
+    with tempfile.TemporaryDirectory(prefix="tvm-playground-lab-") as scratch:
+        folder = Path(scratch) / "lab"
+        (folder / "input").mkdir(parents=True)
+        config = replace(config, data_dir=Path(scratch))  # the sandbox sees nothing of it but the folder
+        (folder / "input" / "lab.json").write_text(
+            json.dumps({"code": Path(args.code).read_text(), "target": args.target})
+        )
+        try:
+            if not config.unsandboxed:
+                check_bubblewrap()
+            error = run_code(config, folder)
+        except SandboxUnavailable as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        view = folder_view(folder, {"status": "failed" if error else "done", "error": error})
+    print(lab_lines(view, args.show))
+    return 1 if view["status"] == "failed" else 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """A job for a running playground (its JSON API); prints the result's link, and with --wait the
     result's state when it ends."""
@@ -455,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="each kernel's time per run")
     p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("lab", help="build a kernel's TVMScript and schedule; print its code, check and time")
+    p.add_argument("code", nargs="?", help="a .py defining main (a TIR PrimFunc) and schedule(sch)")
+    p.add_argument("--target", default="x86-host", help="a CPU preset (boards included)")
+    p.add_argument("--show", default="asm", choices=["asm", "tir", "llvm", "mca"], help="the text to print")
+    p.add_argument("--starter", help="print a starter kernel (matmul, conv2d_nhwc, ...) to begin from")
+    p.add_argument("--no-sandbox", action="store_true", help="run without bubblewrap")
+    p.set_defaults(func=cmd_lab)
     p = sub.add_parser("submit", help="send a job to a running playground and print its link")
     job_arguments(p, sandbox=False)
     p.add_argument("--server", required=True, help="the playground's address, e.g. http://localhost:8000")

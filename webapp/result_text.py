@@ -139,3 +139,38 @@ def benchmark_table(result: dict) -> str:
     for a in result.get("accuracy", []):
         lines.append(f"  accuracy of TVM {a['variant']} on {a['dataset']}: top-1 {100 * a['top1']:.2f}%")
     return "\n".join(lines)
+
+
+def lab_lines(view: dict, show: str = "asm") -> str:
+    """A kernel lab build as `tvm-playground lab` prints it: the text asked for (the hot loop of the
+    assembly, marked with >), then the time, the check and llvm-mca's figures, or the error and its line."""
+    if view["status"] == "failed":
+        where = f" at the {view['stage']} stage" if view.get("stage") else ""
+        return (
+            f"failed{where}" + (f", line {view['line']}" if view.get("line") else "") + f":\n{view['error']}"
+        )
+    r, text = view["result"], view["texts"].get(show) or ""
+    span = r.get("hot_loop") if show == "asm" else None
+    lines = [
+        (">" if span and span[0] <= i <= span[1] else " ") + " " + line
+        for i, line in enumerate(text.splitlines(), 1)
+    ]
+    out = ["\n".join(lines)] if lines else []
+    t, check, mca = r.get("time"), r.get("check") or {}, r.get("mca") or {}
+    if t and t.get("ms") is not None:
+        how = f"measured, median of {t['runs']:.0f} runs" if t["by"] == "measured" else "llvm-mca's estimate"
+        out.append(f"time:  {t['ms']:.4g} ms a call ({how}, {t['threads']:.0f} threads)")
+    if check.get("why"):
+        out.append(f"check: {check['why']}")
+    elif check.get("matches") is not None:
+        same = f"matches (largest difference {check['largest_difference']:.2g})" if check["matches"] else None
+        out.append(
+            "check: " + (same or f"differs from the unscheduled kernel in {', '.join(check['wrong'])}")
+        )
+    if mca.get("cycles_per_iteration") is not None:
+        out.append(
+            f"llvm-mca: {mca['cycles_per_iteration']:g} cycles a pass of the hot loop, IPC {mca['ipc']:g}"
+        )
+    elif mca.get("why"):
+        out.append(f"llvm-mca: {mca['why']}")
+    return "\n".join(out)

@@ -139,19 +139,39 @@ def run_lab(config: Config, lab_id: str) -> None:
         return
     status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
     write_json_atomic(status_file(folder), status)
-    lower = {k: min(v, getattr(config, k)) for k, v in LIMITS.items()}  # a server's own, where lower
+    error = run_code(config, folder)
+    status |= {"status": "failed" if error else "done", "ended": time.time()}
+    write_json_atomic(status_file(folder), status | ({"error": str(error)[:4000]} if error else {}))
+
+
+def run_code(config: Config, folder: Path) -> str | None:
+    """The code of folder/input/lab.json run in the sandbox under LIMITS (or the server's own, where
+    lower); None, or why it ended without a result (a limit, our bug). The code's own errors are in its
+    result.json."""
+    lower = {k: min(v, getattr(config, k)) for k, v in LIMITS.items()}
     limited = dataclasses.replace(config, **lower)  # type: ignore[arg-type]  # the int fields named
-    error = None
     try:
         command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
         outcome = run_sandboxed(folder, limited, command, uid=LAB_UID)
-        result = read_untrusted_json(folder / "result.json", 1 << 20)
-        if outcome.limit or not isinstance(result, dict) or result.get("status") not in ("done", "failed"):
-            error = outcome.limit or "The run ended without a result."
     except Exception as exc:  # our bug: said on the run's page
-        error = f"Could not run the code: {exc}"
-    status |= {"status": "failed" if error else "done", "ended": time.time()}
-    write_json_atomic(status_file(folder), status | ({"error": str(error)[:4000]} if error else {}))
+        return f"Could not run the code: {exc}"
+    result = read_untrusted_json(folder / "result.json", 1 << 20)
+    if outcome.limit or not isinstance(result, dict) or result.get("status") not in ("done", "failed"):
+        return outcome.limit or "The run ended without a result."
+    return None
+
+
+def folder_view(folder: Path, view: dict) -> dict:
+    """`view` (the status) with what the sandbox found in the folder, checked field by field (it wrote
+    them): a code's error makes a run that ended "failed", with the stage and the code's line."""
+    found = read_untrusted_json(folder / "result.json", 1 << 20)
+    found = clean_result(found) if isinstance(found, dict) else {}
+    if found.get("status") == "failed" and view["status"] == "done":  # the code's error: the run is failed
+        view |= {"status": "failed", "error": found.get("error"), "stage": found.get("stage")}
+        view["line"] = found.get("line")
+    view["result"] = found
+    view["texts"] = {k: text_of(folder, name) for k, name in TEXTS.items()}
+    return view
 
 
 def text_of(folder: Path, name: str) -> str | None:
@@ -175,16 +195,9 @@ def lab_view(config: Config, lab_id: str) -> dict | None:
     asked = read_untrusted_json(folder / "input" / "lab.json", 1 << 20)
     if not isinstance(status, dict) or not isinstance(asked, dict):
         return None
-    found = read_untrusted_json(folder / "result.json", 1 << 20)
-    found = clean_result(found) if isinstance(found, dict) else {}
     view = {"id": lab_id, "status": status["status"], "code": asked["code"], "target": asked["target"]}
     view |= {k: status[k] for k in ("created", "started", "ended", "error", "parent") if k in status}
-    if found.get("status") == "failed" and view["status"] == "done":  # the code's error: the run is failed
-        view |= {"status": "failed", "error": found.get("error"), "stage": found.get("stage")}
-        view["line"] = found.get("line")
-    view["result"] = found
-    view["texts"] = {k: text_of(folder, name) for k, name in TEXTS.items()}
-    return view
+    return folder_view(folder, view)
 
 
 def number(x: object) -> float | None:
