@@ -64,6 +64,8 @@
       say(`queued: ${q.place} in line` + (q.jobs_running ? `, ${q.jobs_running} job(s) running` : ""));
     } else if (v.status === "running") {
       say(r.phase ? `running: ${r.phase}…` : "building…");
+    } else if (v.status === "stopped") {
+      say("stopped: a later edit replaced it");
     } else if (v.status === "failed") {
       say(`failed${v.stage ? " at " + v.stage : ""}`);
     } else {

@@ -290,3 +290,18 @@ def test_the_lab_from_the_shell_prints_the_hot_loop_the_check_and_the_time_or_th
     (tmp_path / "bad.py").write_text(MATMUL.replace("sch.vectorize(ji)", "sch.vectorize(k)"))
     failed = cli("lab", tmp_path / "bad.py", "--target", "rpi5", cwd=tmp_path, data=tmp_path / "data")
     assert failed.returncode == 1 and failed.stdout.startswith("failed at the schedule stage, line 21:")
+
+
+def test_an_edit_stops_the_build_it_was_made_on_while_that_one_still_runs(client):
+    """The page shows only the newest build: an edit sent with its parent stops the parent's build where
+    it is still queued or running (its JSON says so), and the edit's own build runs to its end."""
+    first = client.post("/api/lab", json={"code": MATMUL, "target": "x86-host"}).get_json()["id"]
+    edited = MATMUL.replace("[None, 16]", "[None, 8]")
+    second = client.post("/api/lab", json={"code": edited, "target": "x86-host", "parent": first}).get_json()
+    deadline = time.monotonic() + 120
+    while (view := client.get(f"/api/lab/{second['id']}").get_json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, view
+        time.sleep(0.3)
+    assert view["status"] == "done" and view["result"]["check"]["matches"] is True
+    stopped = client.get(f"/api/lab/{first}").get_json()
+    assert stopped["status"] == "stopped" and "later edit" in stopped["error"], stopped

@@ -12,6 +12,7 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from webapp.catalog import UNSCHEDULED_TIR, file_stem
@@ -36,6 +37,7 @@ LIMITS = {
 }
 TEXTS = {"tir": "tir.py", "llvm": "kernel.ll", "asm": "kernel.s", "mca": "mca.txt"}  # what a run writes
 MAX_TEXT_BYTES = 4 << 20
+REPLACED = "A later edit replaced this build before it ended."
 
 
 def lab_root(config: Config) -> Path:
@@ -93,8 +95,10 @@ def lab_targets() -> list[str]:
     return [name for name, t in TARGETS.items() if isinstance(t, LLVMCPU)]
 
 
-def create_lab(config: Config, code: object, target: object, parent: object = None) -> str:
-    """Saves a kernel's code and target as a new queued run; its id (raises SubmitError)."""
+def create_lab(config: Config, code: object, target: object, parent: object = None, client: str = "") -> str:
+    """Saves a kernel's code and target as a new queued run; its id (raises SubmitError). `parent`: the
+    build the edit was made on; a build of the same client's still queued or running is stopped (the
+    page shows only the newest)."""
     if not isinstance(code, str) or not code.strip():
         raise SubmitError("Send the kernel's code: TVMScript defining main, and a schedule(sch) function.")
     if len(code) > MAX_CODE_CHARS:
@@ -105,10 +109,23 @@ def create_lab(config: Config, code: object, target: object, parent: object = No
     folder = lab_dir(config, lab_id)
     (folder / "input").mkdir(parents=True)
     write_json_atomic(folder / "input" / "lab.json", {"code": code, "target": target})
-    known = isinstance(parent, str) and status_file(lab_dir(config, parent)).exists() and "/" not in parent
-    status = {"status": "queued", "created": time.time(), "target": target}
-    write_json_atomic(status_file(folder), status | ({"parent": parent} if known else {}))
+    status = {"status": "queued", "created": time.time(), "target": target, "client": client}
+    before = read_untrusted_json(status_file(lab_dir(config, str(parent))), 1 << 16) if is_id(parent) else None
+    if isinstance(before, dict):
+        status["parent"] = parent
+        if before.get("client") == client and before.get("status") in ("queued", "running"):
+            replaced_file(lab_dir(config, str(parent))).touch()
+    write_json_atomic(status_file(folder), status)
     return lab_id
+
+
+def is_id(lab_id: object) -> bool:
+    return isinstance(lab_id, str) and re.fullmatch(r"[\w-]{1,32}", lab_id) is not None
+
+
+def replaced_file(folder: Path) -> Path:
+    """Where the web process says that a later edit replaced a build: the worker stops it."""
+    return folder.with_name(folder.name + ".replaced")
 
 
 def waiting_labs(config: Config) -> list[str]:
@@ -139,12 +156,17 @@ def run_lab(config: Config, lab_id: str) -> None:
         return
     status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
     write_json_atomic(status_file(folder), status)
-    error = run_code(config, folder)
-    status |= {"status": "failed" if error else "done", "ended": time.time()}
+
+    def replaced() -> str | None:
+        return REPLACED if replaced_file(folder).exists() else None
+
+    error = replaced() or run_code(config, folder, replaced)
+    ended = "stopped" if error == REPLACED else "failed" if error else "done"
+    status |= {"status": ended, "ended": time.time()}
     write_json_atomic(status_file(folder), status | ({"error": str(error)[:4000]} if error else {}))
 
 
-def run_code(config: Config, folder: Path) -> str | None:
+def run_code(config: Config, folder: Path, stop: Callable[[], str | None] | None = None) -> str | None:
     """The code of folder/input/lab.json run in the sandbox under LIMITS (or the server's own, where
     lower); None, or why it ended without a result (a limit, our bug). The code's own errors are in its
     result.json."""
@@ -152,7 +174,7 @@ def run_code(config: Config, folder: Path) -> str | None:
     limited = dataclasses.replace(config, **lower)  # type: ignore[arg-type]  # the int fields named
     try:
         command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
-        outcome = run_sandboxed(folder, limited, command, uid=LAB_UID)
+        outcome = run_sandboxed(folder, limited, command, stop=stop, uid=LAB_UID)
     except Exception as exc:  # our bug: said on the run's page
         return f"Could not run the code: {exc}"
     result = read_untrusted_json(folder / "result.json", 1 << 20)
@@ -188,7 +210,7 @@ def text_of(folder: Path, name: str) -> str | None:
 def lab_view(config: Config, lab_id: str) -> dict | None:
     """A run as its page and JSON show it: the worker's status, the code and target asked, and what the
     sandbox found, checked field by field (it wrote them)."""
-    if not lab_id.replace("-", "").replace("_", "").isalnum():
+    if not is_id(lab_id):
         return None
     folder = lab_dir(config, lab_id)
     status = read_untrusted_json(status_file(folder), 1 << 16)

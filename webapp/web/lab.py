@@ -42,7 +42,8 @@ def submitted() -> str:
     asked = request.get_json(silent=True) if request.is_json else dict(request.form)
     if not isinstance(asked, dict):
         raise SubmitError('Send JSON: {"code": ..., "target": ...}.')
-    lab_id = create_lab(config, asked.get("code"), asked.get("target") or "x86-host", asked.get("parent"))
+    target, client = asked.get("target") or "x86-host", request.remote_addr or ""
+    lab_id = create_lab(config, asked.get("code"), target, asked.get("parent"), client)
     queue.enqueue_lab(lab_id)
     return lab_id
 
