@@ -110,7 +110,7 @@ def create_lab(config: Config, code: object, target: object, parent: object = No
     (folder / "input").mkdir(parents=True)
     write_json_atomic(folder / "input" / "lab.json", {"code": code, "target": target})
     status = {"status": "queued", "created": time.time(), "target": target, "client": client}
-    before = read_untrusted_json(status_file(lab_dir(config, str(parent))), 1 << 16) if is_id(parent) else None
+    before = read_untrusted_json(status_file(lab_dir(config, str(parent))), 1 << 16) if is_id(parent) else {}
     if isinstance(before, dict):
         status["parent"] = parent
         if before.get("client") == client and before.get("status") in ("queued", "running"):
