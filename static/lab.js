@@ -6,6 +6,7 @@
   const data = JSON.parse(document.getElementById("lab-data").textContent);
   const $ = (id) => document.getElementById(id);
   const PAUSE_MS = 700;
+  const POLL_MS = 600_000;
   let latest = data.run ? data.run.id : null;
   let view = data.run;
   let shown = "asm";
@@ -31,26 +32,54 @@
 
   function say(text) { $("lab-status").textContent = text; }
 
+  let sending = false;
+  let again = false;
+
   async function submit() {
+    if (sending) { again = true; return; }  // sent when this one is answered, with its build as the parent
+    sending = true;
+    try {
+      await send();
+    } finally {
+      sending = false;
+      if (again) { again = false; submit(); }
+    }
+  }
+
+  async function send() {
     const body = { code: editor.state.doc.toString(), target: $("lab-target").value };
     if (latest) body.parent = latest;
     say("sending…");
-    const answer = await fetch("/api/lab", {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    });
-    const sent = await answer.json();
+    let answer, sent;
+    try {
+      answer = await fetch("/api/lab", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      });
+      sent = await answer.json().catch(() => ({ error: `The server answered ${answer.status}.` }));
+    } catch (e) {
+      say("the server could not be reached");
+      return;
+    }
     if (!answer.ok) { say(""); showError(sent.error, null); return; }
     latest = sent.id;
     history.replaceState(null, "", "/lab/" + sent.id);
-    poll(sent.id);
+    poll(sent.id, Date.now() + POLL_MS);
   }
 
-  async function poll(id) {
+  async function poll(id, until) {
     if (id !== latest) return;  // a later edit was sent: its build is the one shown
-    const answer = await fetch("/api/lab/" + id);
-    if (id !== latest || !answer.ok) return;
+    let answer;
+    try {
+      answer = await fetch("/api/lab/" + id);
+    } catch (e) {
+      answer = null;
+    }
+    if (id !== latest) return;
+    if (!answer || !answer.ok) { say("the build's state could not be read" + (answer ? ` (${answer.status})` : "")); return; }
     render(await answer.json());
-    if (view.status === "queued" || view.status === "running") setTimeout(() => poll(id), 250);
+    if (view.status !== "queued" && view.status !== "running") return;
+    if (Date.now() > until) { say("no end after ten minutes: reload the page to look again"); return; }
+    setTimeout(() => poll(id, until), 250);
   }
 
   function render(v) {
@@ -140,5 +169,5 @@
   });
   $("lab-target").addEventListener("change", later);
 
-  if (data.run) { render(data.run); poll(data.run.id); } else { submit(); }
+  if (data.run) { render(data.run); poll(data.run.id, Date.now() + POLL_MS); } else { submit(); }
 })();

@@ -79,6 +79,7 @@ def config(data_dir) -> Config:
         # Tests submit many jobs from one address; admission control has tests of its own
         # (tests/test_admission.py).
         submit_rate="",
+        lab_rate="",
         max_queued_per_client=0,
         max_queued=0,
         # The timing slot of this session's jobs alone: make test runs the suite in two processes

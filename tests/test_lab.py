@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from webapp.jobs.lab import create_lab, lab_view, run_lab
+from webapp.jobs.lab import create_lab, lab_dir, lab_view, run_lab
 
 MATMUL = """from tvm.script import tirx as T
 
@@ -305,3 +305,31 @@ def test_an_edit_stops_the_build_it_was_made_on_while_that_one_still_runs(client
     assert view["status"] == "done" and view["result"]["check"]["matches"] is True
     stopped = client.get(f"/api/lab/{first}").get_json()
     assert stopped["status"] == "stopped" and "later edit" in stopped["error"], stopped
+
+
+def test_what_a_build_leaves_in_its_folder_is_read_as_plain_bounded_files_or_not_at_all(config, tmp_path):
+    """The sandbox owns a build's folder while the web process polls it and the worker reads its log: a
+    link put in place of a text is not followed, a FIFO is not waited on, a result.json of wrong types or
+    numbers JSON has and Python cannot use gives fields of None, not an error."""
+    import json
+    import os
+
+    from webapp.machine.sandbox import tail_text
+
+    lab_id = create_lab(config, MATMUL, "x86-host")
+    folder = lab_dir(config, lab_id)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the web process's own file")
+    (folder / "kernel.s").symlink_to(secret)
+    os.mkfifo(folder / "kernel.ll")
+    os.mkfifo(folder / "log.txt")
+    hostile = {"status": "done", "hot_loop": ["a", []], "line": 1e999}
+    hostile["time"] = {"ms": 10**400, "by": "measured"}
+    hostile["check"] = {"matches": "yes", "largest_difference": float("nan"), "wrong": 7}
+    (folder / "result.json").write_text(json.dumps(hostile))
+    view = lab_view(config, lab_id)
+    assert view is not None and view["texts"]["asm"] is None and view["texts"]["llvm"] is None
+    r = view["result"]
+    assert r["hot_loop"] is None and r["line"] is None and r["time"]["ms"] is None
+    assert r["check"] == {"matches": None, "largest_difference": None, "wrong": [], "why": None}
+    assert tail_text(folder / "log.txt") == ""  # answered at once

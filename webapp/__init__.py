@@ -32,7 +32,7 @@ def create_app(config: Config | None = None) -> Flask:
     app.register_blueprint(inputs.bp)
     app.register_blueprint(lab.bp)
     cache_and_compress(app)
-    if config.submit_rate:
+    if config.submit_rate or config.lab_rate:
         limit_submissions(app, config)
     for name in app.jinja_env.list_templates():  # compiled now, not by the first requests (which
         app.jinja_env.get_template(name)  # tripled the p99 of benchmarks/load.py --no-warm-up)
@@ -78,5 +78,10 @@ def limit_submissions(app: Flask, config: Config) -> None:
     storage = config.redis_url or "memory://"
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, headers_enabled=True)
     for endpoint in ("api.create_job", "pages.submit", "inputs.submit", "inputs.api_submit"):
+        if not config.submit_rate:
+            break
         # flask-limiter types its decorator's result as its async overload's: a Flask view all the same
         app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])  # type: ignore[assignment]
+    if config.lab_rate:  # the kernel lab's builds: one each pause in typing
+        lab = app.view_functions["lab.api_create"]
+        app.view_functions["lab.api_create"] = limiter.limit(config.lab_rate)(lab)  # type: ignore[assignment]

@@ -29,6 +29,7 @@ class Config:
     # Admission control: submissions per client address (flask-limiter's syntax; "" for none), and
     # caps on jobs queued or running, per address and in all (0 for none); past them, 429.
     submit_rate: str = "10 per minute;100 per day"
+    lab_rate: str = "40 per minute;2000 per day"  # kernel lab builds per address (PLAYGROUND_LAB_RATE)
     max_queued_per_client: int = 3
     max_queued: int = 50
     # Retention: finished jobs' large artifacts expire after keep_days, and the oldest first while
@@ -92,6 +93,7 @@ class Config:
             database_url=os.environ.get("DATABASE_URL") or None,
             max_upload_mb=env_int("PLAYGROUND_MAX_UPLOAD_MB", c.max_upload_mb),
             submit_rate=os.environ.get("PLAYGROUND_SUBMIT_RATE", c.submit_rate),
+            lab_rate=os.environ.get("PLAYGROUND_LAB_RATE", c.lab_rate),
             max_queued_per_client=env_int("PLAYGROUND_MAX_QUEUED_PER_CLIENT", c.max_queued_per_client),
             max_queued=env_int("PLAYGROUND_MAX_QUEUED", c.max_queued),
             keep_days=float(os.environ.get("PLAYGROUND_KEEP_DAYS") or c.keep_days),

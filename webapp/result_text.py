@@ -158,19 +158,18 @@ def lab_lines(view: dict, show: str = "asm") -> str:
     out = ["\n".join(lines)] if lines else []
     t, check, mca = r.get("time"), r.get("check") or {}, r.get("mca") or {}
     if t and t.get("ms") is not None:
-        how = f"measured, median of {t['runs']:.0f} runs" if t["by"] == "measured" else "llvm-mca's estimate"
-        out.append(f"time:  {t['ms']:.4g} ms a call ({how}, {t['threads']:.0f} threads)")
+        runs, threads = t.get("runs") or 0, t.get("threads") or 0
+        how = f"measured, median of {runs:.0f} runs" if t["by"] == "measured" else "llvm-mca's estimate"
+        out.append(f"time:  {t['ms']:.4g} ms a call ({how}, {threads:.0f} threads)")
     if check.get("why"):
         out.append(f"check: {check['why']}")
     elif check.get("matches") is not None:
-        same = f"matches (largest difference {check['largest_difference']:.2g})" if check["matches"] else None
-        out.append(
-            "check: " + (same or f"differs from the unscheduled kernel in {', '.join(check['wrong'])}")
-        )
+        same = f"matches (largest difference {check.get('largest_difference') or 0:.2g})"
+        wrong = f"differs from the unscheduled kernel in {', '.join(check.get('wrong') or [])}"
+        out.append("check: " + (same if check["matches"] else wrong))
     if mca.get("cycles_per_iteration") is not None:
-        out.append(
-            f"llvm-mca: {mca['cycles_per_iteration']:g} cycles a pass of the hot loop, IPC {mca['ipc']:g}"
-        )
+        ipc = f", IPC {mca['ipc']:g}" if mca.get("ipc") is not None else ""
+        out.append(f"llvm-mca: {mca['cycles_per_iteration']:g} cycles a pass of the hot loop{ipc}")
     elif mca.get("why"):
         out.append(f"llvm-mca: {mca['why']}")
     return "\n".join(out)

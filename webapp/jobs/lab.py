@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import secrets
@@ -19,7 +20,7 @@ from webapp.catalog import UNSCHEDULED_TIR, file_stem
 from webapp.codeviews import safe_job_file
 from webapp.config import Config
 from webapp.jobs.store import read_untrusted_json
-from webapp.jsonfile import write_json_atomic
+from webapp.jsonfile import read_plain, write_json_atomic
 from webapp.machine.sandbox import LAB_UID, PROJECT_ROOT, run_sandboxed
 from webapp.options import SubmitError
 from webapp.targets import TARGETS
@@ -174,7 +175,7 @@ def run_code(config: Config, folder: Path, stop: Callable[[], str | None] | None
     limited = dataclasses.replace(config, **lower)  # type: ignore[arg-type]  # the int fields named
     try:
         command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
-        outcome = run_sandboxed(folder, limited, command, stop=stop, uid=LAB_UID)
+        outcome = run_sandboxed(folder, limited, command, stop=stop, uid=LAB_UID, slot=False)
     except Exception as exc:  # our bug: said on the run's page
         return f"Could not run the code: {exc}"
     result = read_untrusted_json(folder / "result.json", 1 << 20)
@@ -198,13 +199,8 @@ def folder_view(folder: Path, view: dict) -> dict:
 
 def text_of(folder: Path, name: str) -> str | None:
     """One of the texts a run wrote, where it is a plain file within MAX_TEXT_BYTES."""
-    path = folder / name
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_TEXT_BYTES:
-            return None
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
+    data = read_plain(folder / name, MAX_TEXT_BYTES)
+    return data.decode(errors="replace") if data is not None else None
 
 
 def lab_view(config: Config, lab_id: str) -> dict | None:
@@ -223,7 +219,10 @@ def lab_view(config: Config, lab_id: str) -> dict | None:
 
 
 def number(x: object) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+    """x where it is a finite number the sandbox wrote (JSON allows 1e999 and 10**400), else None."""
+    if not isinstance(x, int | float) or isinstance(x, bool) or (isinstance(x, int) and abs(x) > 1 << 53):
+        return None
+    return float(x) if math.isfinite(x) else None
 
 
 def part(r: dict, key: str) -> dict:
@@ -235,9 +234,11 @@ def part(r: dict, key: str) -> dict:
 def clean_result(r: dict) -> dict:
     """The sandbox's result.json, only the fields the page uses, each of its type."""
     out: dict = {k: str(r[k])[:4000] for k in ("status", "stage", "error", "device", "phase") if k in r}
-    out["line"] = int(r["line"]) if isinstance(r.get("line"), int) else None
+    line = number(r.get("line"))
+    out["line"] = int(line) if line is not None and line.is_integer() else None
     span = r.get("hot_loop")
-    out["hot_loop"] = [int(x) for x in span] if isinstance(span, list) and len(span) == 2 else None
+    ends = [number(x) for x in span] if isinstance(span, list) and len(span) == 2 else []
+    out["hot_loop"] = [int(x) for x in ends if x is not None] if ends and None not in ends else None
     mca = part(r, "mca")
     figures = ("cycles_per_iteration", "ipc", "ops_per_iteration")
     out["mca"] = {k: number(v) for k, v in mca.items() if k in figures}

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from webapp.catalog import STAGES
 from webapp.config import Config
+from webapp.jsonfile import read_plain
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,11 +64,10 @@ def new_job_id() -> str:
 
 def read_untrusted_json(path: Path, max_bytes: int = 64 << 20) -> Any:
     """JSON the sandboxed pipeline wrote: a regular file inside the job folder, bounded in size."""
+    data = read_plain(path, max_bytes)
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
+        return json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return None
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webapp.config import Config
+from webapp.jsonfile import read_plain
 from webapp.machine import timing_slot
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -238,6 +239,7 @@ def run_sandboxed(
     stop: Callable[[], str | None] | None = None,
     pausable: bool = True,
     uid: int = SANDBOX_UID,
+    slot: bool = True,
 ) -> Outcome:
     """Run the pipeline (or `command`) on job_dir under the sandbox and limits. `network`: the
     host's network namespace stays (the remote stage, which reaches the device pool's tracker and
@@ -246,7 +248,8 @@ def run_sandboxed(
     every 0.1 s: a reason to kill the sandbox at once (the outcome's limit then), or None. While
     another job holds the machine's timing slot the sandbox is stopped (timing_slot.Pauser), unless
     not `pausable`: that time is the outcome's paused_s, and does not count towards the wall-clock
-    limit."""
+    limit. Without `slot` the sandbox cannot take the slot itself (the lab's user code, which could hold it
+    and stop every job): it times without it."""
     command = command or [sys.executable, "-m", "webapp.pipeline", str(job_dir)]
     as_root = os.geteuid() == 0
     if as_root:
@@ -259,11 +262,12 @@ def run_sandboxed(
         nproc = user_process_count() + config.process_limit
     env = sandbox_env(config, job_dir)
     lock = timing_slot.prepare(config.timing_lock_path)  # None: time without it (and say so)
-    env[timing_slot.ENV] = str(lock) if lock is not None else timing_slot.UNAVAILABLE
+    env[timing_slot.ENV] = str(lock) if lock is not None and slot else timing_slot.UNAVAILABLE
     if config.unsandboxed:
         full, env = command, {**os.environ, **env}
     else:
-        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network, lock, uid)
+        bound = lock if slot else None
+        full = bwrap_command(job_dir, config.data_dir, as_root, env, command, network, bound, uid)
     why = stop() if stop is not None else None
     if why:  # the job was lost before its sandbox started: it does not start
         return Outcome(-1, why, 0.0)
@@ -308,6 +312,5 @@ def run_sandboxed(
 
 
 def tail_text(path: Path, size: int = 8192) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - size))
-        return f.read().decode(errors="replace")
+    """The log's last `size` bytes (the sandbox may have put a link or a FIFO in its place: then none)."""
+    return (read_plain(path, size, tail=True) or b"").decode(errors="replace")

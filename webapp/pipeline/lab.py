@@ -290,6 +290,8 @@ def main(folder: Path) -> int:
         result = run(spec, folder)
     except LabError as exc:
         result = {"status": "failed", "stage": exc.stage, "error": exc.message, "line": exc.line}
+    except Exception as exc:  # a step outside the stages (an argument's dtype, say): said, not lost
+        result = {"status": "failed", "stage": "run", "error": message_of(exc), "line": code_line(exc)}
     finally:
         if os.getpid() != me:  # a process the user's code forked: it says nothing, and goes at once
             os._exit(1)

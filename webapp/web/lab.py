@@ -39,7 +39,8 @@ def view_or_404(lab_id: str) -> dict:
 
 def submitted() -> str:
     config, _, queue = ctx()
-    asked = request.get_json(silent=True) if request.is_json else dict(request.form)
+    # JSON alone: a form post could come from another site's page, on its visitors' behalf
+    asked = request.get_json(silent=True) if request.is_json else None
     if not isinstance(asked, dict):
         raise SubmitError('Send JSON: {"code": ..., "target": ...}.')
     target, client = asked.get("target") or "x86-host", request.remote_addr or ""
