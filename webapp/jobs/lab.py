@@ -6,6 +6,7 @@ to write, and its status beside it (<id>.status.json, the worker's). Runs are qu
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -13,7 +14,8 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from webapp.catalog import UNSCHEDULED_TIR, file_stem
@@ -21,7 +23,7 @@ from webapp.codeviews import safe_job_file
 from webapp.config import Config
 from webapp.jobs.store import read_untrusted_json
 from webapp.jsonfile import read_plain, write_json_atomic
-from webapp.machine.sandbox import LAB_UID, PROJECT_ROOT, run_sandboxed
+from webapp.machine.sandbox import LAB_UIDS, PROJECT_ROOT, run_sandboxed, user_process_count
 from webapp.options import SubmitError
 from webapp.targets import TARGETS
 from webapp.targets.base import LLVMCPU
@@ -174,14 +176,41 @@ def run_code(config: Config, folder: Path, stop: Callable[[], str | None] | None
     lower = {k: min(v, getattr(config, k)) for k, v in LIMITS.items()}
     limited = dataclasses.replace(config, **lower)  # type: ignore[arg-type]  # the int fields named
     try:
-        command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
-        outcome = run_sandboxed(folder, limited, command, stop=stop, uid=LAB_UID, slot=False)
+        with lab_user(folder.parent) as uid:
+            command = [sys.executable, "-m", "webapp.pipeline.lab", str(folder)]
+            outcome = run_sandboxed(folder, limited, command, stop=stop, uid=uid, slot=False)
     except Exception as exc:  # our bug: said on the run's page
         return f"Could not run the code: {exc}"
     result = read_untrusted_json(folder / "result.json", 1 << 20)
     if outcome.limit or not isinstance(result, dict) or result.get("status") not in ("done", "failed"):
         return outcome.limit or "The run ended without a result."
     return None
+
+
+@contextmanager
+def lab_user(root: Path, wait_s: float = 30.0) -> Iterator[int]:
+    """A user of LAB_UIDS for one build, the build's alone (a lock file each in `root`) and with no process
+    left (those of the build before it end with its sandbox's pid namespace, a moment later): a fork bomb
+    takes its own user's processes, no other build's."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for uid in LAB_UIDS:
+            fd = os.open(root / f".user-{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if user_process_count(uid) == 0 or os.geteuid() != 0:  # not root: the sandbox keeps this user
+                try:
+                    yield uid
+                finally:
+                    os.close(fd)  # the lock goes with it
+                return
+            os.close(fd)
+        if time.monotonic() > deadline:
+            raise RuntimeError("every lab user is busy: try again in a minute")
+        time.sleep(0.2)
 
 
 def folder_view(folder: Path, view: dict) -> dict:

@@ -25,9 +25,10 @@ from webapp.machine import timing_slot
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_UID = 65534  # nobody, when the worker runs as root
-# The kernel lab's user code (webapp/jobs/lab.py), as another user: RLIMIT_NPROC counts a user's processes
-# across sandboxes, and a fork bomb typed in the lab would otherwise leave running jobs no threads
-LAB_UID = 65533
+# The kernel lab's user code (webapp/jobs/lab.py), as users of its own, one per build running: RLIMIT_NPROC
+# counts a user's processes across sandboxes, and a fork bomb typed in the lab would otherwise leave running
+# jobs, or the lab's other builds, no threads
+LAB_UIDS = range(65500, 65516)
 
 
 @dataclass
@@ -64,8 +65,9 @@ def check_bubblewrap() -> None:
         raise SandboxUnavailable(f"bubblewrap cannot create a sandbox here: {r.stderr.strip()}")
 
 
-def user_process_count() -> int:
-    uid = os.getuid()
+def user_process_count(uid: int | None = None) -> int:
+    """The processes and threads of a user (this process's by default), as RLIMIT_NPROC counts them."""
+    uid = os.getuid() if uid is None else uid
     count = 0
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
