@@ -77,11 +77,9 @@ def limit_submissions(app: Flask, config: Config) -> None:
 
     storage = config.redis_url or "memory://"
     limiter = Limiter(get_remote_address, app=app, storage_uri=storage, headers_enabled=True)
-    for endpoint in ("api.create_job", "pages.submit", "inputs.submit", "inputs.api_submit"):
-        if not config.submit_rate:
-            break
-        # flask-limiter types its decorator's result as its async overload's: a Flask view all the same
-        app.view_functions[endpoint] = limiter.limit(config.submit_rate)(app.view_functions[endpoint])  # type: ignore[assignment]
-    if config.lab_rate:  # the kernel lab's builds: one each pause in typing
-        lab = app.view_functions["lab.api_create"]
-        app.view_functions["lab.api_create"] = limiter.limit(config.lab_rate)(lab)  # type: ignore[assignment]
+    jobs = ("api.create_job", "pages.submit", "inputs.submit", "inputs.api_submit")
+    # the kernel lab's builds at a rate of their own: one each pause in typing
+    for rate, endpoints in ((config.submit_rate, jobs), (config.lab_rate, ("lab.api_create",))):
+        for endpoint in endpoints if rate else ():
+            # flask-limiter types its decorator's result as its async overload's: a Flask view all the same
+            app.view_functions[endpoint] = limiter.limit(rate)(app.view_functions[endpoint])  # type: ignore[assignment]

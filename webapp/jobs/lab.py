@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
 import math
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 from webapp.catalog import UNSCHEDULED_TIR, file_stem
 from webapp.codeviews import safe_job_file
 from webapp.config import Config
+from webapp.jobs.own_input import claim, claim_file, status_file
 from webapp.jobs.store import read_untrusted_json
 from webapp.jsonfile import read_plain, write_json_atomic
 from webapp.machine.sandbox import LAB_UIDS, PROJECT_ROOT, run_sandboxed, user_process_count
@@ -51,14 +51,6 @@ def lab_dir(config: Config, lab_id: str) -> Path:
     return lab_root(config) / lab_id
 
 
-def status_file(folder: Path) -> Path:
-    return folder.with_name(folder.name + ".status.json")
-
-
-def claim_file(folder: Path) -> Path:
-    return folder.with_name(folder.name + ".claimed")
-
-
 STARTERS = PROJECT_ROOT / "lab_starters"  # kernels to start from: one .py each, a comment first
 
 
@@ -74,12 +66,12 @@ def kernel_code(job_dir: Path, results: dict, kernel: str) -> tuple[str, str] | 
     row: dict = next((k for k in results.get("kernels") or [] if k["name"] == kernel), {})
     target = str((results.get("target") or {}).get("preset") or "")
     path = safe_job_file(job_dir, UNSCHEDULED_TIR.format(kernel=file_stem(kernel)))
-    if not row.get("reproducer") or target not in lab_targets() or path is None:
+    data = read_plain(path, MAX_CODE_CHARS) if path is not None else None
+    if not row.get("reproducer") or target not in lab_targets() or data is None:
         return None
-    if path.stat().st_size > MAX_CODE_CHARS:
-        return None
-    tir = path.read_text(errors="replace")
-    tir = tir.replace("# from tvm.script import tirx as T", "from tvm.script import tirx as T")
+    tir = data.decode(errors="replace").replace(
+        "# from tvm.script import tirx as T", "from tvm.script import tirx as T"
+    )
     blocks = ", ".join(f'"{b}"' for b in dict.fromkeys(re.findall(r'T\.sblock\("([^"]+)"\)', tir)))
     head = f"# Kernel {kernel} of job {job_dir.name} ({target}), before scheduling; the result's\n"
     head += "# Scheduled TIR view shows how the playground's rules scheduled it. Write your own below.\n"
@@ -142,23 +134,18 @@ def waiting_labs(config: Config) -> list[str]:
 
 def queued_before(config: Config, created: float) -> int:
     """Lab runs queued before `created` that no worker has taken yet."""
+    statuses = (read_untrusted_json(path, 1 << 16) or {} for path in lab_root(config).glob("*.status.json"))
     return sum(
-        1
-        for status in lab_root(config).glob("*.status.json")
-        if (read_untrusted_json(status, 1 << 16) or {}).get("status") == "queued"
-        and (read_untrusted_json(status, 1 << 16) or {}).get("created", 0) < created
+        1 for status in statuses if status.get("status") == "queued" and status.get("created", 0) < created
     )
 
 
 def run_lab(config: Config, lab_id: str) -> None:
     """The worker's part: claim the run once, run the code in the sandbox under LIMITS, record its end."""
     folder = lab_dir(config, lab_id)
-    try:
-        os.close(os.open(claim_file(folder), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except OSError:  # run by another worker already, or gone
+    status = claim(folder)
+    if status is None:
         return
-    status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
-    write_json_atomic(status_file(folder), status)
 
     def replaced() -> str | None:
         return REPLACED if replaced_file(folder).exists() else None

@@ -51,6 +51,18 @@ def claim_file(folder: Path) -> Path:
     return folder.with_name(folder.name + ".claimed")
 
 
+def claim(folder: Path) -> dict | None:
+    """A worker's claim on a queued run folder (an own-input run, a kernel lab build), taken once: its
+    status, now "running" and written so; None where another worker took it, or it is gone."""
+    try:
+        os.close(os.open(claim_file(folder), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:  # run by another worker already, or gone
+        return None
+    status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
+    write_json_atomic(status_file(folder), status)
+    return status
+
+
 def waiting_runs(config: Config) -> list[tuple[str, str]]:
     """(job, run) of every run not yet claimed by a worker: queued again at a worker's start, as
     jobs are (a queue that lost its messages loses no run; a repeated message is a no-op)."""
@@ -168,12 +180,9 @@ def run_input(config: Config, job_id: str, run_id: str) -> None:
     """The worker's part: claim the run once, prepare it, run it in the sandbox, record its end."""
     store = job_store(config)
     folder = run_dir(config, job_id, run_id)
-    try:
-        os.close(os.open(claim_file(folder), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except OSError:  # run by another worker already, or gone
+    status = claim(folder)
+    if status is None:
         return
-    status = json.loads(status_file(folder).read_text()) | {"status": "running", "started": time.time()}
-    write_json_atomic(status_file(folder), status)
     error = None
     try:
         # the run's job (a run is made for one): a job gone meanwhile fails in prepare, said below
